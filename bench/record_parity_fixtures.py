@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Record llama.cpp's behaviour on the three real models as parity fixtures for reckon's tests.
+
+For each model and prompt: llama.cpp's tokenization and its greedy continuation (64 tokens, raw: it goes
+on past end-of-generation tokens), with the top-1/top-2 logit gap at each step; plus teacher-forced top-1
+next-token predictions over a ~2,000-token text. Written to tests/fixtures/parity/<model>.json.
+
+Run with a python that has llama-cpp-python built for this CPU (see bench/setup-llamacpp):
+    /opt/llamacpp-venv/bin/python bench/record_parity_fixtures.py [MODEL ...]
+"""
+import json, os, sys
+import numpy as np
+import jinja2
+import llama_cpp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.environ.get("RECKON_HOME") or os.path.expanduser("~/.cache/reckon/models")
+MODELS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+N_GREEDY = 64
+LONG_PROMPT_TOKENS = 1500
+TEACHER_TOKENS = 2000
+
+PLAIN_PROMPTS = [
+    ("plain", "The capital of France is"),
+    ("story", "Once upon a time, in a small village by the sea,"),
+    ("code_python", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    ("code_rust", "fn main() {\n    let v: Vec<i32> = (1..=10).collect();\n"),
+    ("unicode", "Café, naïve, résumé — “quotes” and ‘apostrophes’. Ünïcödé: "),
+    ("emoji", "I love 🍕 and 🎉! Family: 👨‍👩‍👧‍👦, flags: 🇫🇷🇯🇵. Next:"),
+    ("cjk", "日本語のテキスト：東京は日本の首都です。中文：北京是中国的首都。"),
+    ("numbers", "Count: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13"),
+    ("whitespace", "  Leading spaces\n\n\nand multiple newlines\r\n\tTabbed line"),
+    ("json", '{"name": "reckon", "version": 1, "features": ['),
+]
+CHATS = [
+    ("chat_haiku", [{"role": "user", "content": "Write a haiku about caches."}]),
+    ("chat_system", [{"role": "system", "content": "You are a helpful assistant."},
+                     {"role": "user", "content": "What is 17 * 23? Answer briefly."}]),
+]
+# Gemma-3-270M's GGUF has no chat template; reckon uses Gemma's turn format (BOS from add_bos).
+GEMMA_TEMPLATE = ("{%- if messages and messages[0]['role'] == 'system' -%}"
+                  "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set msgs = messages[1:] -%}"
+                  "{%- else -%}{%- set prefix = '' -%}{%- set msgs = messages -%}{%- endif -%}"
+                  "{%- for m in msgs -%}"
+                  "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + (prefix if loop.first else '') }}"
+                  "{{- m['content'] | trim }}{{ '<end_of_turn>\n' }}"
+                  "{%- endfor -%}"
+                  "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
+
+
+def license_text(name):
+    with open(f"/usr/share/common-licenses/{name}", encoding="utf-8") as f:
+        return f.read()
+
+
+def cut_to_tokens(llm, text, n):
+    """The longest prefix of `text` (at a line end) that tokenizes to at most n tokens."""
+    lines = text.splitlines(keepends=True)
+    out = ""
+    for line in lines:
+        if len(llm.tokenize((out + line).encode(), add_bos=False)) > n:
+            break
+        out += line
+    return out
+
+
+def chat_text(llm, meta, messages):
+    tmpl = meta.get("tokenizer.chat_template") or GEMMA_TEMPLATE
+    env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
+    bos = llm.detokenize([llm.token_bos()], special=True).decode() if llm.token_bos() >= 0 else ""
+    eos = llm.detokenize([llm.token_eos()], special=True).decode() if llm.token_eos() >= 0 else ""
+    return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+
+
+def top2_gap(logits):
+    top = np.argpartition(-logits, 2)[:2]
+    a, b = sorted(logits[top], reverse=True)
+    return float(a - b)
+
+
+def greedy(llm, tokens):
+    llm.reset()
+    llm.eval(tokens)
+    out, gaps = [], []
+    for _ in range(N_GREEDY):
+        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        t = int(np.argmax(logits))
+        out.append(t)
+        gaps.append(round(top2_gap(logits), 4))
+        llm.eval([t])
+    return out, gaps
+
+
+def teacher_forced(llm, tokens):
+    llm.reset()
+    llm.eval(tokens)
+    scores = np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    return [int(x) for x in scores.argmax(axis=1)], [round(top2_gap(s), 4) for s in scores]
+
+
+def record(name):
+    path = os.path.join(MODELS_DIR, MODELS[name])
+    llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_batch=512, n_threads=2, logits_all=True, verbose=False)
+    meta = llm.metadata
+    prompts = [(n, t, False) for n, t in PLAIN_PROMPTS]
+    prompts += [(n, chat_text(llm, meta, msgs), True) for n, msgs in CHATS]
+    prompts.append(("long_1500", cut_to_tokens(llm, license_text("Apache-2.0"), LONG_PROMPT_TOKENS), False))
+    cases = []
+    for pname, text, chat in prompts:
+        # BOS as the GGUF says (add_bos), special tokens parsed, as llama.cpp's completion tools do.
+        tokens = llm.tokenize(text.encode(), add_bos=True, special=True)
+        cont, gaps = greedy(llm, tokens)
+        cases.append({"name": pname, "text": text, "chat": chat, "tokens": tokens, "greedy": cont, "greedy_top2_gap": gaps})
+        print(f"{name} {pname}: {len(tokens)} prompt tokens", file=sys.stderr)
+    tf_text = cut_to_tokens(llm, license_text("GPL-3"), TEACHER_TOKENS)
+    tf_tokens = llm.tokenize(tf_text.encode(), add_bos=True, special=False)
+    argmax, gaps = teacher_forced(llm, tf_tokens)
+    fixture = {
+        "model": name,
+        "file": MODELS[name],
+        "llama_cpp_python": llama_cpp.__version__,
+        "n_greedy": N_GREEDY,
+        "prompts": cases,
+        "teacher_forced": {"text": tf_text, "tokens": tf_tokens, "argmax": argmax, "top2_gap": gaps},
+    }
+    out = os.path.join(ROOT, "tests", "fixtures", "parity", f"{name}.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=None, separators=(",", ":"))
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    for n in sys.argv[1:] or list(MODELS):
+        record(n)

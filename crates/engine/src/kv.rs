@@ -1,0 +1,58 @@
+//! KV storage: the keys and values of every cached token, in fixed-size blocks of token slots.
+//!
+//! The model never owns it: callers pass it into `forward` together with each sequence's block table,
+//! so a scheduler can page, share and free blocks without touching tensors. Layout per layer:
+//! `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`, stored as f16 (llama.cpp's default).
+
+use half::f16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub num_layers: usize,
+    pub kv_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+pub struct KvStorage {
+    pub shape: KvShape,
+    /// Per layer: `[num_blocks * block_size * kv_dim]` keys, then values.
+    keys: Vec<Vec<f16>>,
+    values: Vec<Vec<f16>>,
+}
+
+impl KvStorage {
+    pub fn new(shape: KvShape) -> Self {
+        let len = shape.num_blocks * shape.block_size * shape.kv_dim;
+        KvStorage {
+            shape,
+            keys: (0..shape.num_layers).map(|_| vec![f16::ZERO; len]).collect(),
+            values: (0..shape.num_layers).map(|_| vec![f16::ZERO; len]).collect(),
+        }
+    }
+
+    /// Bytes held for keys and values of all layers.
+    pub fn num_bytes(&self) -> usize {
+        2 * self.shape.num_layers * self.shape.num_blocks * self.shape.block_size * self.shape.kv_dim * 2
+    }
+
+    /// The storage slot of position `pos` of a sequence with this block table.
+    #[inline]
+    pub fn slot(&self, block_table: &[u32], pos: usize) -> usize {
+        let bs = self.shape.block_size;
+        block_table[pos / bs] as usize * bs + pos % bs
+    }
+
+    pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let d = self.shape.kv_dim;
+        let dst_k = &mut self.keys[layer][slot * d..(slot + 1) * d];
+        dst_k.iter_mut().zip(k).for_each(|(o, &x)| *o = f16::from_f32(x));
+        let dst_v = &mut self.values[layer][slot * d..(slot + 1) * d];
+        dst_v.iter_mut().zip(v).for_each(|(o, &x)| *o = f16::from_f32(x));
+    }
+
+    /// All keys and values of one layer, indexed by slot.
+    pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
+        (&self.keys[layer], &self.values[layer])
+    }
+}

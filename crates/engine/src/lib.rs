@@ -1,0 +1,18 @@
+//! reckon's engine: GGUF models, quantized kernels, tokenizers, sampling and (later) the scheduler.
+//! No HTTP here: the engine takes token ids in and emits token events out.
+
+pub mod attention;
+pub mod error;
+pub mod gguf;
+pub mod kv;
+pub mod matmul;
+pub mod model;
+pub mod ops;
+pub mod quant;
+pub mod registry;
+pub mod session;
+pub mod sampler;
+pub mod template;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

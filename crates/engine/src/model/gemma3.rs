@@ -1,0 +1,32 @@
+//! gemma3 decoder block: like llama but with per-head q/k RMSNorm, a norm after each sub-block (before the
+//! residual add), GELU(tanh) gating, and 5 of every 6 layers attending within a sliding window with their
+//! own RoPE base (10,000; global layers use rope.freq_base). Norm weights in GGUF already include Gemma's +1.
+//!   x += postnorm1(Wo·attn(rope(qnorm(Wq·n1)), rope(knorm(Wk·n1)), Wv·n1))
+//!   x += postnorm2(Wdown·(gelu(Wgate·n2) ⊙ Wup·n2))
+
+use super::block::{attention, LayerCtx};
+use super::weights::LayerWeights;
+use super::{resize, Scratch};
+use crate::kv::KvStorage;
+use crate::ops;
+
+pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
+    let c = ctx.cfg;
+    let n = ctx.queries.len();
+    let post_attn = w.post_attn_norm.as_ref().expect("gemma3 layers have post_attention_norm");
+    let post_ffn = w.post_ffn_norm.as_ref().expect("gemma3 layers have post_ffw_norm");
+    resize(&mut s.xn, n * c.d_model);
+    ops::rms_norm(&s.x, &w.attn_norm, c.norm_eps, &mut s.xn);
+    attention(ctx, w, kv, s);
+    ops::rms_norm_inplace(&mut s.proj, post_attn, c.norm_eps);
+    ops::add_inplace(&mut s.x, &s.proj);
+    ops::rms_norm(&s.x, &w.ffn_norm, c.norm_eps, &mut s.xn);
+    resize(&mut s.gate, n * c.ffn_dim);
+    resize(&mut s.up, n * c.ffn_dim);
+    w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
+    w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
+    ops::gelu_mul(&mut s.gate, &s.up);
+    w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
+    ops::rms_norm_inplace(&mut s.proj, post_ffn, c.norm_eps);
+    ops::add_inplace(&mut s.x, &s.proj);
+}

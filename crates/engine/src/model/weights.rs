@@ -1,0 +1,122 @@
+//! Locating and checking the weights of a model in its GGUF file. Matrices stay in the memory map
+//! (only their byte ranges are kept); small vectors (norms, biases) are copied out as f32.
+
+use super::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::matmul::QMatrix;
+use crate::quant::{dequantize_row, GgmlType};
+
+/// A weight matrix `[rows (out features), cols (in features)]` inside the file's bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    offset: usize,
+    len: usize,
+}
+
+impl Linear {
+    pub fn view<'a>(&self, file: &'a GgufFile) -> QMatrix<'a> {
+        QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len] }
+    }
+}
+
+/// One decoder block. Optional parts exist only in some architectures.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,   // [d_model]
+    pub wq: Linear,            // [q_dim, d_model]
+    pub wk: Linear,            // [kv_dim, d_model]
+    pub wv: Linear,            // [kv_dim, d_model]
+    pub wo: Linear,            // [d_model, q_dim]
+    pub bq: Option<Vec<f32>>,  // [q_dim]   qwen2
+    pub bk: Option<Vec<f32>>,  // [kv_dim]  qwen2
+    pub bv: Option<Vec<f32>>,  // [kv_dim]  qwen2
+    pub q_norm: Option<Vec<f32>>, // [head_dim] gemma3
+    pub k_norm: Option<Vec<f32>>, // [head_dim] gemma3
+    pub post_attn_norm: Option<Vec<f32>>, // [d_model] gemma3
+    pub ffn_norm: Vec<f32>,    // [d_model]
+    pub w_gate: Linear,        // [ffn_dim, d_model]
+    pub w_up: Linear,          // [ffn_dim, d_model]
+    pub w_down: Linear,        // [d_model, ffn_dim]
+    pub post_ffn_norm: Option<Vec<f32>>, // [d_model] gemma3
+}
+
+pub struct Weights {
+    pub embed: Linear,        // [vocab, d_model]
+    pub output_norm: Vec<f32>, // [d_model]
+    pub output: Linear,       // [vocab, d_model]; the embedding itself when tied
+    pub layers: Vec<LayerWeights>,
+}
+
+struct Loader<'a> {
+    file: &'a GgufFile,
+}
+
+impl Loader<'_> {
+    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+        let info = self.file.tensor_info(name).ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
+        if info.dims.len() != 2 || info.dims[0] as usize != cols || info.dims[1] as usize != rows {
+            return Err(Error::Metadata(format!(
+                "tensor {name:?} has shape {:?}, expected [{cols}, {rows}]",
+                info.dims
+            )));
+        }
+        if !info.dtype.has_vec_dot() {
+            return Err(Error::Unsupported(format!("tensor {name:?} has type {} which has no matmul kernel", info.dtype.name())));
+        }
+        Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize })
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.file.tensor(name)?;
+        if t.dims.iter().product::<u64>() != len as u64 {
+            return Err(Error::Metadata(format!("tensor {name:?} has shape {:?}, expected [{len}]", t.dims)));
+        }
+        let mut out = vec![0.0; len];
+        dequantize_row(t.dtype, t.bytes, &mut out);
+        Ok(out)
+    }
+
+    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        match self.file.tensor_info(name) {
+            None => Ok(None),
+            Some(_) => self.vector(name, len).map(Some),
+        }
+    }
+}
+
+pub fn load_weights(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
+    let ld = Loader { file };
+    let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
+    let embed = ld.linear("token_embd.weight", cfg.vocab_size, d)?;
+    let output = match file.tensor_info("output.weight") {
+        Some(_) => ld.linear("output.weight", cfg.vocab_size, d)?,
+        None => embed,
+    };
+    let layers = (0..cfg.n_layers)
+        .map(|i| {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            Ok(LayerWeights {
+                attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
+                wq: ld.linear(&n("attn_q.weight"), q, d)?,
+                wk: ld.linear(&n("attn_k.weight"), kv, d)?,
+                wv: ld.linear(&n("attn_v.weight"), kv, d)?,
+                wo: ld.linear(&n("attn_output.weight"), d, q)?,
+                bq: ld.optional_vector(&n("attn_q.bias"), q)?,
+                bk: ld.optional_vector(&n("attn_k.bias"), kv)?,
+                bv: ld.optional_vector(&n("attn_v.bias"), kv)?,
+                q_norm: ld.optional_vector(&n("attn_q_norm.weight"), cfg.head_dim)?,
+                k_norm: ld.optional_vector(&n("attn_k_norm.weight"), cfg.head_dim)?,
+                post_attn_norm: ld.optional_vector(&n("post_attention_norm.weight"), d)?,
+                ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
+                w_gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
+                w_up: ld.linear(&n("ffn_up.weight"), ff, d)?,
+                w_down: ld.linear(&n("ffn_down.weight"), d, ff)?,
+                post_ffn_norm: ld.optional_vector(&n("post_ffw_norm.weight"), d)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers })
+}

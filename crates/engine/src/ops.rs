@@ -1,0 +1,125 @@
+//! Element-wise and row-wise operations of the forward pass, on plain f32 slices.
+//! Shapes are row-major: `[n_tokens, dim]` means token t's vector is `x[t*dim..(t+1)*dim]`.
+
+/// RMSNorm of every `dim`-long row of `x` into `out`: out = x / sqrt(mean(x²) + eps) * weight.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    for (row, out_row) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let scale = rms_scale(row, eps);
+        for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
+            *o = v * scale * w;
+        }
+    }
+}
+
+/// RMSNorm in place (used for per-head q/k norms, where rows are heads).
+pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for row in x.chunks_exact_mut(dim) {
+        let scale = rms_scale(row, eps);
+        for (v, &w) in row.iter_mut().zip(weight) {
+            *v = *v * scale * w;
+        }
+    }
+}
+
+fn rms_scale(row: &[f32], eps: f32) -> f32 {
+    // ggml sums squares in f64 (ggml_float) for rms_norm; do the same so rounding matches.
+    let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let mean = (sum / row.len() as f64) as f32;
+    1.0 / (mean + eps).sqrt()
+}
+
+/// `acc += x`, element-wise (residual connections).
+pub fn add_inplace(acc: &mut [f32], x: &[f32]) {
+    acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b);
+}
+
+/// Adds a bias vector to every row.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_inplace(row, bias);
+    }
+}
+
+pub fn scale_inplace(x: &mut [f32], s: f32) {
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// SwiGLU: gate = silu(gate) * up.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// GeGLU with the tanh approximation of GELU (Gemma): gate = gelu_tanh(gate) * up.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh()) * u;
+    }
+}
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama.cpp's LLAMA_ROPE_TYPE_NORM (llama; its converter permutes q/k).
+    Interleaved,
+    /// Halves (i, i + d/2): LLAMA_ROPE_TYPE_NEOX (qwen2, gemma3).
+    Neox,
+}
+
+/// Precomputed inverse frequencies for one RoPE configuration.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub style: RopeStyle,
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    /// `rot_dim`: rotated dimensions per head (llama.cpp's n_rot), `base`: rope.freq_base.
+    pub fn new(style: RopeStyle, rot_dim: usize, base: f32) -> Self {
+        // theta_i = pos * base^(-2i/rot_dim); ggml computes it as a running product of theta_scale.
+        let theta_scale = base.powf(-2.0 / rot_dim as f32);
+        let mut inv_freq = Vec::with_capacity(rot_dim / 2);
+        let mut f = 1.0f32;
+        for _ in 0..rot_dim / 2 {
+            inv_freq.push(f);
+            f *= theta_scale;
+        }
+        Rope { style, inv_freq }
+    }
+
+    /// Rotates every head of one token's `[n_heads, head_dim]` vector in place for position `pos`.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let half = self.inv_freq.len();
+        for head in x.chunks_exact_mut(head_dim) {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let theta = pos as f32 * f;
+                let (sin, cos) = theta.sin_cos();
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// Softmax in place over `x`; returns nothing, `x` sums to 1 afterwards.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}

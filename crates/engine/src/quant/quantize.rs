@@ -1,0 +1,143 @@
+//! Quantization of activation rows (what the matmul does to its input vector before `vec_dot`).
+//!
+//! `quantize_row` matches ggml's `quantize_row_*_ref` exactly. On x86 with AVX2, llama.cpp's CPU
+//! backend does NOT use the reference for Q8_0/Q8_1 but `quantize_row_q8_0/q8_1` from
+//! ggml-cpu/arch/x86/quants.c, which differs in two ways: the inverse scale is `127/amax` instead of
+//! `1/(amax/127)` (can differ in the last bit), and rounding is `_mm256_round_ps(_MM_ROUND_NEAREST)`,
+//! i.e. ties to even instead of `roundf`'s ties away from zero. `quantize_row_ggml_x86` reproduces
+//! that path; pick it when comparing against a llama.cpp built for x86 with AVX2 or better.
+//! Q8_K has no x86 variant in ggml (the reference is used everywhere), so both functions agree on it.
+
+use super::blocks::*;
+use super::GgmlType;
+
+/// Quantize a row of activations to `t` (F32, F16, Q8_0, Q8_1 or Q8_K) with the numerics of ggml's
+/// `quantize_row_*_ref`. `dst` must hold at least `t.row_bytes(src.len())` bytes.
+pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) {
+    quantize(t, src, dst, Flavor::Reference)
+}
+
+/// Like `quantize_row`, but Q8_0 and Q8_1 follow ggml-cpu's x86 AVX2 code (see the module docs).
+pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
+    quantize(t, src, dst, Flavor::X86)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flavor {
+    Reference,
+    X86,
+}
+
+fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
+    let n = src.len();
+    let need = t
+        .row_bytes(n)
+        .unwrap_or_else(|| panic!("quantize_row {t}: {n} is not a multiple of {}", t.block_len()));
+    assert!(
+        dst.len() >= need,
+        "quantize_row {t}: dst has {} bytes, need {need}",
+        dst.len()
+    );
+    let dst = &mut dst[..need];
+    match t {
+        GgmlType::F32 => {
+            for (d, x) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (d, x) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&f32_to_f16(*x).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 | GgmlType::Q8_1 => {
+            let with_sum = t == GgmlType::Q8_1;
+            for (y, x) in dst.chunks_exact_mut(t.block_bytes()).zip(src.chunks_exact(QK)) {
+                q8_legacy(x, y, with_sum, flavor);
+            }
+        }
+        GgmlType::Q8_K => {
+            for (y, x) in dst.chunks_exact_mut(Q8_K_BYTES).zip(src.chunks_exact(QK_K)) {
+                q8_k(x, y);
+            }
+        }
+        _ => panic!("quantize_row: {t} is a weight type; only F32, F16, Q8_0, Q8_1, Q8_K are supported"),
+    }
+}
+
+/// One Q8_0 / Q8_1 block: d = amax/127, q = round(x/d); Q8_1 also stores s = d * sum(q).
+fn q8_legacy(x: &[f32], y: &mut [u8], with_sum: bool, flavor: Flavor) {
+    // ggml's MAX(a, b) is `a > b ? a : b`; mirror it (it matters only for NaN inputs).
+    let amax = x.iter().fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() });
+    let d = amax / 127.0;
+    let id = match flavor {
+        Flavor::Reference => {
+            if d != 0.0 {
+                1.0 / d
+            } else {
+                0.0
+            }
+        }
+        Flavor::X86 => {
+            if amax != 0.0 {
+                127.0 / amax
+            } else {
+                0.0
+            }
+        }
+    };
+    let qoff = if with_sum { 4 } else { 2 };
+    let mut sum = 0i32;
+    for (j, &v) in x.iter().enumerate() {
+        let r = match flavor {
+            Flavor::Reference => (v * id).round(),     // roundf: ties away from zero
+            Flavor::X86 => (v * id).round_ties_even(), // _mm256_round_ps(_MM_ROUND_NEAREST)
+        };
+        let q = r as i8;
+        sum += q as i32;
+        y[qoff + j] = q as u8;
+    }
+    y[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    if with_sum {
+        y[2..4].copy_from_slice(&f32_to_f16(sum as f32 * d).to_le_bytes());
+    }
+}
+
+/// ggml's `nearest_int`: round to nearest, ties to even, via the 1.5*2^23 magic constant.
+#[inline(always)]
+fn nearest_int(fval: f32) -> i32 {
+    let val = fval + 12_582_912.0;
+    (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
+}
+
+/// One Q8_K block. The scale comes from the element with the largest magnitude *with its sign*
+/// (iscale = -127/max), so d is negative when that element is positive; ggml does this on purpose.
+fn q8_k(x: &[f32], y: &mut [u8]) {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        // ggml writes d = 0 and zero quants (it leaves bsums untouched; zero is the sane choice and
+        // cannot change a dot product since d = 0).
+        y.fill(0);
+        return;
+    }
+    let iscale = -127.0 / max;
+    for j in 0..QK_K {
+        let v = nearest_int(iscale * x[j]).min(127);
+        y[Q8_K_QS + j] = v as i8 as u8;
+    }
+    for g in 0..QK_K / 16 {
+        let s: i32 = y[Q8_K_QS + 16 * g..Q8_K_QS + 16 * g + 16]
+            .iter()
+            .map(|&q| q as i8 as i32)
+            .sum();
+        y[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+    }
+    y[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+}

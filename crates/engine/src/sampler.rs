@@ -1,0 +1,225 @@
+//! Choosing the next token from logits: penalties, then greedy or temperature sampling with top-k,
+//! top-p and min-p, driven by a seeded generator so the same seed gives the same tokens.
+//!
+//! Order as in llama.cpp's default chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0 disables.
+    pub min_p: f32,
+    /// 1.0 disables; >1 discourages tokens already present (llama.cpp's repeat_penalty).
+    pub repetition_penalty: f32,
+    /// OpenAI-style additive penalties.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at (llama.cpp's penalty_last_n); 0 = all.
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Self::default() }
+    }
+
+    /// Rejects values that would make sampling undefined, naming the parameter and the limit.
+    pub fn validate(&self) -> Result<()> {
+        let check = |ok: bool, msg: String| if ok { Ok(()) } else { Err(Error::InvalidRequest(msg)) };
+        check(self.temperature.is_finite() && self.temperature >= 0.0, format!("temperature must be >= 0. Given: {}", self.temperature))?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, format!("top_p must be in (0, 1]. Given: {}", self.top_p))?;
+        check((0.0..=1.0).contains(&self.min_p), format!("min_p must be in [0, 1]. Given: {}", self.min_p))?;
+        check(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0, format!("repetition_penalty must be > 0. Given: {}", self.repetition_penalty))?;
+        check((-2.0..=2.0).contains(&self.presence_penalty), format!("presence_penalty must be in [-2, 2]. Given: {}", self.presence_penalty))?;
+        check((-2.0..=2.0).contains(&self.frequency_penalty), format!("frequency_penalty must be in [-2, 2]. Given: {}", self.frequency_penalty))
+    }
+}
+
+/// splitmix64: tiny, fast, and identical on every platform.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Per-sequence sampler state (the generator advances with every draw).
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = Rng::new(params.seed);
+        Sampler { params, rng }
+    }
+
+    /// Picks the next token. `history` holds the tokens so far (prompt and output), for penalties.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let mut logits = logits.to_vec();
+        apply_penalties(&mut logits, history, p);
+        if p.temperature == 0.0 {
+            return argmax(&logits);
+        }
+        let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        // Descending by logit, ties by id: a total order, so the result never depends on sort internals.
+        cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            cands.truncate(p.top_k);
+        }
+        let probs = softmax(&cands, 1.0);
+        let mut keep = cands.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            keep = probs.iter().position(|&q| { cum += q; cum >= p.top_p as f64 }).map_or(keep, |i| i + 1);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        cands.truncate(keep);
+        let probs = softmax(&cands, p.temperature);
+        let mut r = self.rng.next_f64();
+        for (&(id, _), &q) in cands.iter().zip(&probs) {
+            if r < q {
+                return id;
+            }
+            r -= q;
+        }
+        cands.last().expect("at least one candidate").0
+    }
+}
+
+/// Index of the largest logit; the lowest index wins ties (as llama.cpp's greedy sampler).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn softmax(cands: &[(u32, f32)], temperature: f32) -> Vec<f64> {
+    let max = cands[0].1 as f64;
+    let exps: Vec<f64> = cands.iter().map(|&(_, l)| ((l as f64 - max) / temperature as f64).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.into_iter().map(|e| e / sum).collect()
+}
+
+fn apply_penalties(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
+    if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+        return;
+    }
+    let window = if p.penalty_last_n == 0 { history } else { &history[history.len().saturating_sub(p.penalty_last_n)..] };
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    window.iter().for_each(|&t| *counts.entry(t).or_default() += 1);
+    for (&tok, &count) in &counts {
+        let Some(l) = logits.get_mut(tok as usize) else { continue };
+        if p.repetition_penalty != 1.0 {
+            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+        }
+        *l -= p.presence_penalty + p.frequency_penalty * count as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax_with_lowest_index_on_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&logits(), &[]), argmax(&logits()));
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_different_seed_differs() {
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() });
+            (0..50).map(|_| s.sample(&logits(), &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, seed: 3, ..Default::default() });
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits(), &[]), argmax(&logits()));
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_the_candidates() {
+        let l = vec![10.0, 9.9, 0.0, 0.0, 0.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 1, ..Default::default() });
+        assert!((0..200).all(|_| s.sample(&l, &[]) < 2));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 1, ..Default::default() });
+        assert!((0..200).all(|_| s.sample(&l, &[]) < 2));
+    }
+
+    #[test]
+    fn penalties_push_repeated_tokens_down() {
+        let l = vec![5.0, 4.9, 1.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() });
+        assert_eq!(s.sample(&l, &[0]), 1);
+        let mut s = Sampler::new(SamplingParams { temperature: 0.0, frequency_penalty: 0.05, ..Default::default() });
+        assert_eq!(s.sample(&l, &[0, 0, 0]), 1);
+        let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 0.2, ..Default::default() });
+        assert_eq!(s.sample(&l, &[0]), 1);
+    }
+
+    #[test]
+    fn invalid_params_are_named() {
+        let e = SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err();
+        assert!(e.to_string().contains("top_p"));
+        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
+    }
+}

@@ -1,0 +1,146 @@
+//! Chat templates: the GGUF's `tokenizer.chat_template` (Jinja) rendered with minijinja, with Python
+//! string methods (`.strip()`, `.startswith()`, …) that Hugging Face templates rely on.
+
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use minijinja::{Environment, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+/// Used when a gemma3 GGUF carries no template (the 270M file does not): Gemma's turn format, with a
+/// system message folded into the first user turn as Gemma's own template does. BOS comes from the
+/// tokenizer's add_bos, not from the template.
+const GEMMA_FALLBACK: &str = "{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set msgs = messages[1:] -%}\
+{%- else -%}{%- set prefix = '' -%}{%- set msgs = messages -%}{%- endif -%}\
+{%- for m in msgs -%}\
+{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + (prefix if loop.first else '') }}\
+{{- m['content'] | trim }}{{ '<end_of_turn>\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
+/// ChatML, for models that carry no template and are not gemma.
+const CHATML_FALLBACK: &str = "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}";
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage { role: role.to_string(), content: content.to_string() }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+    /// The template source, for `reckon info`.
+    pub source: String,
+}
+
+impl ChatTemplate {
+    /// The GGUF's template, or a fallback chosen by architecture.
+    pub fn from_gguf(file: &GgufFile, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let source = match file.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+            Some(s) => s.to_string(),
+            None if file.get_str("general.architecture").ok() == Some("gemma3") => GEMMA_FALLBACK.to_string(),
+            None => CHATML_FALLBACK.to_string(),
+        };
+        Self::new(source, bos_token, eos_token)
+    }
+
+    pub fn new(source: String, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
+        env.add_template_owned("chat", source.clone())
+            .map_err(|e| Error::Template(format!("cannot parse the model's chat template: {e}")))?;
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), source })
+    }
+
+    /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply begins.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self.env.get_template("chat").expect("added in new");
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        };
+        tmpl.render(ctx).map_err(|e| Error::Template(format!("rendering failed: {e}")))
+    }
+}
+
+/// Today's date in the few strftime forms chat templates use (e.g. "%d %b %Y"), UTC.
+fn strftime_now(fmt: &str) -> String {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0) as i64;
+    let (y, m, d) = civil_from_days(days);
+    fmt.replace("%Y", &y.to_string())
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", MONTHS[m as usize - 1])
+        .replace("%b", &MONTHS[m as usize - 1][..3])
+}
+
+/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (era * 400 + yoe + if m <= 2 { 1 } else { 0 }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_methods_and_generation_prompt() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.role.upper() }}]{{ m.content.strip() }}{% endfor %}{% if add_generation_prompt %}[A]{% endif %}".into(),
+            "<s>",
+            "</s>",
+        )
+        .unwrap();
+        let msgs = [ChatMessage::new("user", "  hi  ")];
+        assert_eq!(t.render(&msgs, true).unwrap(), "[USER]hi[A]");
+        assert_eq!(t.render(&msgs, false).unwrap(), "[USER]hi");
+    }
+
+    #[test]
+    fn gemma_fallback_folds_system_into_first_turn() {
+        let t = ChatTemplate::new(GEMMA_FALLBACK.into(), "<bos>", "<eos>").unwrap();
+        let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello"), ChatMessage::new("user", "Bye")];
+        assert_eq!(
+            t.render(&msgs, true).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+    }
+
+    #[test]
+    fn raise_exception_becomes_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), "", "").unwrap();
+        let e = t.render(&[], false).unwrap_err().to_string();
+        assert!(e.contains("no system role"), "{e}");
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_787), (2026, 11, 30));
+    }
+}

@@ -1,0 +1,144 @@
+//! Tiny random models written as GGUF by the tests themselves.
+#![allow(dead_code)]
+
+use reckon_engine::gguf::writer::GgufWriter;
+use reckon_engine::gguf::Value;
+use reckon_engine::quant::{quantize_row, GgmlType};
+
+/// splitmix64, so test data is the same on every run.
+pub struct TestRng(pub u64);
+
+impl TestRng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+pub struct TinySpec {
+    pub arch: &'static str,
+    pub vocab: usize,
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub layers: usize,
+    pub matrix_type: GgmlType,
+    pub embed_type: GgmlType,
+    pub sliding_window: usize,
+}
+
+impl TinySpec {
+    pub fn llama(matrix_type: GgmlType) -> Self {
+        TinySpec { arch: "llama", vocab: 96, d_model: 64, n_heads: 4, n_kv_heads: 2, head_dim: 16, ffn: 96, layers: 2, matrix_type, embed_type: GgmlType::Q8_0, sliding_window: 0 }
+    }
+    pub fn gemma3() -> Self {
+        TinySpec { arch: "gemma3", vocab: 96, d_model: 64, n_heads: 2, n_kv_heads: 1, head_dim: 32, ffn: 128, layers: 6, matrix_type: GgmlType::Q5_0, embed_type: GgmlType::Q8_0, sliding_window: 8 }
+    }
+    pub fn qwen2() -> Self {
+        TinySpec { arch: "qwen2", ..Self::llama(GgmlType::Q8_0) }
+    }
+}
+
+/// Random weights of `t`, `rows` x `cols`: floats quantized where ggml can (F32/F16/Q8_0), otherwise
+/// random quant bytes with small, finite f16 scales at the start of each block.
+fn random_matrix(rng: &mut TestRng, t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let row_bytes = t.row_bytes(cols).unwrap();
+    let mut out = vec![0u8; rows * row_bytes];
+    let scale = 1.0 / (cols as f32).sqrt();
+    match t {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 => {
+            for row in out.chunks_exact_mut(row_bytes) {
+                let x: Vec<f32> = (0..cols).map(|_| rng.f32() * scale * 2.0).collect();
+                quantize_row(t, &x, row);
+            }
+        }
+        _ => {
+            out.iter_mut().for_each(|b| *b = rng.next() as u8);
+            // The leading f16 fields of every block (d, and m/dmin where present) hold small scales;
+            // Q6_K keeps its d at the end of the block.
+            let d_offset = if t == GgmlType::Q6_K { t.block_bytes() - 2 } else { 0 };
+            let n_scales = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K) { 2 } else { 1 };
+            for block in out.chunks_exact_mut(t.block_bytes()) {
+                for s in 0..n_scales {
+                    let v = half::f16::from_f32(scale * 0.1 * (0.5 + rng.f32().abs()));
+                    block[d_offset + 2 * s..d_offset + 2 * s + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn norm_weights(rng: &mut TestRng, n: usize) -> Vec<u8> {
+    f32_bytes(&(0..n).map(|_| 1.0 + 0.1 * rng.f32()).collect::<Vec<_>>())
+}
+
+pub fn tiny_model(spec: &TinySpec, seed: u64) -> Vec<u8> {
+    let mut rng = TestRng(seed);
+    let mut w = GgufWriter::new();
+    let a = spec.arch;
+    w.meta("general.architecture", Value::String(a.into()));
+    w.meta(&format!("{a}.block_count"), Value::U32(spec.layers as u32));
+    w.meta(&format!("{a}.context_length"), Value::U32(256));
+    w.meta(&format!("{a}.embedding_length"), Value::U32(spec.d_model as u32));
+    w.meta(&format!("{a}.feed_forward_length"), Value::U32(spec.ffn as u32));
+    w.meta(&format!("{a}.attention.head_count"), Value::U32(spec.n_heads as u32));
+    w.meta(&format!("{a}.attention.head_count_kv"), Value::U32(spec.n_kv_heads as u32));
+    w.meta(&format!("{a}.attention.key_length"), Value::U32(spec.head_dim as u32));
+    w.meta(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
+    w.meta(&format!("{a}.rope.freq_base"), Value::F32(10_000.0));
+    w.meta(&format!("{a}.vocab_size"), Value::U32(spec.vocab as u32));
+    if spec.sliding_window > 0 {
+        w.meta(&format!("{a}.attention.sliding_window"), Value::U32(spec.sliding_window as u32));
+    }
+    let (d, q, kv, ff) = (spec.d_model, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim, spec.ffn);
+    let mt = spec.matrix_type;
+    let embed = random_matrix(&mut rng, spec.embed_type, spec.vocab, d);
+    w.tensor("token_embd.weight", spec.embed_type, &[d as u64, spec.vocab as u64], embed);
+    w.tensor("output_norm.weight", GgmlType::F32, &[d as u64], norm_weights(&mut rng, d));
+    for i in 0..spec.layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let mut mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
+            let bytes = random_matrix(&mut rng, mt, rows, cols);
+            w.tensor(&n(name), mt, &[cols as u64, rows as u64], bytes);
+        };
+        mat(&mut w, "attn_q.weight", q, d);
+        mat(&mut w, "attn_k.weight", kv, d);
+        mat(&mut w, "attn_v.weight", kv, d);
+        mat(&mut w, "attn_output.weight", d, q);
+        mat(&mut w, "ffn_gate.weight", ff, d);
+        mat(&mut w, "ffn_up.weight", ff, d);
+        mat(&mut w, "ffn_down.weight", d, ff);
+        let mut vec = |w: &mut GgufWriter, name: &str, len: usize| {
+            let bytes = norm_weights(&mut rng, len);
+            w.tensor(&n(name), GgmlType::F32, &[len as u64], bytes);
+        };
+        vec(&mut w, "attn_norm.weight", d);
+        vec(&mut w, "ffn_norm.weight", d);
+        if a == "qwen2" {
+            vec(&mut w, "attn_q.bias", q);
+            vec(&mut w, "attn_k.bias", kv);
+            vec(&mut w, "attn_v.bias", kv);
+        }
+        if a == "gemma3" {
+            vec(&mut w, "attn_q_norm.weight", spec.head_dim);
+            vec(&mut w, "attn_k_norm.weight", spec.head_dim);
+            vec(&mut w, "post_attention_norm.weight", d);
+            vec(&mut w, "post_ffw_norm.weight", d);
+        }
+    }
+    w.to_bytes()
+}

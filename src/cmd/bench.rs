@@ -1,0 +1,53 @@
+//! `reckon bench`: prefill and decode tokens/s, llama-bench style (medians over repetitions).
+
+use super::common::{init_threads, model_path, ModelArgs};
+use anyhow::{Context, Result};
+use clap::Args;
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::Model;
+use reckon_lab::bench::{run as run_bench, BenchSpec};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens for the prefill test (0 skips it).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens for the decode test (0 skips it).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Tokens already in the KV cache before each test.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    pub n_depth: usize,
+    /// Timed repetitions (after one warm-up).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Tokens per prefill step.
+    #[arg(short = 'b', long = "batch", default_value_t = 512)]
+    pub chunk: usize,
+    /// One JSON object per line per test.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let threads = init_threads(args.model.threads)?;
+    let path = model_path(&args.model.model)?;
+    let model = Model::load(GgufFile::open(&path)?).with_context(|| format!("loading {}", path.display()))?;
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk };
+    let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+    let results = run_bench(&model, &name, &spec)?;
+    if args.json {
+        for r in &results {
+            println!("{}", serde_json::to_string(r)?);
+        }
+        return Ok(());
+    }
+    println!("| model | threads | test | t/s median | min | max |");
+    println!("|---|---|---|---|---|---|");
+    for r in &results {
+        println!("| {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
+    }
+    Ok(())
+}

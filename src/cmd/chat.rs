@@ -1,0 +1,68 @@
+//! `reckon chat`: an interactive conversation. Each turn re-renders the whole conversation with the chat
+//! template; the session reuses the KV of the unchanged prefix, so only the new turn is prefilled.
+
+use super::common::{init_threads, load, ModelArgs, SamplingArgs};
+use super::run::{context_size, stream};
+use anyhow::Result;
+use clap::Args;
+use reckon_engine::sampler::Sampler;
+use reckon_engine::session::Session;
+use reckon_engine::template::ChatMessage;
+use std::io::{BufRead, Write};
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system message for the whole conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Maximum tokens per reply.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 1024)]
+    pub max_tokens: usize,
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Print timings to stderr after each reply.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+pub fn run(args: ChatArgs) -> Result<()> {
+    init_threads(args.model.threads)?;
+    let loaded = load(&args.model.model)?;
+    let ctx = context_size(&loaded, args.ctx_size);
+    let mut session = Session::new(&loaded.model, ctx);
+    let mut sampler = Sampler::new(args.sampling.params()?);
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+    eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        std::io::stderr().flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(());
+        }
+        if line.trim() == "/reset" {
+            messages.retain(|m| m.role == "system");
+            continue;
+        }
+        messages.push(ChatMessage::new("user", line.trim_end_matches(['\n', '\r'])));
+        let prompt = loaded.tokenizer.encode(&loaded.template.render(&messages, true)?, true, true)?;
+        if prompt.len() + 1 >= ctx {
+            eprintln!("error: the conversation ({} tokens) no longer fits the context of {ctx}; /reset to start over", prompt.len());
+            messages.pop();
+            continue;
+        }
+        let budget = args.max_tokens.min(ctx - prompt.len());
+        let stats = stream(&loaded, &mut session, &prompt, budget, &mut sampler)?;
+        println!();
+        let reply = loaded.tokenizer.decode(&stats.tokens, false);
+        messages.push(ChatMessage::new("assistant", &reply));
+        if args.stats {
+            eprintln!("{stats}");
+        }
+    }
+}

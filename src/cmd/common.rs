@@ -1,0 +1,96 @@
+//! Options and loading shared by the subcommands.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::Model;
+use reckon_engine::registry::{resolve_model, DEFAULT_MODEL};
+use reckon_engine::sampler::SamplingParams;
+use reckon_engine::template::ChatTemplate;
+use reckon_engine::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file path, or a fetched model's short name (smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b).
+    #[arg(short = 'm', long = "model", default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Worker threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// 0 = disabled.
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1.0 = off), over the last --penalty-last-n tokens.
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub penalty_last_n: usize,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> Result<SamplingParams> {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            penalty_last_n: self.penalty_last_n,
+            seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+pub fn init_threads(threads: Option<usize>) -> Result<usize> {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    anyhow::ensure!(n >= 1, "--threads must be at least 1");
+    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("cannot start the thread pool")?;
+    Ok(n)
+}
+
+pub fn model_path(spec: &str) -> Result<PathBuf> {
+    Ok(resolve_model(spec)?)
+}
+
+/// Everything needed to turn text into tokens and back around a model.
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+}
+
+pub fn load(spec: &str) -> Result<Loaded> {
+    let path = model_path(spec)?;
+    let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+    let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
+    let model = Model::load(file).with_context(|| format!("loading {}", path.display()))?;
+    Ok(Loaded { model, tokenizer, template })
+}

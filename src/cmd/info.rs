@@ -1,0 +1,98 @@
+//! `reckon info`: what a model file holds and what it will cost in memory.
+
+use super::common::model_path;
+use anyhow::{Context, Result};
+use clap::Args;
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::ModelConfig;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// A GGUF file path or a fetched model's short name.
+    pub model: String,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also list every metadata key.
+    #[arg(long)]
+    pub metadata: bool,
+}
+
+pub fn run(args: InfoArgs) -> Result<()> {
+    let path = model_path(&args.model)?;
+    let file = GgufFile::open(&path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg = ModelConfig::from_gguf(&file)?;
+    let mut by_type: BTreeMap<&str, (usize, u64, u64)> = BTreeMap::new();
+    for t in &file.header().tensors {
+        let e = by_type.entry(t.dtype.name()).or_default();
+        e.0 += 1;
+        e.1 += t.num_bytes;
+        e.2 += t.num_elements();
+    }
+    let params: u64 = by_type.values().map(|v| v.2).sum();
+    let weight_bytes: u64 = by_type.values().map(|v| v.1).sum();
+    // f16 keys and values of every layer.
+    let kv_bytes_per_token = (2 * cfg.n_layers * cfg.kv_dim() * 2) as u64;
+    let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let report = json!({
+        "path": path.canonicalize().unwrap_or(path.clone()),
+        "name": name,
+        "architecture": cfg.arch.name(),
+        "gguf_version": file.header().version,
+        "file_bytes": file.file_size(),
+        "parameters": params,
+        "context_length": cfg.context_length,
+        "layers": cfg.n_layers,
+        "embedding_length": cfg.d_model,
+        "heads": cfg.n_heads,
+        "kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "feed_forward_length": cfg.ffn_dim,
+        "vocab_size": cfg.vocab_size,
+        "rope_base": cfg.rope_base,
+        "sliding_window": cfg.sliding_window,
+        "tensors_by_type": by_type.iter().map(|(k, v)| (k.to_string(), json!({"count": v.0, "bytes": v.1, "elements": v.2}))).collect::<BTreeMap<_, _>>(),
+        "memory": {
+            "weights_bytes": weight_bytes,
+            "kv_f16_bytes_per_token": kv_bytes_per_token,
+            "kv_f16_bytes_at_4096": kv_bytes_per_token * 4096,
+            "kv_f16_bytes_at_context_length": kv_bytes_per_token * cfg.context_length as u64,
+            "total_at_4096_bytes": weight_bytes + kv_bytes_per_token * 4096,
+        },
+    });
+    if args.json {
+        let mut report = report;
+        if args.metadata {
+            report["metadata"] = json!(file.header().metadata.iter().map(|(k, v)| (k.clone(), v.summary())).collect::<BTreeMap<_, _>>());
+        }
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!("path:            {}", report["path"].as_str().unwrap_or_default());
+    println!("name:            {name}");
+    println!("architecture:    {} (GGUF v{})", cfg.arch.name(), file.header().version);
+    println!("file size:       {:.1} MiB, {:.1} M parameters", mib(file.file_size()), params as f64 / 1e6);
+    println!("context length:  {}", cfg.context_length);
+    println!("layers:          {} × d_model {}, ffn {}", cfg.n_layers, cfg.d_model, cfg.ffn_dim);
+    println!("attention:       {} heads, {} kv heads, head dim {}, rope base {}", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base);
+    if let Some(w) = cfg.sliding_window {
+        println!("sliding window:  {w} tokens on {} of every {} layers (local rope base {})", cfg.swa_period - 1, cfg.swa_period, cfg.rope_base_local);
+    }
+    println!("vocabulary:      {}", cfg.vocab_size);
+    println!("tensors by type:");
+    for (ty, (count, bytes, _)) in &by_type {
+        println!("  {ty:<6} {count:>4} tensors  {:>9.2} MiB", mib(*bytes));
+    }
+    println!("memory:          weights {:.1} MiB (memory-mapped); f16 KV {:.1} KiB/token = {:.1} MiB at 4096 tokens, {:.1} MiB at {}",
+        mib(weight_bytes), kv_bytes_per_token as f64 / 1024.0, mib(kv_bytes_per_token * 4096), mib(kv_bytes_per_token * cfg.context_length as u64), cfg.context_length);
+    if args.metadata {
+        println!("metadata:");
+        for (k, v) in &file.header().metadata {
+            println!("  {k} = {}", v.summary());
+        }
+    }
+    Ok(())
+}

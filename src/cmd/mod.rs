@@ -1,0 +1,5 @@
+pub mod bench;
+pub mod chat;
+pub mod common;
+pub mod info;
+pub mod run;

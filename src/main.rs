@@ -1,0 +1,44 @@
+//! `reckon`: the command line. Library crates use thiserror; anyhow lives here only.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "reckon", version, about = "An LLM inference engine that measures what every optimization costs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a reply to one prompt (chat template applied unless --raw), streamed to stdout.
+    Run(cmd::run::RunArgs),
+    /// Interactive multi-turn chat, streaming.
+    Chat(cmd::chat::ChatArgs),
+    /// Show a model file: path, architecture, context length, tensors by type, sizes, memory estimate.
+    Info(cmd::info::InfoArgs),
+    /// Measure prefill and decode throughput, llama-bench style.
+    Bench(cmd::bench::BenchArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
