@@ -53,6 +53,8 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
             sc.scores.push(dot_f16(hd, k, q_bytes) * shape.scale);
         }
         crate::ops::softmax_inplace(&mut sc.scores);
+        // ggml multiplies the probabilities with f16 values as f16 too: round them the same way.
+        sc.scores.iter_mut().for_each(|w| *w = f16::from_f32(*w).to_f32());
         out_h.fill(0.0);
         sc.v32.resize(hd, 0.0);
         for (p, &w) in (lo..=query.pos).zip(sc.scores.iter()) {

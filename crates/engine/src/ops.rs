@@ -1,6 +1,8 @@
 //! Element-wise and row-wise operations of the forward pass, on plain f32 slices.
 //! Shapes are row-major: `[n_tokens, dim]` means token t's vector is `x[t*dim..(t+1)*dim]`.
 
+use half::f16;
+
 /// RMSNorm of every `dim`-long row of `x` into `out`: out = x / sqrt(mean(x²) + eps) * weight.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
@@ -54,13 +56,34 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 /// GeGLU with the tanh approximation of GELU (Gemma): gate = gelu_tanh(gate) * up.
+///
+/// As ggml's CPU backend (GGML_GELU_FP16): the input is rounded to f16 and GELU is looked up in a table
+/// of f16 results, exact outside (-10, 10). Computing it in f32 instead flips gemma3's greedy tokens
+/// against llama.cpp noticeably often, so we reproduce the rounding.
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044715;
+    let table = gelu_f16_table();
     for (g, &u) in gate.iter_mut().zip(up) {
         let x = *g;
-        *g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh()) * u;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            table[f16::from_f32(x).to_bits() as usize].to_f32() * u
+        };
     }
+}
+
+fn gelu_f32(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// GELU of every f16 value, indexed by its bits.
+fn gelu_f16_table() -> &'static [f16] {
+    static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|bits| f16::from_f32(gelu_f32(f16::from_bits(bits).to_f32()))).collect())
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -76,30 +99,31 @@ pub enum RopeStyle {
 #[derive(Clone, Debug)]
 pub struct Rope {
     pub style: RopeStyle,
-    inv_freq: Vec<f32>,
+    theta_scale: f32,
+    half: usize,
 }
 
 impl Rope {
     /// `rot_dim`: rotated dimensions per head (llama.cpp's n_rot), `base`: rope.freq_base.
     pub fn new(style: RopeStyle, rot_dim: usize, base: f32) -> Self {
-        // theta_i = pos * base^(-2i/rot_dim); ggml computes it as a running product of theta_scale.
+        // theta_i = pos * base^(-2i/rot_dim)
         let theta_scale = base.powf(-2.0 / rot_dim as f32);
-        let mut inv_freq = Vec::with_capacity(rot_dim / 2);
-        let mut f = 1.0f32;
-        for _ in 0..rot_dim / 2 {
-            inv_freq.push(f);
-            f *= theta_scale;
-        }
-        Rope { style, inv_freq }
+        Rope { style, theta_scale, half: rot_dim / 2 }
     }
 
     /// Rotates every head of one token's `[n_heads, head_dim]` vector in place for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
-        let half = self.inv_freq.len();
+        let half = self.half;
+        // ggml builds theta as a running product starting from the position (pos·s·s·…), not pos·s^i;
+        // the rounding differs, so do the same.
+        let mut sin_cos = Vec::with_capacity(half);
+        let mut theta = pos as f32;
+        for _ in 0..half {
+            sin_cos.push(theta.sin_cos());
+            theta *= self.theta_scale;
+        }
         for head in x.chunks_exact_mut(head_dim) {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let theta = pos as f32 * f;
-                let (sin, cos) = theta.sin_cos();
+            for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
                 let (a, b) = match self.style {
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                     RopeStyle::Neox => (i, i + half),

@@ -44,7 +44,6 @@ fn load(file: &str) -> Option<Tokenizer> {
     let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
     let ms = start.elapsed().as_secs_f64() * 1e3;
     eprintln!("{file}: tokenizer built in {ms:.1} ms ({} tokens)", tok.vocab_size());
-    assert!(ms < 3000.0, "building the tokenizer took {ms:.0} ms");
     Some(tok)
 }
 
