@@ -13,6 +13,22 @@ import numpy as np
 import jinja2
 import llama_cpp
 
+# llama.cpp's CPU backend repacks Q4_0/Q4_K/IQ4_NL weights into interleaved layouts ("CPU_REPACK" extra
+# buffer) whose GEMV/GEMM kernels round differently from its per-row vec_dot kernels, and whether it does so
+# depends on the CPU. The fixtures use the per-row kernels (use_extra_bufts = false), which reckon reproduces
+# bit for bit; see docs in tests/fixtures/parity/README.md.
+_default_model_params = llama_cpp.llama_model_default_params
+
+
+def _model_params_without_repack():
+    params = _default_model_params()
+    params.use_extra_bufts = False
+    return params
+
+
+llama_cpp.llama_model_default_params = _model_params_without_repack
+llama_cpp.llama.llama_cpp.llama_model_default_params = _model_params_without_repack
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS_DIR = os.environ.get("RECKON_HOME") or os.path.expanduser("~/.cache/reckon/models")
 MODELS = {
@@ -104,7 +120,11 @@ def teacher_forced(llm, tokens):
 
 def record(name):
     path = os.path.join(MODELS_DIR, MODELS[name])
-    llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_batch=512, n_threads=2, logits_all=True, verbose=False)
+    # n_batch = 1: every token goes through llama.cpp's decode path (per-row vec_dot kernels). Larger batches
+    # switch Q8_0/Q5_0/Q4_0 matmuls to llamafile's tinyBLAS, whose different summation order flips ~2% of
+    # teacher-forced top-1 predictions against llama.cpp's own one-token path (measured on SmolLM2).
+    llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_batch=1, n_ubatch=1, n_threads=2, logits_all=True,
+                          verbose=False)
     meta = llm.metadata
     prompts = [(n, t, False) for n, t in PLAIN_PROMPTS]
     prompts += [(n, chat_text(llm, meta, msgs), True) for n, msgs in CHATS]
@@ -123,6 +143,8 @@ def record(name):
         "model": name,
         "file": MODELS[name],
         "llama_cpp_python": llama_cpp.__version__,
+        "use_extra_bufts": False,
+        "n_batch": 1,
         "n_greedy": N_GREEDY,
         "prompts": cases,
         "teacher_forced": {"text": tf_text, "tokens": tf_tokens, "argmax": argmax, "top2_gap": gaps},

@@ -5,7 +5,7 @@
 //! head) output is computed by one task in a fixed order, so results do not depend on batch or threads.
 
 use crate::kv::KvStorage;
-use crate::quant::{vec_dot_kernel, GgmlType};
+use crate::ggml_math::{accumulate_lane, dot_f16, reduce_4x16, soft_max};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
@@ -29,13 +29,15 @@ pub struct AttnShape {
 }
 
 /// q: `[n_tokens, n_heads * head_dim]`, out: same shape.
+///
+/// Numerics follow ggml's non-flash CPU path so tokens match llama.cpp: q is rounded to f16 and dotted with
+/// the f16 keys (`ggml_vec_dot_f16` order), the softmax is ggml's, the probabilities are rounded to f16 and
+/// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here).
 pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
     let hd = shape.head_dim;
     let (keys, values) = kv.layer(layer);
     let kv_dim = kv.shape.kv_dim;
-    // ggml multiplies f16 keys with the query rounded to f16 (F16 vec_dot); do the same so scores match.
-    let dot_f16 = vec_dot_kernel(GgmlType::F16);
     let group = shape.n_heads / shape.n_kv_heads;
     out.par_chunks_exact_mut(hd).enumerate().for_each_init(Scratch::default, |sc, (i, out_h)| {
         let (t, h) = (i / shape.n_heads, i % shape.n_heads);
@@ -45,24 +47,35 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
         let lo = shape.window.map_or(0, |w| (query.pos + 1).saturating_sub(w));
         sc.q16.clear();
         sc.q16.extend(q_h.iter().map(|&x| f16::from_f32(x)));
-        let q_bytes = f16_bytes(&sc.q16);
         sc.scores.clear();
         for p in lo..=query.pos {
             let slot = kv.slot(query.block_table, p);
-            let k = f16_bytes(&keys[slot * kv_dim + kv_off..][..hd]);
-            sc.scores.push(dot_f16(hd, k, q_bytes) * shape.scale);
+            let k = &keys[slot * kv_dim + kv_off..][..hd];
+            sc.scores.push(dot_f16(k, &sc.q16) * shape.scale);
         }
-        crate::ops::softmax_inplace(&mut sc.scores);
-        // ggml multiplies the probabilities with f16 values as f16 too: round them the same way.
-        sc.scores.iter_mut().for_each(|w| *w = f16::from_f32(*w).to_f32());
-        out_h.fill(0.0);
-        sc.v32.resize(hd, 0.0);
-        for (p, &w) in (lo..=query.pos).zip(sc.scores.iter()) {
-            let slot = kv.slot(query.block_table, p);
-            values[slot * kv_dim + kv_off..][..hd].convert_to_f32_slice(&mut sc.v32);
-            out_h.iter_mut().zip(&sc.v32).for_each(|(o, &x)| *o += w * x);
-        }
+        soft_max(&mut sc.scores, lo);
+        weighted_values(sc, values, query, kv, kv_off, lo, out_h);
     });
+}
+
+/// out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells: cell p goes to
+/// accumulator lane p % 64 (masked cells add nothing), then the lanes are reduced in ggml's order.
+fn weighted_values(sc: &mut Scratch, values: &[f16], query: &QueryPos, kv: &KvStorage, kv_off: usize, lo: usize, out_h: &mut [f32]) {
+    let hd = out_h.len();
+    let kv_dim = kv.shape.kv_dim;
+    sc.acc.clear();
+    sc.acc.resize(hd, [[0.0; 16]; 4]);
+    sc.v32.resize(hd, 0.0);
+    for (p, &w) in (lo..=query.pos).zip(sc.scores.iter()) {
+        let w = f16::from_f32(w).to_f32();
+        let slot = kv.slot(query.block_table, p);
+        values[slot * kv_dim + kv_off..][..hd].convert_to_f32_slice(&mut sc.v32);
+        let (j, l) = ((p % 64) / 16, p % 16);
+        accumulate_lane(&mut sc.acc, w, &sc.v32, j, l);
+    }
+    for (o, acc) in out_h.iter_mut().zip(&sc.acc) {
+        *o = reduce_4x16(acc);
+    }
 }
 
 /// Per-task buffers, reused across the (token, head) pairs a worker handles.
@@ -71,10 +84,6 @@ struct Scratch {
     q16: Vec<f16>,
     scores: Vec<f32>,
     v32: Vec<f32>,
-}
-
-/// The bytes of an f16 slice, as the F16 vec_dot kernel takes them.
-fn f16_bytes(x: &[f16]) -> &[u8] {
-    // SAFETY: f16 is a plain 2-byte value (repr(transparent) over u16), any byte pattern is valid to read.
-    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
+    /// Per output dimension, ggml_vec_dot_f16's 4×16 accumulator lanes.
+    acc: Vec<[[f32; 16]; 4]>,
 }

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod error;
+pub mod ggml_math;
 pub mod gguf;
 pub mod kv;
 pub mod matmul;

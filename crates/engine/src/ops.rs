@@ -26,8 +26,8 @@ pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
 }
 
 fn rms_scale(row: &[f32], eps: f32) -> f32 {
-    // ggml sums squares in f64 (ggml_float) for rms_norm; do the same so rounding matches.
-    let sum: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    // ggml squares in f32 and sums in f64 (ggml_float), in order; do the same so rounding matches.
+    let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / row.len() as f64) as f32;
     1.0 / (mean + eps).sqrt()
 }
@@ -46,13 +46,6 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 pub fn scale_inplace(x: &mut [f32], s: f32) {
     x.iter_mut().for_each(|v| *v *= s);
-}
-
-/// SwiGLU: gate = silu(gate) * up.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
 }
 
 /// GeGLU with the tanh approximation of GELU (Gemma): gate = gelu_tanh(gate) * up.
@@ -134,16 +127,4 @@ impl Rope {
             }
         }
     }
-}
-
-/// Softmax in place over `x`; returns nothing, `x` sums to 1 afterwards.
-pub fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    x.iter_mut().for_each(|v| *v *= inv);
 }

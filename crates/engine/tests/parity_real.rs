@@ -5,10 +5,11 @@
 //! - teacher-forced top-1 next-token predictions over a ~2,000-token text agree on >= 99% of positions.
 //! A model that has not been fetched is skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
 //!
-//! Status: tokenization and templates are exact. Logits are not yet bit-exact with llama.cpp's batched
-//! (prefill) kernels: top-1 agreement is 95-97% and several greedy continuations diverge early at small
-//! top-2 gaps. llama.cpp itself disagrees with its own one-token-at-a-time path on ~2% of these positions.
-//! By default the test guards the measured level (REGRESSION_* below) and prints the full report;
+//! Status: the fixtures are llama.cpp's per-row path (repacking off, n_batch = 1; see
+//! tests/fixtures/parity/README.md) and reckon reproduces its numerics operation for operation
+//! (ggml_math.rs), so short probes agree to the printed precision, yet over long texts top-1 agreement is
+//! 95.7-97.4% and several greedy continuations diverge at small top-2 gaps: some rounding is still
+//! unmatched. By default the test guards the measured level (REGRESSION_* below) and prints the report;
 //! RECKON_PARITY_STRICT=1 enforces the targets (>= 99% top-1, >= 32 greedy tokens on every prompt).
 
 use reckon_engine::gguf::GgufFile;
@@ -23,7 +24,7 @@ use std::path::PathBuf;
 
 const MIN_GREEDY_MATCH: usize = 32;
 const MIN_TOP1_AGREEMENT: f64 = 0.99;
-/// Floors measured on 2026-11-30 (top-1 95.4-97.4%; 5-9 of 13 prompts reach 32 greedy tokens; the
+/// Floors measured on 2026-11-30 (top-1 95.7-97.4%; 7-9 of 13 prompts reach 32 greedy tokens; the
 /// first greedy token is always identical): a drop below them is a regression.
 const REGRESSION_TOP1_AGREEMENT: f64 = 0.95;
 const REGRESSION_PROMPTS_REACHING_32: usize = 5;

@@ -43,11 +43,14 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
         let slot = kv.slot(qp.block_table, qp.pos);
         kv.write(ctx.layer, slot, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
     }
+    if c.scale_q_first {
+        ops::scale_inplace(&mut s.q, c.attn_scale);
+    }
     let shape = AttnShape {
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
         head_dim: hd,
-        scale: c.attn_scale,
+        scale: if c.scale_q_first { 1.0 } else { c.attn_scale },
         window: c.layer_window(ctx.layer),
     };
     super::resize(&mut s.attn, n * q_dim);

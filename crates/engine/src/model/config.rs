@@ -55,6 +55,9 @@ pub struct ModelConfig {
     pub swa_period: usize,
     /// Multiplies q·k before softmax.
     pub attn_scale: f32,
+    /// Apply `attn_scale` to q itself before attention (gemma3, as llama.cpp does) rather than to q·k.
+    /// The results differ: q is rounded to f16 for the q·k product, and a scaled q loses more bits.
+    pub scale_q_first: bool,
 }
 
 impl ModelConfig {
@@ -100,6 +103,7 @@ impl ModelConfig {
             sliding_window,
             swa_period,
             attn_scale,
+            scale_q_first: arch == Arch::Gemma3,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -20,7 +20,7 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     resize(&mut s.up, n * c.ffn_dim);
     w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
     w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
-    ops::silu_mul(&mut s.gate, &s.up);
+    crate::ggml_math::swiglu(&mut s.gate, &s.up);
     w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
     ops::add_inplace(&mut s.x, &s.proj);
 }

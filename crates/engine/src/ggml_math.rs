@@ -1,0 +1,225 @@
+//! Scalar re-implementations of the vectorised approximations ggml's CPU backend uses, lane for lane, so
+//! that reckon's activations round exactly as llama.cpp's (the models amplify last-bit differences into
+//! flipped greedy tokens). Each function documents the ggml routine it reproduces.
+
+/// ggml_v_expf (vec.h, AVX-512/AVX2 variant, after ARM's optimized-routines expf): a degree-5
+/// polynomial on the reduced argument and a scale by 2^n. Max error ~1.5 ulp vs the true exp.
+#[inline(always)]
+fn v_expf(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let r = c(0x4b40_0000); // 0x1.8p23: adding it rounds to an integer
+    let z = x.mul_add(c(0x3fb8_aa3b), r); // x·log2(e) + r
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x)); // x - n·ln2 (hi, lo)
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = c(0x3c07_2010).mul_add(b, c(0x3d2b_9f17)).mul_add(
+        u,
+        c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)),
+    );
+    let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    // _mm512_scalef_ps(j, n) = j·2^n with one rounding (exact in f64, then rounded once).
+    (j as f64 * (n as f64).exp2()) as f32
+}
+
+/// ggml_vec_swiglu_f32: y = silu(x)·g, 16 lanes at a time with ggml_v_silu (x / (1 + v_expf(-x))), the
+/// tail with libm's expf.
+pub fn swiglu(x: &mut [f32], g: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA, checked just above.
+        return unsafe { swiglu_fma(x, g) };
+    }
+    swiglu_generic(x, g)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn swiglu_fma(x: &mut [f32], g: &[f32]) {
+    swiglu_generic(x, g)
+}
+
+#[inline(always)]
+fn swiglu_generic(x: &mut [f32], g: &[f32]) {
+    let simd_len = x.len() / 16 * 16;
+    for (v, &gv) in x[..simd_len].iter_mut().zip(g) {
+        *v = *v / (1.0 + v_expf(0.0 - *v)) * gv;
+    }
+    for (v, &gv) in x[simd_len..].iter_mut().zip(&g[simd_len..]) {
+        *v = *v / (1.0 + (-*v).exp()) * gv;
+    }
+}
+
+/// ggml_soft_max (ops.cpp + ggml_vec_soft_max_f32) over one query's scores, in place.
+///
+/// `scores[i]` belongs to KV cell `first_cell + i`; ggml runs over all cells of the cache view with masked
+/// ones at -inf (exp = 0), 16 cells a vector: each vector's exps are summed in `_mm512_reduce_add_ps`'s
+/// tree order, the vector sums in f64. Cell alignment matters, hence `first_cell`.
+pub fn soft_max(scores: &mut [f32], first_cell: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA, checked just above.
+        return unsafe { soft_max_fma(scores, first_cell) };
+    }
+    soft_max_generic(scores, first_cell)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn soft_max_fma(scores: &mut [f32], first_cell: usize) {
+    soft_max_generic(scores, first_cell)
+}
+
+#[inline(always)]
+fn soft_max_generic(scores: &mut [f32], first_cell: usize) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    let mut lanes = [0.0f32; 16];
+    let mut cell = first_cell / 16 * 16;
+    let end = first_cell + scores.len();
+    while cell < end {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let c = cell + l;
+            *lane = if c >= first_cell && c < end {
+                let e = v_expf(scores[c - first_cell] - max);
+                scores[c - first_cell] = e;
+                e
+            } else {
+                0.0
+            };
+        }
+        sum += reduce_add_16(&lanes) as f64;
+        cell += 16;
+    }
+    let inv = (1.0 / sum) as f32;
+    scores.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// ggml_vec_dot_f16 (vec.cpp, AVX-512): products accumulated with FMA into 4 vectors of 16 lanes, 64
+/// elements a step, the 4 vectors added pairwise (0+2, 1+3, then 0+1), reduced with
+/// `_mm512_reduce_add_ps`, and any tail past a multiple of 64 added in f64.
+pub fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has FMA and F16C, checked just above.
+        return unsafe { dot_f16_fma(x, y) };
+    }
+    dot_f16_generic(x, y)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma,f16c")]
+unsafe fn dot_f16_fma(x: &[half::f16], y: &[half::f16]) -> f32 {
+    dot_f16_generic(x, y)
+}
+
+#[inline(always)]
+fn dot_f16_generic(x: &[half::f16], y: &[half::f16]) -> f32 {
+    let mut acc = [[0.0f32; 16]; 4];
+    let full = x.len() / 64 * 64;
+    for (xs, ys) in x[..full].chunks_exact(64).zip(y.chunks_exact(64)) {
+        for (k, (a, b)) in xs.iter().zip(ys).enumerate() {
+            let lane = &mut acc[k / 16][k % 16];
+            *lane = a.to_f32().mul_add(b.to_f32(), *lane);
+        }
+    }
+    let mut sum = reduce_4x16(&acc) as f64;
+    for (a, b) in x[full..].iter().zip(&y[full..]) {
+        sum += (a.to_f32() * b.to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// One KV cell's step of ggml_vec_dot_f16 for every output dimension at once: lane (j, l) of each
+/// dimension's accumulators gets `w·v[d]` fused-added (the weighted sum over values, see attention).
+pub fn accumulate_lane(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA, checked just above.
+        return unsafe { accumulate_lane_fma(acc, w, v, j, l) };
+    }
+    accumulate_lane_generic(acc, w, v, j, l)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn accumulate_lane_fma(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
+    accumulate_lane_generic(acc, w, v, j, l)
+}
+
+#[inline(always)]
+fn accumulate_lane_generic(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        a[j][l] = w.mul_add(x, a[j][l]);
+    }
+}
+
+/// GGML_F32x16_REDUCE over 4 accumulators: 0+=2, 1+=3, 0+=1, then the 16-lane reduce.
+#[inline(always)]
+pub(crate) fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
+    let v02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
+    let v13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
+    let v: [f32; 16] = std::array::from_fn(|l| v02[l] + v13[l]);
+    reduce_add_16(&v)
+}
+
+/// GCC's `_mm512_reduce_add_ps`: halves added pairwise, 16 → 8 → 4 → 2 → 1.
+#[inline(always)]
+fn reduce_add_16(l: &[f32; 16]) -> f32 {
+    let a: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
+    let b: [f32; 4] = std::array::from_fn(|i| a[i] + a[i + 4]);
+    let (c0, c1) = (b[0] + b[2], b[1] + b[3]);
+    c0 + c1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v_expf_is_close_to_exp() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.05;
+            let (got, want) = (v_expf(x), (x as f64).exp());
+            assert!(((got as f64 - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
+        }
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(200.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn soft_max_sums_to_one_at_any_alignment() {
+        for first in [0, 3, 16, 29] {
+            let mut s: Vec<f32> = (0..40).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+            soft_max(&mut s, first);
+            let total: f32 = s.iter().sum();
+            assert!((total - 1.0).abs() < 1e-5, "{total}");
+            assert!(s.iter().all(|&p| p > 0.0));
+        }
+    }
+
+    #[test]
+    fn dot_f16_matches_f64() {
+        use half::f16;
+        for n in [64usize, 100, 256] {
+            let x: Vec<f16> = (0..n).map(|i| f16::from_f32((i as f32 * 0.71).sin())).collect();
+            let y: Vec<f16> = (0..n).map(|i| f16::from_f32((i as f32 * 0.13).cos())).collect();
+            let want: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
+            assert!((dot_f16(&x, &y) as f64 - want).abs() < 1e-4, "n={n}");
+        }
+    }
+
+    #[test]
+    fn swiglu_matches_silu() {
+        let mut x: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
+        let g = vec![2.0; 37];
+        let want: Vec<f32> = x.iter().map(|&v| v / (1.0 + (-v).exp()) * 2.0).collect();
+        swiglu(&mut x, &g);
+        for (a, b) in x.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+}
