@@ -180,7 +180,8 @@ mod tests {
 
     #[test]
     fn v_expf_is_close_to_exp() {
-        for i in -2000..2000 {
+        // The normal range of f32 results; below ~-87 the result is subnormal and the relative error grows.
+        for i in -1600..1600 {
             let x = i as f32 * 0.05;
             let (got, want) = (v_expf(x), (x as f64).exp());
             assert!(((got as f64 - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
