@@ -4,10 +4,10 @@
 //! `[lo, pos]`, read through its block table (`lo > 0` only for sliding-window layers). Every (token,
 //! head) output is computed by one task in a fixed order, so results do not depend on batch or threads.
 
+use crate::debug_dump;
 use crate::kv::KvStorage;
-use crate::ggml_math::{accumulate_lane, dot_f16, reduce_4x16, soft_max};
+use crate::ggml_math::{dot_f16, soft_max, LaneAcc};
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Where one query token sits: its sequence's block table and its position.
@@ -53,29 +53,29 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
             let k = &keys[slot * kv_dim + kv_off..][..hd];
             sc.scores.push(dot_f16(k, &sc.q16) * shape.scale);
         }
+        let dump = t + 1 == queries.len() && debug_dump::enabled();
+        if dump {
+            debug_dump::dump(&format!("kq-h{h}"), layer, &sc.scores, 1);
+        }
         soft_max(&mut sc.scores, lo);
+        if dump {
+            debug_dump::dump(&format!("kq_soft_max-h{h}"), layer, &sc.scores, 1);
+        }
         weighted_values(sc, values, query, kv, kv_off, lo, out_h);
     });
 }
 
-/// out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells: cell p goes to
-/// accumulator lane p % 64 (masked cells add nothing), then the lanes are reduced in ggml's order.
+/// out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells (cell = position
+/// here), see `LaneAcc`.
 fn weighted_values(sc: &mut Scratch, values: &[f16], query: &QueryPos, kv: &KvStorage, kv_off: usize, lo: usize, out_h: &mut [f32]) {
     let hd = out_h.len();
     let kv_dim = kv.shape.kv_dim;
-    sc.acc.clear();
-    sc.acc.resize(hd, [[0.0; 16]; 4]);
-    sc.v32.resize(hd, 0.0);
+    sc.acc.reset(hd);
     for (p, &w) in (lo..=query.pos).zip(sc.scores.iter()) {
-        let w = f16::from_f32(w).to_f32();
         let slot = kv.slot(query.block_table, p);
-        values[slot * kv_dim + kv_off..][..hd].convert_to_f32_slice(&mut sc.v32);
-        let (j, l) = ((p % 64) / 16, p % 16);
-        accumulate_lane(&mut sc.acc, w, &sc.v32, j, l);
+        sc.acc.add(p, f16::from_f32(w).to_f32(), &values[slot * kv_dim + kv_off..][..hd]);
     }
-    for (o, acc) in out_h.iter_mut().zip(&sc.acc) {
-        *o = reduce_4x16(acc);
-    }
+    sc.acc.reduce(out_h);
 }
 
 /// Per-task buffers, reused across the (token, head) pairs a worker handles.
@@ -83,7 +83,5 @@ fn weighted_values(sc: &mut Scratch, values: &[f16], query: &QueryPos, kv: &KvSt
 struct Scratch {
     q16: Vec<f16>,
     scores: Vec<f32>,
-    v32: Vec<f32>,
-    /// Per output dimension, ggml_vec_dot_f16's 4×16 accumulator lanes.
-    acc: Vec<[[f32; 16]; 4]>,
+    acc: LaneAcc,
 }

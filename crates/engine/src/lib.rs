@@ -2,6 +2,7 @@
 //! No HTTP here: the engine takes token ids in and emits token events out.
 
 pub mod attention;
+pub mod debug_dump;
 pub mod error;
 pub mod ggml_math;
 pub mod gguf;

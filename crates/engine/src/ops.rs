@@ -70,7 +70,8 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
 fn gelu_f32(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     const COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+    // ggml's C is compiled with FMA contraction: `1.0f + GELU_COEF_A*x*x` becomes one fused multiply-add.
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (COEF_A * x).mul_add(x, 1.0)).tanh())
 }
 
 /// GELU of every f16 value, indexed by its bits.
@@ -122,8 +123,9 @@ impl Rope {
                     RopeStyle::Neox => (i, i + half),
                 };
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                // ggml's C is compiled with FMA contraction (GCC's default -ffp-contract=fast): match it.
+                head[a] = x0.mul_add(cos, -(x1 * sin));
+                head[b] = x0.mul_add(sin, x1 * cos);
             }
         }
     }

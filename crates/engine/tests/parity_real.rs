@@ -5,12 +5,10 @@
 //! - teacher-forced top-1 next-token predictions over a ~2,000-token text agree on >= 99% of positions.
 //! A model that has not been fetched is skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
 //!
-//! Status: the fixtures are llama.cpp's per-row path (repacking off, n_batch = 1; see
-//! tests/fixtures/parity/README.md) and reckon reproduces its numerics operation for operation
-//! (ggml_math.rs), so short probes agree to the printed precision, yet over long texts top-1 agreement is
-//! 95.7-97.4% and several greedy continuations diverge at small top-2 gaps: some rounding is still
-//! unmatched. By default the test guards the measured level (REGRESSION_* below) and prints the report;
-//! RECKON_PARITY_STRICT=1 enforces the targets (>= 99% top-1, >= 32 greedy tokens on every prompt).
+//! The fixtures are llama.cpp's per-row CPU path (repacking off, n_batch = 1; see
+//! tests/fixtures/parity/README.md). reckon reproduces its numerics operation for operation (ggml_math,
+//! the quant kernels, FMA-contracted RoPE and GELU table), so on this kind of CPU the logits are
+//! bit-identical and every check below holds with room to spare (100% top-1, 64/64 greedy tokens).
 
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
@@ -24,14 +22,6 @@ use std::path::PathBuf;
 
 const MIN_GREEDY_MATCH: usize = 32;
 const MIN_TOP1_AGREEMENT: f64 = 0.99;
-/// Floors measured on 2026-11-30 (top-1 95.7-97.4%; 7-9 of 13 prompts reach 32 greedy tokens; the
-/// first greedy token is always identical): a drop below them is a regression.
-const REGRESSION_TOP1_AGREEMENT: f64 = 0.95;
-const REGRESSION_PROMPTS_REACHING_32: usize = 5;
-
-fn strict() -> bool {
-    std::env::var("RECKON_PARITY_STRICT").is_ok_and(|v| v == "1")
-}
 
 fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
@@ -86,7 +76,6 @@ fn check_model(name: &str) {
     let mut session = Session::new(&model, 4096);
     let mut report = Vec::new();
     let mut failures = Vec::new();
-    let mut reaching_32 = 0;
     for case in fx["prompts"].as_array().unwrap() {
         let cname = case["name"].as_str().unwrap();
         let ptext = case["text"].as_str().unwrap();
@@ -100,8 +89,6 @@ fn check_model(name: &str) {
         let got = greedy(&mut session, &prompt, want.len());
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         report.push(format!("{cname}: {same}/{}", want.len()));
-        assert!(same >= 1, "{name}/{cname}: the first greedy token differs from llama.cpp");
-        reaching_32 += usize::from(same >= MIN_GREEDY_MATCH);
         if same < want.len() {
             let gap = case["greedy_top2_gap"][same].as_f64().unwrap();
             report.push(format!("  diverges at {same}: ours {} vs llama.cpp {} (llama.cpp top-2 gap {gap:.4})", got[same], want[same]));
@@ -126,15 +113,8 @@ fn check_model(name: &str) {
         .map(|(i, _)| format!("{i}:{:.3}", tf["top2_gap"][i].as_f64().unwrap())).collect();
     report.push(format!("teacher-forced top-1 agreement {agree}/{} = {:.2}%; disagreements (position:llama.cpp gap) {gaps:?}", want.len(), rate * 100.0));
     eprintln!("{name}:\n  {}", report.join("\n  "));
-    if strict() {
-        assert!(rate >= MIN_TOP1_AGREEMENT, "{name}: top-1 agreement {rate:.4} < {MIN_TOP1_AGREEMENT}");
-        assert!(failures.is_empty(), "{name}: {failures:?}");
-    }
-    assert!(rate >= REGRESSION_TOP1_AGREEMENT, "{name}: top-1 agreement {rate:.4} fell below {REGRESSION_TOP1_AGREEMENT}");
-    assert!(
-        reaching_32 >= REGRESSION_PROMPTS_REACHING_32,
-        "{name}: only {reaching_32} prompts reach {MIN_GREEDY_MATCH} identical greedy tokens: {failures:?}"
-    );
+    assert!(rate >= MIN_TOP1_AGREEMENT, "{name}: top-1 agreement {rate:.4} < {MIN_TOP1_AGREEMENT}");
+    assert!(failures.is_empty(), "{name}: {failures:?}");
 }
 
 #[test]

@@ -5,6 +5,7 @@ use super::config::ModelConfig;
 use super::weights::LayerWeights;
 use super::Scratch;
 use crate::attention::{attend, AttnShape, QueryPos};
+use crate::debug_dump::dump;
 use crate::gguf::GgufFile;
 use crate::kv::KvStorage;
 use crate::ops::{self, Rope};
@@ -43,6 +44,9 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
         let slot = kv.slot(qp.block_table, qp.pos);
         kv.write(ctx.layer, slot, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
     }
+    dump("Qcur", ctx.layer, &s.q, n);
+    dump("Kcur", ctx.layer, &s.k, n);
+    dump("Vcur", ctx.layer, &s.v, n);
     if c.scale_q_first {
         ops::scale_inplace(&mut s.q, c.attn_scale);
     }
@@ -55,6 +59,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
     };
     super::resize(&mut s.attn, n * q_dim);
     attend(&shape, kv, ctx.layer, ctx.queries, &s.q, &mut s.attn);
+    dump("kqv_out", ctx.layer, &s.attn, n);
     super::resize(&mut s.proj, n * c.d_model);
     w.wo.view(ctx.file).matmul(&s.attn, &mut s.act_q, &mut s.proj);
 }

@@ -8,6 +8,7 @@ use super::block::{attention, LayerCtx};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
 use crate::kv::KvStorage;
+use crate::debug_dump::dump;
 use crate::ops;
 
 pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
@@ -17,16 +18,24 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     let post_ffn = w.post_ffn_norm.as_ref().expect("gemma3 layers have post_ffw_norm");
     resize(&mut s.xn, n * c.d_model);
     ops::rms_norm(&s.x, &w.attn_norm, c.norm_eps, &mut s.xn);
+    dump("attn_norm", ctx.layer, &s.xn, n);
     attention(ctx, w, kv, s);
     ops::rms_norm_inplace(&mut s.proj, post_attn, c.norm_eps);
     ops::add_inplace(&mut s.x, &s.proj);
+    dump("ffn_inp", ctx.layer, &s.x, n);
     ops::rms_norm(&s.x, &w.ffn_norm, c.norm_eps, &mut s.xn);
     resize(&mut s.gate, n * c.ffn_dim);
     resize(&mut s.up, n * c.ffn_dim);
     w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
     w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
+    dump("ffn_norm", ctx.layer, &s.xn, n);
+    dump("ffn_gate", ctx.layer, &s.gate, n);
+    dump("ffn_up", ctx.layer, &s.up, n);
     ops::gelu_mul(&mut s.gate, &s.up);
+    dump("ffn_geglu", ctx.layer, &s.gate, n);
     w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
+    dump("ffn_out", ctx.layer, &s.proj, n);
     ops::rms_norm_inplace(&mut s.proj, post_ffn, c.norm_eps);
     ops::add_inplace(&mut s.x, &s.proj);
+    dump("l_out", ctx.layer, &s.x, n);
 }

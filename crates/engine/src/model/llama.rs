@@ -6,6 +6,7 @@ use super::block::{attention, LayerCtx};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
 use crate::kv::KvStorage;
+use crate::debug_dump::dump;
 use crate::ops;
 
 pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
@@ -13,14 +14,23 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     let n = ctx.queries.len();
     resize(&mut s.xn, n * c.d_model);
     ops::rms_norm(&s.x, &w.attn_norm, c.norm_eps, &mut s.xn);
+    dump("attn_norm", ctx.layer, &s.xn, n);
     attention(ctx, w, kv, s);
+    dump("attn_out", ctx.layer, &s.proj, n);
     ops::add_inplace(&mut s.x, &s.proj);
+    dump("ffn_inp", ctx.layer, &s.x, n);
     ops::rms_norm(&s.x, &w.ffn_norm, c.norm_eps, &mut s.xn);
+    dump("ffn_norm", ctx.layer, &s.xn, n);
     resize(&mut s.gate, n * c.ffn_dim);
     resize(&mut s.up, n * c.ffn_dim);
     w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
     w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
+    dump("ffn_gate", ctx.layer, &s.gate, n);
+    dump("ffn_up", ctx.layer, &s.up, n);
     crate::ggml_math::swiglu(&mut s.gate, &s.up);
+    dump("ffn_swiglu", ctx.layer, &s.gate, n);
     w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
+    dump("ffn_out", ctx.layer, &s.proj, n);
     ops::add_inplace(&mut s.x, &s.proj);
+    dump("l_out", ctx.layer, &s.x, n);
 }

@@ -1,6 +1,17 @@
 //! Scalar re-implementations of the vectorised approximations ggml's CPU backend uses, lane for lane, so
 //! that reckon's activations round exactly as llama.cpp's (the models amplify last-bit differences into
-//! flipped greedy tokens). Each function documents the ggml routine it reproduces.
+//! flipped greedy tokens). Each function documents the ggml routine it reproduces. On AVX-512 CPUs the
+//! `avx512` module runs the same instructions as ggml's AVX-512 build; elsewhere the scalar emulation here
+//! gives the same bits, slower.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(target_arch = "x86_64")]
+fn use_avx512() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(avx512::available)
+}
 
 /// ggml_v_expf (vec.h, AVX-512/AVX2 variant, after ARM's optimized-routines expf): a degree-5
 /// polynomial on the reduced argument and a scale by 2^n. Max error ~1.5 ulp vs the true exp.
@@ -20,13 +31,22 @@ fn v_expf(x: f32) -> f32 {
         c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)),
     );
     let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
-    // _mm512_scalef_ps(j, n) = j·2^n with one rounding (exact in f64, then rounded once).
-    (j as f64 * (n as f64).exp2()) as f32
+    // _mm512_scalef_ps(j, n) = j·2^n with one rounding: exact in f64 (|n| <= 192), then rounded once.
+    (j as f64 * f64::from_bits(((n as i64 + 1023) as u64) << 52)) as f32
 }
 
 /// ggml_vec_swiglu_f32: y = silu(x)·g, 16 lanes at a time with ggml_v_silu (x / (1 + v_expf(-x))), the
 /// tail with libm's expf.
 pub fn swiglu(x: &mut [f32], g: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: the CPU has the features avx512::available checks.
+        let done = unsafe { avx512::swiglu(x, g) };
+        for (v, &gv) in x[done..].iter_mut().zip(&g[done..]) {
+            *v = *v / (1.0 + (-*v).exp()) * gv;
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA, checked just above.
@@ -58,6 +78,11 @@ fn swiglu_generic(x: &mut [f32], g: &[f32]) {
 /// ones at -inf (exp = 0), 16 cells a vector: each vector's exps are summed in `_mm512_reduce_add_ps`'s
 /// tree order, the vector sums in f64. Cell alignment matters, hence `first_cell`.
 pub fn soft_max(scores: &mut [f32], first_cell: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: the CPU has the features avx512::available checks.
+        return unsafe { avx512::soft_max(scores, first_cell) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA, checked just above.
@@ -102,6 +127,11 @@ fn soft_max_generic(scores: &mut [f32], first_cell: usize) {
 /// `_mm512_reduce_add_ps`, and any tail past a multiple of 64 added in f64.
 pub fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if use_avx512() {
+        // SAFETY: the CPU has the features avx512::available checks.
+        return unsafe { avx512::dot_f16(x, y) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("f16c") {
         // SAFETY: the CPU has FMA and F16C, checked just above.
         return unsafe { dot_f16_fma(x, y) };
@@ -132,27 +162,77 @@ fn dot_f16_generic(x: &[half::f16], y: &[half::f16]) -> f32 {
     sum as f32
 }
 
-/// One KV cell's step of ggml_vec_dot_f16 for every output dimension at once: lane (j, l) of each
-/// dimension's accumulators gets `w·v[d]` fused-added (the weighted sum over values, see attention).
-pub fn accumulate_lane(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has FMA, checked just above.
-        return unsafe { accumulate_lane_fma(acc, w, v, j, l) };
+/// The weighted sum over values `out[d] = Σ_cells f16(prob)·V_cell[d]` as ggml computes it: one
+/// ggml_vec_dot_f16 per output dimension `d` over the KV cells, so cell `c` lands in accumulator lane
+/// `c % 64` (vector `(c % 64) / 16`, lane `c % 16`) and the lanes are reduced in ggml's order at the end.
+///
+/// Stored lane-major, `rows: [64, hd]`, so that adding one cell is a contiguous fused multiply-add over
+/// the head dimension. Lanes no cell touched hold zero, as ggml's masked cells contribute `0·V = 0`.
+#[derive(Default)]
+pub struct LaneAcc {
+    hd: usize,
+    rows: Vec<f32>,
+    /// Bit `lane` is set once that lane's row has been zeroed for this sum.
+    touched: u64,
+}
+
+impl LaneAcc {
+    /// Starts a new sum over vectors of `hd` elements.
+    pub fn reset(&mut self, hd: usize) {
+        self.hd = hd;
+        self.rows.resize(64 * hd, 0.0);
+        self.touched = 0;
     }
-    accumulate_lane_generic(acc, w, v, j, l)
-}
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-unsafe fn accumulate_lane_fma(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
-    accumulate_lane_generic(acc, w, v, j, l)
-}
+    /// Adds `w·v` (v in f16) into the lane of KV cell `cell`.
+    pub fn add(&mut self, cell: usize, w: f32, v: &[half::f16]) {
+        let lane = cell % 64;
+        let row = &mut self.rows[lane * self.hd..(lane + 1) * self.hd];
+        if self.touched & (1 << lane) == 0 {
+            row.fill(0.0);
+            self.touched |= 1 << lane;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if use_avx512() && self.hd % 16 == 0 {
+            // SAFETY: the CPU has the features avx512::available checks; lengths are hd, a multiple of 16.
+            return unsafe { avx512::fma_row(row, w, v) };
+        }
+        for (a, x) in row.iter_mut().zip(v) {
+            *a = w.mul_add(x.to_f32(), *a);
+        }
+    }
 
-#[inline(always)]
-fn accumulate_lane_generic(acc: &mut [[[f32; 16]; 4]], w: f32, v: &[f32], j: usize, l: usize) {
-    for (a, &x) in acc.iter_mut().zip(v) {
-        a[j][l] = w.mul_add(x, a[j][l]);
+    /// Reduces the 64 lanes of every dimension in ggml's order (GGML_F32x16_REDUCE): vectors 0+2 and 1+3,
+    /// then their sum, then the 16 lanes as `_mm512_reduce_add_ps`.
+    pub fn reduce(&mut self, out: &mut [f32]) {
+        let hd = self.hd;
+        for lane in 0..64 {
+            if self.touched & (1 << lane) == 0 {
+                self.rows[lane * hd..(lane + 1) * hd].fill(0.0);
+            }
+        }
+        let r = |lane: usize| lane * hd;
+        // v[l] = (vec0 + vec2)[l] + (vec1 + vec3)[l], written over lane l's row of vector 0.
+        for l in 0..16 {
+            for d in 0..hd {
+                let v02 = self.rows[r(l) + d] + self.rows[r(32 + l) + d];
+                let v13 = self.rows[r(16 + l) + d] + self.rows[r(48 + l) + d];
+                self.rows[r(l) + d] = v02 + v13;
+            }
+        }
+        // 16 -> 8 -> 4 lanes, then (0+2) + (1+3).
+        for width in [8, 4] {
+            for l in 0..width {
+                for d in 0..hd {
+                    self.rows[r(l) + d] += self.rows[r(l + width) + d];
+                }
+            }
+        }
+        for (d, o) in out.iter_mut().enumerate().take(hd) {
+            let c0 = self.rows[r(0) + d] + self.rows[r(2) + d];
+            let c1 = self.rows[r(1) + d] + self.rows[r(3) + d];
+            *o = c0 + c1;
+        }
     }
 }
 
@@ -221,6 +301,35 @@ mod tests {
         swiglu(&mut x, &g);
         for (a, b) in x.iter().zip(&want) {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    /// The AVX-512 routines must give the scalar emulation's bits exactly (both reproduce ggml).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_equals_scalar_emulation() {
+        use half::f16;
+        if !avx512::available() {
+            eprintln!("note: no AVX-512 here; nothing to compare");
+            return;
+        }
+        let vals = |n: usize, seed: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.7373).sin() * 9.0 - 1.0).collect() };
+        for n in [1usize, 15, 16, 17, 64, 100, 263, 600] {
+            let g = vals(n, 3.0);
+            let (mut a, mut b) = (vals(n, 0.0), vals(n, 0.0));
+            // SAFETY: available() was checked above.
+            let done = unsafe { avx512::swiglu(&mut a, &g) };
+            swiglu_generic(&mut b, &g);
+            assert_eq!(a[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "swiglu n={n}");
+            for first in [0usize, 1, 7, 15, 16, 33] {
+                let (mut a, mut b) = (vals(n, 1.0), vals(n, 1.0));
+                unsafe { avx512::soft_max(&mut a, first) };
+                soft_max_generic(&mut b, first);
+                assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "soft_max n={n} first={first}");
+            }
+            let x: Vec<f16> = vals(n, 2.0).iter().map(|&v| f16::from_f32(v)).collect();
+            let y: Vec<f16> = vals(n, 5.0).iter().map(|&v| f16::from_f32(v * 0.1)).collect();
+            assert_eq!(unsafe { avx512::dot_f16(&x, &y) }.to_bits(), dot_f16_generic(&x, &y).to_bits(), "dot_f16 n={n}");
         }
     }
 }

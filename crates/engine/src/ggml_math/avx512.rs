@@ -1,0 +1,150 @@
+//! AVX-512 versions of the ggml routines in `super`: the same instructions in the same order as ggml's
+//! AVX-512 build, so the results are bit-identical to the scalar emulations (which the tests check) and
+//! to llama.cpp, at vector speed.
+
+use std::arch::x86_64::*;
+
+/// Whether this CPU runs the functions below.
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// ggml_v_expf (vec.h, AVX-512).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn v_expf(x: __m512) -> __m512 {
+    let r = _mm512_set1_ps(f32::from_bits(0x4b40_0000));
+    let z = _mm512_fmadd_ps(x, _mm512_set1_ps(f32::from_bits(0x3fb8_aa3b)), r);
+    let n = _mm512_sub_ps(z, r);
+    let b = _mm512_fnmadd_ps(
+        n,
+        _mm512_set1_ps(f32::from_bits(0x35bf_be8e)),
+        _mm512_fnmadd_ps(n, _mm512_set1_ps(f32::from_bits(0x3f31_7200)), x),
+    );
+    let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+    let u = _mm512_mul_ps(b, b);
+    let j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm512_set1_ps(f32::from_bits(0x3d2b_9f17))),
+            u,
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm512_set1_ps(f32::from_bits(0x3eff_fedb))),
+        ),
+        u,
+        _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm512_set1_ps(1.0)),
+    );
+    let res = _mm512_scalef_ps(j, n);
+    if d == 0 {
+        return res;
+    }
+    let zero = _mm512_setzero_ps();
+    let alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero), _mm512_set1_ps(f32::INFINITY), zero);
+    _mm512_mask_blend_ps(d, res, alt)
+}
+
+/// GCC's `_mm512_reduce_add_ps`: 256-bit halves added, then 128-bit halves, then {2,3,0,1}, then lanes 0+1.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub(super) unsafe fn reduce_add(v: __m512) -> f32 {
+    let hi = _mm512_extractf32x8_ps::<1>(v);
+    let lo = _mm512_castps512_ps256(v);
+    let t3 = _mm256_add_ps(hi, lo);
+    let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+    let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
+    _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<0b01_01_01_01>(t8, t8))
+}
+
+/// ggml_vec_swiglu_f32's vector part: y = x / (1 + v_expf(-x)) · g over whole 16-lane vectors; returns
+/// how many elements it did.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn swiglu(x: &mut [f32], g: &[f32]) -> usize {
+    let n = x.len().min(g.len()) / 16 * 16;
+    let one = _mm512_set1_ps(1.0);
+    for i in (0..n).step_by(16) {
+        let xv = _mm512_loadu_ps(x.as_ptr().add(i));
+        let gv = _mm512_loadu_ps(g.as_ptr().add(i));
+        let e = v_expf(_mm512_sub_ps(_mm512_setzero_ps(), xv));
+        let silu = _mm512_div_ps(xv, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(x.as_mut_ptr().add(i), _mm512_mul_ps(silu, gv));
+    }
+    n
+}
+
+/// ggml_soft_max over the cells `first_cell..first_cell + scores.len()` of a 16-aligned row whose other
+/// cells are masked (exp = 0): see `super::soft_max`.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn soft_max(scores: &mut [f32], first_cell: usize) {
+    let len = scores.len();
+    let mut maxv = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i + 16 <= len {
+        maxv = _mm512_max_ps(maxv, _mm512_loadu_ps(scores.as_ptr().add(i)));
+        i += 16;
+    }
+    let mut max = _mm512_reduce_max_ps(maxv);
+    for &s in &scores[i..] {
+        max = max.max(s);
+    }
+    let maxv = _mm512_set1_ps(max);
+    let mut sum = 0.0f64;
+    let start = first_cell % 16; // lane of the first score in its vector
+    let mut base = -(start as isize); // score index of lane 0 of the current vector
+    while base < len as isize {
+        // Lanes whose score index is in 0..len.
+        let lo = (-base).max(0) as u32;
+        let hi = ((len as isize - base).min(16)) as u32;
+        let mask: __mmask16 = ((1u32 << hi) - 1) as u16 & !(((1u32 << lo) - 1) as u16);
+        let p = scores.as_mut_ptr().offset(base);
+        let x = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), mask, p);
+        let e = v_expf(_mm512_sub_ps(x, maxv));
+        _mm512_mask_storeu_ps(p, mask, e);
+        sum += reduce_add(e) as f64;
+        base += 16;
+    }
+    let inv = _mm512_set1_ps((1.0 / sum) as f32);
+    let mut i = 0;
+    while i + 16 <= len {
+        let p = scores.as_mut_ptr().add(i);
+        _mm512_storeu_ps(p, _mm512_mul_ps(_mm512_loadu_ps(p), inv));
+        i += 16;
+    }
+    let inv = (1.0 / sum) as f32;
+    scores[i..].iter_mut().for_each(|v| *v *= inv);
+}
+
+/// ggml_vec_dot_f16 (AVX-512): see `super::dot_f16`.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
+    let n = x.len().min(y.len());
+    let full = n / 64 * 64;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let (px, py) = (x.as_ptr() as *const __m256i, y.as_ptr() as *const __m256i);
+    for step in (0..full / 16).step_by(4) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let ax = _mm512_cvtph_ps(_mm256_loadu_si256(px.add(step + j)));
+            let ay = _mm512_cvtph_ps(_mm256_loadu_si256(py.add(step + j)));
+            *a = _mm512_fmadd_ps(ax, ay, *a);
+        }
+    }
+    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    let mut sum = reduce_add(v) as f64;
+    for (a, b) in x[full..n].iter().zip(&y[full..n]) {
+        sum += (a.to_f32() * b.to_f32()) as f64;
+    }
+    sum as f32
+}
+
+/// row += w·v over whole 16-element vectors (v converted from f16), with FMA as ggml_vec_dot_f16 does.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn fma_row(row: &mut [f32], w: f32, v: &[half::f16]) {
+    let n = row.len().min(v.len()) / 16 * 16;
+    let wv = _mm512_set1_ps(w);
+    let pv = v.as_ptr() as *const __m256i;
+    for i in (0..n).step_by(16) {
+        let p = row.as_mut_ptr().add(i);
+        let x = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(i / 16)));
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(wv, x, _mm512_loadu_ps(p)));
+    }
+}
