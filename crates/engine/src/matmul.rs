@@ -5,7 +5,7 @@
 //! each output element is one `vec_dot`, computed by exactly one thread in a fixed order: results are
 //! bit-identical whatever the thread count or the other tokens in the batch.
 
-use crate::quant::{activation_row_bytes, quantize_row_ggml_x86, vec_dot_kernel, GgmlType};
+use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, MULTI};
 use rayon::prelude::*;
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
@@ -39,25 +39,55 @@ impl QMatrix<'_> {
         assert_eq!(out.len(), n_tokens * self.rows, "matmul output is not [n, {}]", self.rows);
         let act_type = self.dtype.dot_activation_type();
         let act_bytes = activation_row_bytes(act_type, self.cols);
-        xq.resize(n_tokens * act_bytes, 0);
-        for (row, q) in x.chunks_exact(self.cols).zip(xq.chunks_exact_mut(act_bytes)) {
+        let multi = if n_tokens >= MULTI { multi_dot_kernel(self.dtype) } else { None };
+        let n_multi = if multi.is_some() { n_tokens / MULTI * MULTI } else { 0 };
+        // Multi-token kernels read the activations in their expanded layout, stored after the plain rows.
+        let wide_bytes = expanded_act_row_bytes(self.cols);
+        xq.resize(n_tokens * act_bytes + n_multi * wide_bytes, 0);
+        let (plain, wide) = xq.split_at_mut(n_tokens * act_bytes);
+        for (row, q) in x.chunks_exact(self.cols).zip(plain.chunks_exact_mut(act_bytes)) {
             quantize_row_ggml_x86(act_type, row, q);
         }
-        let xq: &[u8] = xq;
+        for (q, e) in plain.chunks_exact(act_bytes).zip(wide.chunks_exact_mut(wide_bytes)) {
+            expand_act_row(act_type, self.cols, q, e);
+        }
+        let (xq, wide): (&[u8], &[u8]) = (plain, wide);
         let w_row_bytes = self.row_bytes();
         let out_ptr = OutPtr(out.as_mut_ptr());
         let dot = vec_dot_kernel(self.dtype);
+        // A lone token (decode): several weight rows per call instead, sharing the activation loads.
+        let rows_kernel = if n_tokens == 1 { multi_row_kernel(self.dtype) } else { None };
         let num_tasks = self.rows.div_ceil(ROWS_PER_TASK);
         (0..num_tasks).into_par_iter().for_each(|task| {
             let out_ptr = out_ptr;
             let first = task * ROWS_PER_TASK;
             let last = (first + ROWS_PER_TASK).min(self.rows);
+            let store = |t: usize, r: usize, v: f32| {
+                // SAFETY: (t, r) is in bounds (asserted above) and row r belongs to this task only.
+                unsafe { *out_ptr.0.add(t * self.rows + r) = v };
+            };
+            let mut first = first;
+            if let Some(rows_kernel) = rows_kernel {
+                while first + MULTI <= last {
+                    let v = rows_kernel(self.cols, &self.bytes[first * w_row_bytes..(first + MULTI) * w_row_bytes], w_row_bytes, xq);
+                    for (k, &v) in v.iter().enumerate() {
+                        store(0, first + k, v);
+                    }
+                    first += MULTI;
+                }
+            }
             for r in first..last {
                 let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
-                for (t, a) in xq.chunks_exact(act_bytes).enumerate() {
-                    let v = dot(self.cols, w, a);
-                    // SAFETY: (t, r) is in bounds (asserted above) and row r belongs to this task only.
-                    unsafe { *out_ptr.0.add(t * self.rows + r) = v };
+                if let Some(multi) = multi {
+                    for t0 in (0..n_multi).step_by(MULTI) {
+                        let v = multi(self.cols, w, &wide[t0 * wide_bytes..(t0 + MULTI) * wide_bytes], wide_bytes);
+                        for (k, &v) in v.iter().enumerate() {
+                            store(t0 + k, r, v);
+                        }
+                    }
+                }
+                for t in n_multi..n_tokens {
+                    store(t, r, dot(self.cols, w, &xq[t * act_bytes..(t + 1) * act_bytes]));
                 }
             }
         });

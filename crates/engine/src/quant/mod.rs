@@ -22,6 +22,8 @@ mod dequant;
 mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_multi;
 mod dot_scalar;
 mod quantize;
 #[cfg(test)]
@@ -30,6 +32,8 @@ mod tests;
 mod x86_util;
 
 use std::sync::OnceLock;
+
+use blocks::{rd_f16, Q8_0_BYTES, Q8_1_BYTES, QK};
 
 pub use dequant::dequantize_row;
 pub use quantize::{quantize_row, quantize_row_ggml_x86};
@@ -281,6 +285,64 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
         }
     }
     dot_scalar::kernel(t)
+}
+
+/// Activation rows a multi-row kernel takes per call.
+pub const MULTI: usize = 4;
+
+/// `(n, weight_row, act_rows, act_row_bytes) -> dots`: one weight row against `MULTI` activation rows
+/// `act_row_bytes` apart, in the expanded layout of `expand_act_row`; each result bit-identical to the
+/// one-row kernel's on the unexpanded rows. Safe to call (checks lengths).
+pub type MultiDotFn = fn(usize, &[u8], &[u8], usize) -> [f32; MULTI];
+
+/// Bytes of one expanded activation row of `n` elements (see `expand_act_row`), a multiple of 64.
+pub fn expanded_act_row_bytes(n: usize) -> usize {
+    (n + 8 * (n / QK)).div_ceil(64) * 64
+}
+
+/// Rewrites a Q8_0 or Q8_1 activation row into the layout the multi-token kernels read: the quants of all
+/// blocks contiguous (`n` bytes, so two blocks are one 512-bit load), then every block's scale `d` as f32,
+/// then (Q8_1) every block's `s` as f32 (zero for Q8_0). The f16 -> f32 conversions are exact, so the
+/// kernels' products are the one-row kernel's.
+pub fn expand_act_row(t: GgmlType, n: usize, src: &[u8], dst: &mut [u8]) {
+    let nb = n / QK;
+    let (bytes, qs_off) = match t {
+        GgmlType::Q8_0 => (Q8_0_BYTES, 2),
+        GgmlType::Q8_1 => (Q8_1_BYTES, 4),
+        _ => panic!("expand_act_row: {t} is not Q8_0 or Q8_1"),
+    };
+    assert!(src.len() >= nb * bytes && dst.len() >= expanded_act_row_bytes(n));
+    let (qs, scales) = dst.split_at_mut(n);
+    for (i, b) in src.chunks_exact(bytes).take(nb).enumerate() {
+        qs[i * QK..(i + 1) * QK].copy_from_slice(&b[qs_off..qs_off + QK]);
+        scales[4 * i..4 * i + 4].copy_from_slice(&rd_f16(b, 0).to_le_bytes());
+        let s = if qs_off == 4 { rd_f16(b, 2) } else { 0.0 };
+        scales[4 * (nb + i)..4 * (nb + i) + 4].copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+/// The multi-row kernel for weight type `t` at the current SIMD level, where there is one.
+pub fn multi_dot_kernel(t: GgmlType) -> Option<MultiDotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx512 {
+        return dot_avx512_multi::kernel(t);
+    }
+    let _ = t;
+    None
+}
+
+/// `(n, weight_rows, weight_row_bytes, act_row) -> dots`: `MULTI` weight rows against one activation
+/// row, each result bit-identical to the one-row kernel's. Safe to call (checks lengths).
+pub type MultiRowFn = fn(usize, &[u8], usize, &[u8]) -> [f32; MULTI];
+
+/// The multi-weight-row kernel for weight type `t` at the current SIMD level, where there is one.
+pub fn multi_row_kernel(t: GgmlType) -> Option<MultiRowFn> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx512 {
+        return dot_avx512_multi::rows_kernel(t);
+    }
+    let _ = t;
+    None
 }
 
 /// Dot product of one weight row (type `t`, `n` elements) with one activation row already quantized

@@ -19,6 +19,19 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 
 /// Like `quantize_row`, but Q8_0 and Q8_1 follow ggml-cpu's x86 AVX2 code (see the module docs).
 pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has the features, checked just above.
+        return unsafe { quantize_x86_avx2(t, src, dst) };
+    }
+    quantize(t, src, dst, Flavor::X86)
+}
+
+/// The same code compiled for AVX2 (which implies SSE4.1): rounding becomes one `roundps` instead of a
+/// libm `rintf` call per element (measured: 12% of SmolLM2 prefill went to quantization, half in `rintf`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn quantize_x86_avx2(t: GgmlType, src: &[f32], dst: &mut [u8]) {
     quantize(t, src, dst, Flavor::X86)
 }
 
@@ -28,6 +41,7 @@ enum Flavor {
     X86,
 }
 
+#[inline(always)]
 fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
     let n = src.len();
     let need = t
@@ -66,6 +80,7 @@ fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
 }
 
 /// One Q8_0 / Q8_1 block: d = amax/127, q = round(x/d); Q8_1 also stores s = d * sum(q).
+#[inline(always)]
 fn q8_legacy(x: &[f32], y: &mut [u8], with_sum: bool, flavor: Flavor) {
     // ggml's MAX(a, b) is `a > b ? a : b`; mirror it (it matters only for NaN inputs).
     let amax = x.iter().fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() });
@@ -112,6 +127,7 @@ fn nearest_int(fval: f32) -> i32 {
 
 /// One Q8_K block. The scale comes from the element with the largest magnitude *with its sign*
 /// (iscale = -127/max), so d is negative when that element is positive; ggml does this on purpose.
+#[inline(always)]
 fn q8_k(x: &[f32], y: &mut [u8]) {
     let mut max = 0.0f32;
     let mut amax = 0.0f32;

@@ -177,3 +177,56 @@ fn bench_vec_dot() {
         }
     }
 }
+
+/// The multi-row kernels give exactly the one-row kernel's bits for every row.
+#[test]
+fn multi_row_kernels_equal_one_row_kernel() {
+    let mut rng = Rng::new(77);
+    for t in WEIGHT_TYPES {
+        let Some(multi) = multi_dot_kernel(t) else { continue };
+        let one = vec_dot_kernel(t);
+        for &n in lengths(t) {
+            let w = random_weights(t, n, &mut rng);
+            let at = t.dot_activation_type();
+            let stride = at.row_bytes(n).unwrap();
+            let wide = expanded_act_row_bytes(n);
+            let mut acts = Vec::new();
+            let mut expanded = vec![0u8; MULTI * wide];
+            for r in 0..MULTI {
+                let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
+                let q = quant(at, &x);
+                expand_act_row(at, n, &q, &mut expanded[r * wide..]);
+                acts.extend(q);
+            }
+            let got = multi(n, &w, &expanded, wide);
+            for (r, g) in got.iter().enumerate() {
+                let want = one(n, &w, &acts[r * stride..(r + 1) * stride]);
+                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
+            }
+        }
+    }
+}
+
+/// The multi-weight-row kernels give exactly the one-row kernel's bits for every row.
+#[test]
+fn multi_weight_row_kernels_equal_one_row_kernel() {
+    let mut rng = Rng::new(78);
+    for t in WEIGHT_TYPES {
+        let Some(rows) = multi_row_kernel(t) else { continue };
+        let one = vec_dot_kernel(t);
+        for &n in lengths(t) {
+            let stride = t.row_bytes(n).unwrap();
+            let mut w = Vec::new();
+            for _ in 0..MULTI {
+                w.extend(random_weights(t, n, &mut rng));
+            }
+            let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
+            let a = quant(t.dot_activation_type(), &x);
+            let got = rows(n, &w, stride, &a);
+            for (r, g) in got.iter().enumerate() {
+                let want = one(n, &w[r * stride..(r + 1) * stride], &a);
+                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
+            }
+        }
+    }
+}
