@@ -139,23 +139,28 @@ macro_rules! multi_tokens {
         let nb = n / QK;
         let mut acc = [_mm256_setzero_ps(); MULTI];
         let mut ms = [0.0f32; MULTI];
-        let mut dprod = [[0.0f32; CHUNK + 16]; MULTI];
+        // Scratch for the chunk's scale products: written before read, so left uninitialised (zeroing it
+        // per call showed up in the profile).
+        let mut dprod_buf = [[std::mem::MaybeUninit::<f32>::uninit(); CHUNK + 16]; MULTI];
+        let dprod: [*mut f32; MULTI] = std::array::from_fn(|r| dprod_buf[r].as_mut_ptr() as *mut f32);
+        let mut dx_buf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK];
+        let mut mx_buf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK];
+        let (dx, mx) = (dx_buf.as_mut_ptr() as *mut f32, mx_buf.as_mut_ptr() as *mut f32);
         let mut c0 = 0;
         while c0 < nb {
             let cn = (nb - c0).min(CHUNK);
-            let mut dx = [0.0f32; CHUNK + 16];
-            let mut mx = [0.0f32; CHUNK];
             for k in 0..cn {
                 let $xb = x.add((c0 + k) * $xbytes);
-                (dx[k], mx[k]) = $scales;
+                let (d, m) = $scales;
+                (dx.add(k).write(d), mx.add(k).write(m));
             }
             // dx·dy, 16 blocks a vector.
             for r in 0..MULTI {
                 let dy = (y[r].add(n) as *const f32).add(c0);
                 for k in (0..cn).step_by(16) {
                     let m: __mmask16 = if cn - k >= 16 { 0xFFFF } else { (1u16 << (cn - k)) - 1 };
-                    let v = _mm512_mul_ps(_mm512_loadu_ps(dx.as_ptr().add(k)), _mm512_maskz_loadu_ps(m, dy.add(k)));
-                    _mm512_storeu_ps(dprod[r].as_mut_ptr().add(k), v);
+                    let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dx.add(k)), _mm512_maskz_loadu_ps(m, dy.add(k)));
+                    _mm512_mask_storeu_ps(dprod[r].add(k), m, v);
                 }
             }
             // m·s in block order; the rows' chains interleave so their FMA latencies overlap.
@@ -163,7 +168,7 @@ macro_rules! multi_tokens {
                 let sy: [*const f32; MULTI] = std::array::from_fn(|r| (y[r].add(n + 4 * nb) as *const f32).add(c0));
                 for k in 0..cn {
                     for r in 0..MULTI {
-                        ms[r] = mx[k].mul_add(sy[r].add(k).read_unaligned(), ms[r]);
+                        ms[r] = mx.add(k).read().mul_add(sy[r].add(k).read_unaligned(), ms[r]);
                     }
                 }
             }
@@ -181,9 +186,9 @@ macro_rules! multi_tokens {
                         _mm512_zextsi256_si512(load256(y[r].add(i * QK)))
                     };
                     let p = _mm512_cvtepi32_ps($dot);
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dprod[r][k]), _mm512_castps512_ps256(p), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(k)), _mm512_castps512_ps256(p), acc[r]);
                     if pair {
-                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dprod[r][k + 1]), high_ps(p), acc[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(k + 1)), high_ps(p), acc[r]);
                     }
                 }
                 k += 2;
