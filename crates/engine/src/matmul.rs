@@ -5,7 +5,7 @@
 //! each output element is one `vec_dot`, computed by exactly one thread in a fixed order: results are
 //! bit-identical whatever the thread count or the other tokens in the batch.
 
-use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, MULTI};
+use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
 use rayon::prelude::*;
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
@@ -41,9 +41,12 @@ impl QMatrix<'_> {
         let act_bytes = activation_row_bytes(act_type, self.cols);
         let multi = if n_tokens >= MULTI { multi_dot_kernel(self.dtype) } else { None };
         let n_multi = if multi.is_some() { n_tokens / MULTI * MULTI } else { 0 };
-        // Multi-token kernels read the activations in their expanded layout, stored after the plain rows.
+        // Multi-token kernels for Q8_0/Q8_1 activations read them in their expanded layout, stored after
+        // the plain rows; the K-quant ones read the plain rows.
+        let expanded = wants_expanded_acts(self.dtype);
+        let n_wide = if expanded { n_multi } else { 0 };
         let wide_bytes = expanded_act_row_bytes(self.cols);
-        xq.resize(n_tokens * act_bytes + n_multi * wide_bytes, 0);
+        xq.resize(n_tokens * act_bytes + n_wide * wide_bytes, 0);
         let (plain, wide) = xq.split_at_mut(n_tokens * act_bytes);
         for (row, q) in x.chunks_exact(self.cols).zip(plain.chunks_exact_mut(act_bytes)) {
             quantize_row_ggml_x86(act_type, row, q);
@@ -80,7 +83,11 @@ impl QMatrix<'_> {
                 let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
                 if let Some(multi) = multi {
                     for t0 in (0..n_multi).step_by(MULTI) {
-                        let v = multi(self.cols, w, &wide[t0 * wide_bytes..(t0 + MULTI) * wide_bytes], wide_bytes);
+                        let v = if expanded {
+                            multi(self.cols, w, &wide[t0 * wide_bytes..(t0 + MULTI) * wide_bytes], wide_bytes)
+                        } else {
+                            multi(self.cols, w, &xq[t0 * act_bytes..(t0 + MULTI) * act_bytes], act_bytes)
+                        };
                         for (k, &v) in v.iter().enumerate() {
                             store(t0 + k, r, v);
                         }

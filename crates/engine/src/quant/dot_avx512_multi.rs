@@ -23,6 +23,8 @@ pub(super) fn kernel(t: GgmlType) -> Option<MultiDotFn> {
         GgmlType::Q4_1 => q4_1_multi,
         GgmlType::Q5_0 => q5_0_multi,
         GgmlType::Q8_0 => q8_0_multi,
+        GgmlType::Q4_K => super::dot_avx512_multi_k::q4_k_multi,
+        GgmlType::Q6_K => super::dot_avx512_multi_k::q6_k_multi,
         _ => return None,
     })
 }

@@ -24,6 +24,8 @@ mod dot_avx2;
 mod dot_avx512;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_multi;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_multi_k;
 mod dot_scalar;
 mod quantize;
 #[cfg(test)]
@@ -291,8 +293,9 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
 pub const MULTI: usize = 4;
 
 /// `(n, weight_row, act_rows, act_row_bytes) -> dots`: one weight row against `MULTI` activation rows
-/// `act_row_bytes` apart, in the expanded layout of `expand_act_row`; each result bit-identical to the
-/// one-row kernel's on the unexpanded rows. Safe to call (checks lengths).
+/// `act_row_bytes` apart, in the expanded layout of `expand_act_row` when the activation type is Q8_0 or
+/// Q8_1 (`wants_expanded_acts`), plain otherwise (Q8_K); each result bit-identical to the one-row kernel's
+/// on the plain rows. Safe to call (checks lengths).
 pub type MultiDotFn = fn(usize, &[u8], &[u8], usize) -> [f32; MULTI];
 
 /// Bytes of one expanded activation row of `n` elements (see `expand_act_row`), a multiple of 64.
@@ -319,6 +322,11 @@ pub fn expand_act_row(t: GgmlType, n: usize, src: &[u8], dst: &mut [u8]) {
         let s = if qs_off == 4 { rd_f16(b, 2) } else { 0.0 };
         scales[4 * (nb + i)..4 * (nb + i) + 4].copy_from_slice(&s.to_le_bytes());
     }
+}
+
+/// Whether `t`'s multi-token kernel reads expanded activation rows (see `MultiDotFn`).
+pub fn wants_expanded_acts(t: GgmlType) -> bool {
+    matches!(t.dot_activation_type(), GgmlType::Q8_0 | GgmlType::Q8_1)
 }
 
 /// The multi-row kernel for weight type `t` at the current SIMD level, where there is one.

@@ -195,10 +195,12 @@ fn multi_row_kernels_equal_one_row_kernel() {
             for r in 0..MULTI {
                 let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
                 let q = quant(at, &x);
-                expand_act_row(at, n, &q, &mut expanded[r * wide..]);
+                if wants_expanded_acts(t) {
+                    expand_act_row(at, n, &q, &mut expanded[r * wide..]);
+                }
                 acts.extend(q);
             }
-            let got = multi(n, &w, &expanded, wide);
+            let got = if wants_expanded_acts(t) { multi(n, &w, &expanded, wide) } else { multi(n, &w, &acts, stride) };
             for (r, g) in got.iter().enumerate() {
                 let want = one(n, &w, &acts[r * stride..(r + 1) * stride]);
                 assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
