@@ -6,7 +6,7 @@
 
 use crate::debug_dump;
 use crate::kv::KvStorage;
-use crate::ggml_math::{dot_f16, soft_max, LaneAcc};
+use crate::ggml_math::{dot_f16_f32, soft_max, LaneAcc};
 use half::f16;
 use rayon::prelude::*;
 
@@ -37,44 +37,107 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     let q_dim = shape.n_heads * shape.head_dim;
     let hd = shape.head_dim;
     let (keys, values) = kv.layer(layer);
-    let kv_dim = kv.shape.kv_dim;
     let group = shape.n_heads / shape.n_kv_heads;
     out.par_chunks_exact_mut(hd).enumerate().for_each_init(Scratch::default, |sc, (i, out_h)| {
         let (t, h) = (i / shape.n_heads, i % shape.n_heads);
         let query = &queries[t];
-        let q_h = &q[t * q_dim + h * hd..][..hd];
-        let kv_off = (h / group) * hd;
-        let lo = shape.window.map_or(0, |w| (query.pos + 1).saturating_sub(w));
-        sc.q16.clear();
-        sc.q16.extend(q_h.iter().map(|&x| f16::from_f32(x)));
-        sc.scores.clear();
-        for p in lo..=query.pos {
-            let slot = kv.slot(query.block_table, p);
-            let k = &keys[slot * kv_dim + kv_off..][..hd];
-            sc.scores.push(dot_f16(k, &sc.q16) * shape.scale);
-        }
+        let job = HeadJob {
+            q: &q[t * q_dim + h * hd..][..hd],
+            keys,
+            values,
+            kv_dim: kv.shape.kv_dim,
+            kv_off: (h / group) * hd,
+            block_size: kv.shape.block_size,
+            block_table: query.block_table,
+            lo: shape.window.map_or(0, |w| (query.pos + 1).saturating_sub(w)),
+            pos: query.pos,
+            scale: shape.scale,
+        };
         let dump = t + 1 == queries.len() && debug_dump::enabled();
-        if dump {
-            debug_dump::dump(&format!("kq-h{h}"), layer, &sc.scores, 1);
+        let dump = |name: &str, v: &[f32]| {
+            if dump {
+                debug_dump::dump(&format!("{name}-h{h}"), layer, v, 1);
+            }
+        };
+        #[cfg(target_arch = "x86_64")]
+        if crate::ggml_math::avx512_available() {
+            // SAFETY: the CPU has the features the wrapper enables, checked just above.
+            return unsafe { head_avx512(&job, sc, out_h, &dump) };
         }
-        soft_max(&mut sc.scores, lo);
-        if dump {
-            debug_dump::dump(&format!("kq_soft_max-h{h}"), layer, &sc.scores, 1);
-        }
-        weighted_values(sc, values, query, kv, kv_off, lo, out_h);
+        head(&job, sc, out_h, &dump);
     });
 }
 
-/// out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells (cell = position
-/// here), see `LaneAcc`.
-fn weighted_values(sc: &mut Scratch, values: &[f16], query: &QueryPos, kv: &KvStorage, kv_off: usize, lo: usize, out_h: &mut [f32]) {
-    let hd = out_h.len();
-    let kv_dim = kv.shape.kv_dim;
-    sc.acc.reset(hd);
-    for (p, &w) in (lo..=query.pos).zip(sc.scores.iter()) {
-        let slot = kv.slot(query.block_table, p);
-        sc.acc.add(p, f16::from_f32(w).to_f32(), &values[slot * kv_dim + kv_off..][..hd]);
+/// One (query token, head) pair's inputs.
+struct HeadJob<'a> {
+    q: &'a [f32],
+    keys: &'a [f16],
+    values: &'a [f16],
+    kv_dim: usize,
+    /// Offset of this head's KV head within a slot's `kv_dim` values.
+    kv_off: usize,
+    block_size: usize,
+    block_table: &'a [u32],
+    /// Attended positions: `lo..=pos`.
+    lo: usize,
+    pos: usize,
+    scale: f32,
+}
+
+impl HeadJob<'_> {
+    /// The attended positions as runs `(first position, first slot, length)` of consecutive slots, one
+    /// block-table lookup per block. (An iterator rather than a callback: closures would not inherit the
+    /// AVX-512 features of `head_avx512`, and the per-cell routines would stop inlining.)
+    #[inline(always)]
+    fn slot_runs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let bs = self.block_size;
+        let first_block = self.lo / bs;
+        let last_block = self.pos / bs;
+        (first_block..=last_block).map(move |b| {
+            let start = (b * bs).max(self.lo);
+            let end = ((b + 1) * bs - 1).min(self.pos);
+            (start, self.block_table[b] as usize * bs + start - b * bs, end + 1 - start)
+        })
     }
+}
+
+/// `head` compiled for AVX-512, so the per-cell f16 dots and value FMAs inline into its loops.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn head_avx512(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, &[f32])) {
+    head(job, sc, out_h, dump)
+}
+
+/// Scores, softmax and the weighted sum of values for one (query token, head) pair.
+///
+/// Numerics follow ggml's non-flash CPU path so tokens match llama.cpp: q is rounded to f16 and dotted with
+/// the f16 keys (`ggml_vec_dot_f16` order), the softmax is ggml's, the probabilities are rounded to f16 and
+/// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here).
+#[inline(always)]
+fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, &[f32])) {
+    let hd = job.q.len();
+    sc.q16.clear();
+    sc.q16.extend(job.q.iter().map(|&x| f16::from_f32(x)));
+    sc.q32.clear();
+    sc.q32.extend(sc.q16.iter().map(|x| x.to_f32()));
+    sc.scores.clear();
+    sc.offsets.clear();
+    for (_, first_slot, len) in job.slot_runs() {
+        for slot in first_slot..first_slot + len {
+            let off = slot * job.kv_dim + job.kv_off;
+            sc.offsets.push(off);
+            sc.scores.push(dot_f16_f32(&job.keys[off..off + hd], &sc.q16, &sc.q32) * job.scale);
+        }
+    }
+    dump("kq", &sc.scores);
+    soft_max(&mut sc.scores, job.lo);
+    dump("kq_soft_max", &sc.scores);
+    // out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells, see LaneAcc.
+    for w in sc.scores.iter_mut() {
+        *w = f16::from_f32(*w).to_f32();
+    }
+    sc.acc.reset(hd);
+    sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);
 }
 
@@ -82,6 +145,10 @@ fn weighted_values(sc: &mut Scratch, values: &[f16], query: &QueryPos, kv: &KvSt
 #[derive(Default)]
 struct Scratch {
     q16: Vec<f16>,
+    /// q16 converted back to f32 (exact), for the key dots.
+    q32: Vec<f32>,
+    /// Where each attended cell's key/value row starts in the layer's storage.
+    offsets: Vec<usize>,
     scores: Vec<f32>,
     acc: LaneAcc,
 }

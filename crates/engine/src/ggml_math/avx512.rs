@@ -115,6 +115,7 @@ pub unsafe fn soft_max(scores: &mut [f32], first_cell: usize) {
 }
 
 /// ggml_vec_dot_f16 (AVX-512): see `super::dot_f16`.
+#[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 pub unsafe fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
     let n = x.len().min(y.len());
@@ -137,6 +138,7 @@ pub unsafe fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
 }
 
 /// row += w·v over whole 16-element vectors (v converted from f16), with FMA as ggml_vec_dot_f16 does.
+#[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 pub unsafe fn fma_row(row: &mut [f32], w: f32, v: &[half::f16]) {
     let n = row.len().min(v.len()) / 16 * 16;
@@ -147,4 +149,63 @@ pub unsafe fn fma_row(row: &mut [f32], w: f32, v: &[half::f16]) {
         let x = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(i / 16)));
         _mm512_storeu_ps(p, _mm512_fmadd_ps(wv, x, _mm512_loadu_ps(p)));
     }
+}
+
+/// `super::dot_f16` with the second vector already converted to f32 (exactly: every f16 is an f32): the
+/// same products and sums, without converting the query again for every key.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn dot_f16_f32(x: &[half::f16], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let full = n / 64 * 64;
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let px = x.as_ptr() as *const __m256i;
+    for step in (0..full / 16).step_by(4) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let ax = _mm512_cvtph_ps(_mm256_loadu_si256(px.add(step + j)));
+            let ay = _mm512_loadu_ps(y.as_ptr().add(16 * (step + j)));
+            *a = _mm512_fmadd_ps(ax, ay, *a);
+        }
+    }
+    let v = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    let mut sum = reduce_add(v) as f64;
+    for (a, &b) in x[full..n].iter().zip(&y[full..n]) {
+        sum += (a.to_f32() * b) as f64;
+    }
+    sum as f32
+}
+
+/// The lanes of `super::LaneAcc` filled lane by lane: lane `l` (cells `c ≡ l mod 64`, ascending) keeps its
+/// row of `hd <= 256` sums in registers, so each cell costs a load, a conversion and an FMA per 16 values,
+/// with no accumulator traffic. Same per-lane order as adding the cells one by one. `rows`: `[64, hd]`;
+/// returns the mask of lanes written (the others are untouched).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
+    debug_assert!(hd % 16 == 0 && hd <= 256 && rows.len() >= 64 * hd);
+    let nv = hd / 16;
+    let mut touched = 0u64;
+    for lane in 0..64usize {
+        // the first cell index i (into w/offsets) whose cell is in this lane
+        let first = (lane + 64 - first_cell % 64) % 64;
+        if first >= w.len() {
+            continue;
+        }
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut i = first;
+        while i < w.len() {
+            let wv = _mm512_set1_ps(w[i]);
+            let pv = values.as_ptr().add(offsets[i]) as *const __m256i;
+            for (k, a) in acc.iter_mut().enumerate().take(nv) {
+                *a = _mm512_fmadd_ps(wv, _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))), *a);
+            }
+            i += 64;
+        }
+        let row = rows.as_mut_ptr().add(lane * hd);
+        for (k, a) in acc.iter().enumerate().take(nv) {
+            _mm512_storeu_ps(row.add(16 * k), *a);
+        }
+        touched |= 1 << lane;
+    }
+    touched
 }
