@@ -70,7 +70,7 @@ impl SamplingArgs {
 pub fn init_threads(threads: Option<usize>) -> Result<usize> {
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     anyhow::ensure!(n >= 1, "--threads must be at least 1");
-    rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("cannot start the thread pool")?;
+    anyhow::ensure!(reckon_engine::pool::init_global(n), "the thread pool was already started");
     Ok(n)
 }
 

@@ -8,7 +8,7 @@ use crate::debug_dump;
 use crate::kv::KvStorage;
 use crate::ggml_math::{dot_f16_f32, soft_max, LaneAcc};
 use half::f16;
-use rayon::prelude::*;
+use crate::pool;
 
 /// Where one query token sits: its sequence's block table and its position.
 #[derive(Clone, Copy, Debug)]
@@ -36,36 +36,60 @@ pub struct AttnShape {
 pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
     let hd = shape.head_dim;
+    assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    pool::current().run(queries.len() * shape.n_heads, &|i| {
+        let out_ptr = out_ptr;
+        // SAFETY: part i owns output chunk i (hd values), inside `out` by the assert above.
+        let out_h = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * hd), hd) };
+        SCRATCH.with_borrow_mut(|sc| head_part(shape, queries, q, kv, layer, i, sc, out_h));
+    });
+}
+
+/// A raw pointer that parallel parts use to write disjoint chunks of one output buffer.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every part writes only its own chunk, see `attend`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// Attention output `i` = (token `i / n_heads`, head `i % n_heads`).
+#[allow(clippy::too_many_arguments)]
+fn head_part(shape: &AttnShape, queries: &[QueryPos], q: &[f32], kv: &KvStorage, layer: usize, i: usize, sc: &mut Scratch, out_h: &mut [f32]) {
+    let q_dim = shape.n_heads * shape.head_dim;
+    let hd = shape.head_dim;
     let (keys, values) = kv.layer(layer);
     let group = shape.n_heads / shape.n_kv_heads;
-    out.par_chunks_exact_mut(hd).enumerate().for_each_init(Scratch::default, |sc, (i, out_h)| {
-        let (t, h) = (i / shape.n_heads, i % shape.n_heads);
-        let query = &queries[t];
-        let job = HeadJob {
-            q: &q[t * q_dim + h * hd..][..hd],
-            keys,
-            values,
-            kv_dim: kv.shape.kv_dim,
-            kv_off: (h / group) * hd,
-            block_size: kv.shape.block_size,
-            block_table: query.block_table,
-            lo: shape.window.map_or(0, |w| (query.pos + 1).saturating_sub(w)),
-            pos: query.pos,
-            scale: shape.scale,
-        };
-        let dump = t + 1 == queries.len() && debug_dump::enabled();
-        let dump = |name: &str, v: &[f32]| {
-            if dump {
-                debug_dump::dump(&format!("{name}-h{h}"), layer, v, 1);
-            }
-        };
-        #[cfg(target_arch = "x86_64")]
-        if crate::ggml_math::avx512_available() {
-            // SAFETY: the CPU has the features the wrapper enables, checked just above.
-            return unsafe { head_avx512(&job, sc, out_h, &dump) };
+    let (t, h) = (i / shape.n_heads, i % shape.n_heads);
+    let query = &queries[t];
+    let job = HeadJob {
+        q: &q[t * q_dim + h * hd..][..hd],
+        keys,
+        values,
+        kv_dim: kv.shape.kv_dim,
+        kv_off: (h / group) * hd,
+        block_size: kv.shape.block_size,
+        block_table: query.block_table,
+        lo: shape.window.map_or(0, |w| (query.pos + 1).saturating_sub(w)),
+        pos: query.pos,
+        scale: shape.scale,
+    };
+    let dump = t + 1 == queries.len() && debug_dump::enabled();
+    let dump = |name: &str, v: &[f32]| {
+        if dump {
+            debug_dump::dump(&format!("{name}-h{h}"), layer, v, 1);
         }
-        head(&job, sc, out_h, &dump);
-    });
+    };
+    #[cfg(target_arch = "x86_64")]
+    if crate::ggml_math::avx512_available() {
+        // SAFETY: the CPU has the features the wrapper enables, checked just above.
+        return unsafe { head_avx512(&job, sc, out_h, &dump) };
+    }
+    head(&job, sc, out_h, &dump);
 }
 
 /// One (query token, head) pair's inputs.

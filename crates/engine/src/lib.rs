@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod kv;
 pub mod matmul;
 pub mod model;
+pub mod pool;
 pub mod ops;
 pub mod quant;
 pub mod registry;

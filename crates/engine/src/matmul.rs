@@ -6,7 +6,7 @@
 //! bit-identical whatever the thread count or the other tokens in the batch.
 
 use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
-use rayon::prelude::*;
+use crate::pool;
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
 #[derive(Clone, Copy, Debug)]
@@ -17,8 +17,9 @@ pub struct QMatrix<'a> {
     pub bytes: &'a [u8],
 }
 
-/// Rows computed per parallel task: big enough to amortise scheduling, small enough to balance 2+ cores.
-const ROWS_PER_TASK: usize = 64;
+/// Parallel tasks per thread: enough that dynamic claiming balances uneven progress, few enough that the
+/// claims (one atomic each) stay negligible.
+const TASKS_PER_THREAD: usize = 8;
 
 /// A raw pointer that parallel tasks use to write disjoint elements of one output buffer.
 #[derive(Clone, Copy)]
@@ -60,11 +61,14 @@ impl QMatrix<'_> {
         let dot = vec_dot_kernel(self.dtype);
         // A lone token (decode): several weight rows per call instead, sharing the activation loads.
         let rows_kernel = if n_tokens == 1 { multi_row_kernel(self.dtype) } else { None };
-        let num_tasks = self.rows.div_ceil(ROWS_PER_TASK);
-        (0..num_tasks).into_par_iter().for_each(|task| {
+        let pool = pool::current();
+        // Whole multiples of MULTI rows per task, so the multi-row kernels cover every task.
+        let rows_per_task = self.rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(MULTI);
+        let num_tasks = self.rows.div_ceil(rows_per_task);
+        pool.run(num_tasks, &|task| {
             let out_ptr = out_ptr;
-            let first = task * ROWS_PER_TASK;
-            let last = (first + ROWS_PER_TASK).min(self.rows);
+            let first = task * rows_per_task;
+            let last = (first + rows_per_task).min(self.rows);
             let store = |t: usize, r: usize, v: f32| {
                 // SAFETY: (t, r) is in bounds (asserted above) and row r belongs to this task only.
                 unsafe { *out_ptr.0.add(t * self.rows + r) = v };

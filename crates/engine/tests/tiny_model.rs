@@ -121,7 +121,7 @@ fn one_thread_equals_two_threads() {
         let model = load(&spec, 7);
         let prompt = tokens(30, 17, spec.vocab);
         let run = |threads| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = reckon_engine::pool::Pool::new(threads);
             pool.install(|| single_run_logits(&model, &prompt))
         };
         assert_eq!(run(1), run(2), "{}", spec.arch);
