@@ -5,7 +5,7 @@
 //! each output element is one `vec_dot`, computed by exactly one thread in a fixed order: results are
 //! bit-identical whatever the thread count or the other tokens in the batch.
 
-use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
+use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, transpose_act_sums, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
 use crate::pool;
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
@@ -20,6 +20,21 @@ pub struct QMatrix<'a> {
 /// Parallel tasks per thread: enough that dynamic claiming balances uneven progress, few enough that the
 /// claims (one atomic each) stay negligible.
 const TASKS_PER_THREAD: usize = 8;
+
+/// Weight rows whose multi-token results are buffered before they are stored (one cache line of f32).
+const SCATTER_ROWS: usize = 16;
+
+thread_local! {
+    /// SCATTER_ROWS weight rows' results for all multi-kernel tokens, before they are scattered into the output.
+    static ROW_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A raw pointer that parallel tasks use to write disjoint rows of one byte buffer.
+#[derive(Clone, Copy)]
+struct BytePtr(*mut u8);
+// SAFETY: every task writes a disjoint set of rows, see `matmul`.
+unsafe impl Send for BytePtr {}
+unsafe impl Sync for BytePtr {}
 
 /// A raw pointer that parallel tasks use to write disjoint elements of one output buffer.
 #[derive(Clone, Copy)]
@@ -40,7 +55,7 @@ impl QMatrix<'_> {
         assert_eq!(out.len(), n_tokens * self.rows, "matmul output is not [n, {}]", self.rows);
         let act_type = self.dtype.dot_activation_type();
         let act_bytes = activation_row_bytes(act_type, self.cols);
-        let multi = if n_tokens >= MULTI { multi_dot_kernel(self.dtype) } else { None };
+        let multi = if n_tokens >= MULTI { multi_dot_kernel(self.dtype, self.cols) } else { None };
         let n_multi = if multi.is_some() { n_tokens / MULTI * MULTI } else { 0 };
         // Multi-token kernels for Q8_0/Q8_1 activations read them in their expanded layout, stored after
         // the plain rows; the K-quant ones read the plain rows.
@@ -49,13 +64,36 @@ impl QMatrix<'_> {
         let wide_bytes = expanded_act_row_bytes(self.cols);
         xq.resize(n_tokens * act_bytes + n_wide * wide_bytes, 0);
         let (plain, wide) = xq.split_at_mut(n_tokens * act_bytes);
-        for (row, q) in x.chunks_exact(self.cols).zip(plain.chunks_exact_mut(act_bytes)) {
-            quantize_row_ggml_x86(act_type, row, q);
-        }
-        for (q, e) in plain.chunks_exact(act_bytes).zip(wide.chunks_exact_mut(wide_bytes)) {
-            expand_act_row(act_type, self.cols, q, e);
+        // Quantize (and expand) the activation rows, in parallel for prefill-sized batches.
+        let (plain_ptr, wide_ptr) = (BytePtr(plain.as_mut_ptr()), BytePtr(wide.as_mut_ptr()));
+        let quantize_rows = |first: usize, last: usize| {
+            let (plain_ptr, wide_ptr) = (plain_ptr, wide_ptr);
+            for t in first..last {
+                // SAFETY: token t's rows are disjoint from every other token's, and inside the buffers
+                // (plain: n_tokens rows of act_bytes, wide: n_wide rows of wide_bytes).
+                let q = unsafe { std::slice::from_raw_parts_mut(plain_ptr.0.add(t * act_bytes), act_bytes) };
+                quantize_row_ggml_x86(act_type, &x[t * self.cols..(t + 1) * self.cols], q);
+                if t < n_wide {
+                    let e = unsafe { std::slice::from_raw_parts_mut(wide_ptr.0.add(t * wide_bytes), wide_bytes) };
+                    expand_act_row(act_type, self.cols, q, e);
+                }
+            }
+        };
+        const TOKENS_PER_QUANT_TASK: usize = 16;
+        if n_tokens >= 2 * TOKENS_PER_QUANT_TASK {
+            pool::current().run(n_tokens.div_ceil(TOKENS_PER_QUANT_TASK), &|task| {
+                let first = task * TOKENS_PER_QUANT_TASK;
+                quantize_rows(first, (first + TOKENS_PER_QUANT_TASK).min(n_tokens));
+            });
+        } else {
+            quantize_rows(0, n_tokens);
         }
         let (xq, wide): (&[u8], &[u8]) = (plain, wide);
+        let mut s_by_block = Vec::new();
+        if multi.is_some() && act_type == GgmlType::Q8_1 {
+            transpose_act_sums(self.cols, wide, wide_bytes, n_multi, &mut s_by_block);
+        }
+        let s_by_block = &s_by_block[..];
         let w_row_bytes = self.row_bytes();
         let out_ptr = OutPtr(out.as_mut_ptr());
         let dot = vec_dot_kernel(self.dtype);
@@ -83,20 +121,31 @@ impl QMatrix<'_> {
                     first += MULTI;
                 }
             }
-            for r in first..last {
-                let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
-                if let Some(multi) = multi {
-                    for t0 in (0..n_multi).step_by(MULTI) {
-                        let v = if expanded {
-                            multi(self.cols, w, &wide[t0 * wide_bytes..(t0 + MULTI) * wide_bytes], wide_bytes)
-                        } else {
-                            multi(self.cols, w, &xq[t0 * act_bytes..(t0 + MULTI) * act_bytes], act_bytes)
-                        };
-                        for (k, &v) in v.iter().enumerate() {
-                            store(t0 + k, r, v);
+            if let Some(multi) = multi {
+                // Rows computed SCATTER_ROWS at a time into a buffer, then stored token by token, so the
+                // output is written in whole cache lines rather than one float per line.
+                ROW_OUT.with_borrow_mut(|buf| {
+                    for r0 in (first..last).step_by(SCATTER_ROWS) {
+                        let r1 = (r0 + SCATTER_ROWS).min(last);
+                        buf.resize((r1 - r0) * n_multi, 0.0);
+                        for (r, row_out) in (r0..r1).zip(buf.chunks_exact_mut(n_multi)) {
+                            let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
+                            if expanded {
+                                multi(self.cols, w, wide, wide_bytes, s_by_block, row_out);
+                            } else {
+                                multi(self.cols, w, xq, act_bytes, s_by_block, row_out);
+                            }
+                        }
+                        for t in 0..n_multi {
+                            for r in r0..r1 {
+                                store(t, r, buf[(r - r0) * n_multi + t]);
+                            }
                         }
                     }
-                }
+                });
+            }
+            for r in first..last {
+                let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
                 for t in n_multi..n_tokens {
                     store(t, r, dot(self.cols, w, &xq[t * act_bytes..(t + 1) * act_bytes]));
                 }

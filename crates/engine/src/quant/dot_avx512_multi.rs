@@ -31,15 +31,19 @@ pub(super) fn kernel(t: GgmlType) -> Option<MultiDotFn> {
 
 macro_rules! safe_kernels {
     ($($name:ident => $t:ident, $imp:ident;)*) => {$(
-        fn $name(n: usize, w: &[u8], a: &[u8], stride: usize) -> [f32; MULTI] {
+        fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, s_by_block: &[f32], out: &mut [f32]) {
             let wb = GgmlType::$t.row_bytes(n).expect("n is a multiple of the block length");
             assert!(w.len() >= wb, "multi dot {}: weight row too short", GgmlType::$t);
+            assert!(n / QK <= MAX_BLOCKS, "multi dot {}: rows of {n} are too long", GgmlType::$t);
+            let n_groups = out.len() / MULTI;
+            assert_eq!(out.len(), n_groups * MULTI, "multi dot: output is not whole groups of {MULTI}");
             let need = expanded_act_row_bytes(n);
-            assert!(stride >= need && a.len() >= (MULTI - 1) * stride + need, "multi dot {}: activation rows too short", GgmlType::$t);
-            let rows: [*const u8; MULTI] = std::array::from_fn(|r| a[r * stride..].as_ptr());
+            assert!(n_groups == 0 || (stride >= need && a.len() >= (out.len() - 1) * stride + need), "multi dot {}: activation rows too short", GgmlType::$t);
             // SAFETY: handed out only when AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present; the
-            // weight row and all MULTI expanded activation rows were checked to be long enough.
-            unsafe { $imp(n, w.as_ptr(), rows) }
+            // weight row, every expanded activation row and the output were checked to be long enough.
+            let with_min = GgmlType::$t.dot_activation_type() == GgmlType::Q8_1;
+            assert!(!with_min || s_by_block.len() >= (n / QK) * out.len(), "multi dot {}: s_by_block too short", GgmlType::$t);
+            unsafe { $imp(n, w.as_ptr(), a.as_ptr(), stride, n_groups, s_by_block.as_ptr(), out.as_mut_ptr()) }
         }
     )*};
 }
@@ -131,60 +135,78 @@ macro_rules! sum_pairs_multi {
 /// stream; the hardware prefetcher alone left Gemma-3's 170 MB output matrix latency-bound).
 const PREFETCH_AHEAD: usize = 2048;
 
-/// Blocks whose scale products are prepared at a time (even, so block pairs stay ggml's pairs).
-const CHUNK: usize = 32;
+/// Most blocks per row the multi-token kernels handle (they cache a whole row's unpacked weights on the
+/// stack): 8192 elements.
+pub(super) const MAX_BLOCKS: usize = 256;
 
-/// The multi-token loop over expanded activation rows. Per chunk of blocks, the weight scales
-/// (`$scales`: block pointer -> (d, m)) are converted once and multiplied with every row's activation
-/// scales in one go; `m·s` (Q4_1) is accumulated in block order as ggml's `summs` lane. Per block pair,
-/// `$prep` unpacks the weight quants once and `$dot` (weight quants, activation quants -> i32 lanes)
-/// runs per row; the f32 accumulation is the one-row kernel's.
+/// The multi-token loop: one weight row against `n_groups · MULTI` expanded activation rows (`y0`,
+/// `stride` bytes apart), results to `out[0..n_groups·MULTI]`.
+///
+/// The weight row is prepared once for all tokens: its scales (`$scales`: block pointer -> (d, m)) as f32,
+/// and per block pair the unpacked quants (`$prep`: (x0, x1) -> (u8 quants as one register, a 64-bit mask)).
+/// Per group of MULTI rows, `d_x·d_y` is computed 16 blocks per vector, `m·s` (Q4_1) is accumulated in
+/// block order with the rows' chains interleaved, and `$dot` (cached quants, mask, activation quants -> i32
+/// lanes) runs per row and pair; the f32 accumulation is the one-row kernel's, so each result is its bits.
 macro_rules! multi_tokens {
-    ($n:expr, $x:expr, $y:expr, $xbytes:expr, $has_min:expr, |$xb:ident| $scales:expr, |$x0:ident, $x1:ident| $prep:expr, |$wq:ident, $qy:ident| $dot:expr) => {{
-        let (n, x, y): (usize, *const u8, [*const u8; MULTI]) = ($n, $x, $y);
+    ($n:expr, $x:expr, $y0:expr, $stride:expr, $n_groups:expr, $s_t:expr, $out:expr, $xbytes:expr, $has_min:expr,
+     |$xb:ident| $scales:expr, |$x0:ident, $x1:ident| $prep:expr, |$wq:ident, $wm:ident, $qy:ident| $dot:expr) => {{
+        let (n, x, y0, stride, n_groups, s_t, out): (usize, *const u8, *const u8, usize, usize, *const f32, *mut f32) =
+            ($n, $x, $y0, $stride, $n_groups, $s_t, $out);
         let nb = n / QK;
-        let mut acc = [_mm256_setzero_ps(); MULTI];
-        let mut ms = [0.0f32; MULTI];
-        // Scratch for the chunk's scale products: written before read, so left uninitialised (zeroing it
-        // per call showed up in the profile).
-        let mut dprod_buf = [[std::mem::MaybeUninit::<f32>::uninit(); CHUNK + 16]; MULTI];
-        let dprod: [*mut f32; MULTI] = std::array::from_fn(|r| dprod_buf[r].as_mut_ptr() as *mut f32);
-        let mut dx_buf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK];
-        let mut mx_buf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK];
+        let n_pairs = nb.div_ceil(2);
+        debug_assert!(nb <= MAX_BLOCKS);
+        // Row caches, written before read (left uninitialised: zeroing them per call showed in profiles).
+        let mut wq_buf = [std::mem::MaybeUninit::<__m512i>::uninit(); MAX_BLOCKS / 2];
+        let mut wm_buf = [std::mem::MaybeUninit::<u64>::uninit(); MAX_BLOCKS / 2];
+        let mut dx_buf = [std::mem::MaybeUninit::<f32>::uninit(); MAX_BLOCKS];
+        let mut mx_buf = [std::mem::MaybeUninit::<f32>::uninit(); MAX_BLOCKS];
+        let mut dprod_buf = [[std::mem::MaybeUninit::<f32>::uninit(); MAX_BLOCKS]; MULTI];
+        let (wq, wm) = (wq_buf.as_mut_ptr() as *mut __m512i, wm_buf.as_mut_ptr() as *mut u64);
         let (dx, mx) = (dx_buf.as_mut_ptr() as *mut f32, mx_buf.as_mut_ptr() as *mut f32);
-        let mut c0 = 0;
-        while c0 < nb {
-            let cn = (nb - c0).min(CHUNK);
-            for k in 0..cn {
-                let $xb = x.add((c0 + k) * $xbytes);
-                let (d, m) = $scales;
-                (dx.add(k).write(d), mx.add(k).write(m));
+        let dprod: [*mut f32; MULTI] = std::array::from_fn(|r| dprod_buf[r].as_mut_ptr() as *mut f32);
+        for k in 0..nb {
+            let $xb = x.add(k * $xbytes);
+            let (d, m) = $scales;
+            (dx.add(k).write(d), mx.add(k).write(m));
+        }
+        for pi in 0..n_pairs {
+            let $x0 = x.add(2 * pi * $xbytes);
+            let $x1 = if 2 * pi + 1 < nb { $x0.add($xbytes) } else { $x0 };
+            let (q, m): (__m512i, u64) = $prep;
+            _mm512_storeu_si512(wq.add(pi) as *mut _, q);
+            wm.add(pi).write(m);
+        }
+        let n_tok = n_groups * MULTI;
+        if $has_min {
+            // Σ_k m_x[k]·s_t[k] per token, in block order, 16 tokens per vector (`s_t` is `[nb][n_tok]`):
+            // each lane is one token's FMA chain, so the chains overlap. Parked in `out` until the end.
+            for k in 0..nb {
+                let m = _mm512_set1_ps(mx.add(k).read());
+                for t in (0..n_tok).step_by(16) {
+                    let lanes: __mmask16 = if n_tok - t >= 16 { 0xFFFF } else { (1u16 << (n_tok - t)) - 1 };
+                    let prev = if k == 0 { _mm512_setzero_ps() } else { _mm512_maskz_loadu_ps(lanes, out.add(t)) };
+                    let sv = _mm512_maskz_loadu_ps(lanes, s_t.add(k * n_tok + t));
+                    _mm512_mask_storeu_ps(out.add(t), lanes, _mm512_fmadd_ps(m, sv, prev));
+                }
             }
+        }
+        for g in 0..n_groups {
+            let y: [*const u8; MULTI] = std::array::from_fn(|r| y0.add((g * MULTI + r) * stride));
             // dx·dy, 16 blocks a vector.
             for r in 0..MULTI {
-                let dy = (y[r].add(n) as *const f32).add(c0);
-                for k in (0..cn).step_by(16) {
-                    let m: __mmask16 = if cn - k >= 16 { 0xFFFF } else { (1u16 << (cn - k)) - 1 };
+                let dy = y[r].add(n) as *const f32;
+                for k in (0..nb).step_by(16) {
+                    let m: __mmask16 = if nb - k >= 16 { 0xFFFF } else { (1u16 << (nb - k)) - 1 };
                     let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dx.add(k)), _mm512_maskz_loadu_ps(m, dy.add(k)));
                     _mm512_mask_storeu_ps(dprod[r].add(k), m, v);
                 }
             }
-            // m·s in block order; the rows' chains interleave so their FMA latencies overlap.
-            if $has_min {
-                let sy: [*const f32; MULTI] = std::array::from_fn(|r| (y[r].add(n + 4 * nb) as *const f32).add(c0));
-                for k in 0..cn {
-                    for r in 0..MULTI {
-                        ms[r] = mx.add(k).read().mul_add(sy[r].add(k).read_unaligned(), ms[r]);
-                    }
-                }
-            }
-            let mut k = 0;
-            while k < cn {
-                let i = c0 + k;
-                let pair = k + 1 < cn;
-                let $x0 = x.add(i * $xbytes);
-                let $x1 = if pair { $x0.add($xbytes) } else { $x0 };
-                let $wq = $prep;
+            let mut acc = [_mm256_setzero_ps(); MULTI];
+            for pi in 0..n_pairs {
+                let i = 2 * pi;
+                let pair = i + 1 < nb;
+                let $wq = _mm512_loadu_si512(wq.add(pi) as *const _);
+                let $wm = wm.add(pi).read();
                 for r in 0..MULTI {
                     let $qy = if pair {
                         _mm512_loadu_si512(y[r].add(i * QK) as *const _)
@@ -192,65 +214,64 @@ macro_rules! multi_tokens {
                         _mm512_zextsi256_si512(load256(y[r].add(i * QK)))
                     };
                     let p = _mm512_cvtepi32_ps($dot);
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(k)), _mm512_castps512_ps256(p), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(i)), _mm512_castps512_ps256(p), acc[r]);
                     if pair {
-                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(k + 1)), high_ps(p), acc[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*dprod[r].add(i + 1)), high_ps(p), acc[r]);
                     }
                 }
-                k += 2;
             }
-            c0 += cn;
+            for r in 0..MULTI {
+                let v = if $has_min { hsum_ps(acc[r]) + out.add(g * MULTI + r).read() } else { hsum_ps(acc[r]) };
+                out.add(g * MULTI + r).write(v);
+            }
         }
-        let mut out = [0.0f32; MULTI];
-        for r in 0..MULTI {
-            out[r] = if $has_min { hsum_ps(acc[r]) + ms[r] } else { hsum_ps(acc[r]) };
-        }
-        out
     }};
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULTI] {
+unsafe fn q8_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y, Q8_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q8_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
         let qx = load_pair(x0.add(2), x1.add(2));
         (_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx))
-    }, |w, qy| {
+    }, |ax, sign, qy| {
         // |x| as u8 times y with x's sign, as the one-row kernel
-        let sy = _mm512_mask_sub_epi8(qy, w.1, zero, qy);
-        _mm512_dpbusd_epi32(zero, w.0, sy)
+        let sy = _mm512_mask_sub_epi8(qy, sign, zero, qy);
+        _mm512_dpbusd_epi32(zero, ax, sy)
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_0_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULTI] {
+unsafe fn q4_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let eight = _mm512_set1_epi8(8);
-    multi_tokens!(n, x, y, Q4_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| nibbles_pair(x0.add(2), x1.add(2)), |q, qy| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+        (nibbles_pair(x0.add(2), x1.add(2)), 0)
+    }, |q, _m, qy| {
         _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), _mm512_dpbusd_epi32(zero, eight, qy))
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5_0_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULTI] {
+unsafe fn q5_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let sixteen = _mm512_set1_epi8(16);
-    multi_tokens!(n, x, y, Q5_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q5_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
         let qh0 = (x0.add(2) as *const u32).read_unaligned() as u64;
         let qh1 = (x1.add(2) as *const u32).read_unaligned() as u64;
         let nib = nibbles_pair(x0.add(6), x1.add(6));
-        _mm512_mask_add_epi8(nib, qh0 | (qh1 << 32), nib, sixteen)
-    }, |q, qy| {
+        (_mm512_mask_add_epi8(nib, qh0 | (qh1 << 32), nib, sixteen), 0)
+    }, |q, _m, qy| {
         _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), _mm512_dpbusd_epi32(zero, sixteen, qy))
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_1_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULTI] {
+unsafe fn q4_1_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y, Q4_1_BYTES, true, |xb| (f16_to_f32(xb), f16_to_f32(xb.add(2))), |x0, x1| {
-        nibbles_pair(x0.add(4), x1.add(4))
-    }, |q, qy| _mm512_dpbusd_epi32(zero, q, qy))
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_1_BYTES, true, |xb| (f16_to_f32(xb), f16_to_f32(xb.add(2))), |x0, x1| {
+        (nibbles_pair(x0.add(4), x1.add(4)), 0)
+    }, |q, _m, qy| _mm512_dpbusd_epi32(zero, q, qy))
 }
 
 // ---- several weight rows against one activation row (decode) ----

@@ -292,11 +292,12 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
 /// Activation rows a multi-row kernel takes per call.
 pub const MULTI: usize = 4;
 
-/// `(n, weight_row, act_rows, act_row_bytes) -> dots`: one weight row against `MULTI` activation rows
-/// `act_row_bytes` apart, in the expanded layout of `expand_act_row` when the activation type is Q8_0 or
-/// Q8_1 (`wants_expanded_acts`), plain otherwise (Q8_K); each result bit-identical to the one-row kernel's
-/// on the plain rows. Safe to call (checks lengths).
-pub type MultiDotFn = fn(usize, &[u8], &[u8], usize) -> [f32; MULTI];
+/// `(n, weight_row, act_rows, act_row_bytes, s_by_block, out)`: one weight row against `out.len()` (a
+/// multiple of `MULTI`) activation rows `act_row_bytes` apart, in the expanded layout of `expand_act_row`
+/// when the activation type is Q8_0 or Q8_1 (`wants_expanded_acts`), plain otherwise (Q8_K); each result
+/// bit-identical to the one-row kernel's on the plain rows. For Q8_1 activations `s_by_block` holds every row's block sums transposed,
+/// `[block][row]` (`transpose_act_sums`); other types ignore it. Safe to call (checks lengths).
+pub type MultiDotFn = fn(usize, &[u8], &[u8], usize, &[f32], &mut [f32]);
 
 /// Bytes of one expanded activation row of `n` elements (see `expand_act_row`), a multiple of 64.
 pub fn expanded_act_row_bytes(n: usize) -> usize {
@@ -324,18 +325,31 @@ pub fn expand_act_row(t: GgmlType, n: usize, src: &[u8], dst: &mut [u8]) {
     }
 }
 
+/// The `s` of every block of `rows` expanded Q8_1 rows (`stride` bytes apart), as `[block][row]`.
+pub fn transpose_act_sums(n: usize, expanded: &[u8], stride: usize, rows: usize, out: &mut Vec<f32>) {
+    let nb = n / QK;
+    out.resize(nb * rows, 0.0);
+    for r in 0..rows {
+        let s = &expanded[r * stride + n + 4 * nb..][..4 * nb];
+        for (k, b) in s.chunks_exact(4).enumerate() {
+            out[k * rows + r] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+}
+
 /// Whether `t`'s multi-token kernel reads expanded activation rows (see `MultiDotFn`).
 pub fn wants_expanded_acts(t: GgmlType) -> bool {
     matches!(t.dot_activation_type(), GgmlType::Q8_0 | GgmlType::Q8_1)
 }
 
-/// The multi-row kernel for weight type `t` at the current SIMD level, where there is one.
-pub fn multi_dot_kernel(t: GgmlType) -> Option<MultiDotFn> {
+/// The multi-token kernel for weight type `t` and rows of `n` elements at the current SIMD level, where
+/// there is one.
+pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
     #[cfg(target_arch = "x86_64")]
-    if simd_level() >= SimdLevel::Avx512 {
+    if simd_level() >= SimdLevel::Avx512 && n / QK <= dot_avx512_multi::MAX_BLOCKS {
         return dot_avx512_multi::kernel(t);
     }
-    let _ = t;
+    let _ = (t, n);
     None
 }
 

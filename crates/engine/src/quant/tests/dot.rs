@@ -183,7 +183,7 @@ fn bench_vec_dot() {
 fn multi_row_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(77);
     for t in WEIGHT_TYPES {
-        let Some(multi) = multi_dot_kernel(t) else { continue };
+        let Some(multi) = multi_dot_kernel(t, 4864) else { continue };
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
             let w = random_weights(t, n, &mut rng);
@@ -191,8 +191,9 @@ fn multi_row_kernels_equal_one_row_kernel() {
             let stride = at.row_bytes(n).unwrap();
             let wide = expanded_act_row_bytes(n);
             let mut acts = Vec::new();
-            let mut expanded = vec![0u8; MULTI * wide];
-            for r in 0..MULTI {
+            let rows = 3 * MULTI; // several groups per call
+            let mut expanded = vec![0u8; rows * wide];
+            for r in 0..rows {
                 let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
                 let q = quant(at, &x);
                 if wants_expanded_acts(t) {
@@ -200,7 +201,16 @@ fn multi_row_kernels_equal_one_row_kernel() {
                 }
                 acts.extend(q);
             }
-            let got = if wants_expanded_acts(t) { multi(n, &w, &expanded, wide) } else { multi(n, &w, &acts, stride) };
+            let mut got = vec![0.0f32; rows];
+            let mut s_by_block = Vec::new();
+            if at == GgmlType::Q8_1 {
+                transpose_act_sums(n, &expanded, wide, rows, &mut s_by_block);
+            }
+            if wants_expanded_acts(t) {
+                multi(n, &w, &expanded, wide, &s_by_block, &mut got);
+            } else {
+                multi(n, &w, &acts, stride, &s_by_block, &mut got);
+            }
             for (r, g) in got.iter().enumerate() {
                 let want = one(n, &w, &acts[r * stride..(r + 1) * stride]);
                 assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
