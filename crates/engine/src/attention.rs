@@ -6,7 +6,7 @@
 
 use crate::debug_dump;
 use crate::kv::KvStorage;
-use crate::ggml_math::{dot_f16_f32, soft_max, LaneAcc};
+use crate::ggml_math::{dot_f16_f32, dot_f16_f32_x16, soft_max, LaneAcc};
 use half::f16;
 use crate::pool;
 
@@ -144,14 +144,23 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     sc.q16.extend(job.q.iter().map(|&x| f16::from_f32(x)));
     sc.q32.clear();
     sc.q32.extend(sc.q16.iter().map(|x| x.to_f32()));
-    sc.scores.clear();
     sc.offsets.clear();
     for (_, first_slot, len) in job.slot_runs() {
-        for slot in first_slot..first_slot + len {
-            let off = slot * job.kv_dim + job.kv_off;
-            sc.offsets.push(off);
-            sc.scores.push(dot_f16_f32(&job.keys[off..off + hd], &sc.q16, &sc.q32) * job.scale);
-        }
+        sc.offsets.extend((first_slot..first_slot + len).map(|slot| slot * job.kv_dim + job.kv_off));
+    }
+    let n = sc.offsets.len();
+    sc.scores.clear();
+    sc.scores.resize(n, 0.0);
+    let mut c = 0;
+    while c + 16 <= n && dot_f16_f32_x16(job.keys, &sc.offsets[c..c + 16], &sc.q32, &mut sc.scores[c..c + 16]) {
+        c += 16;
+    }
+    for c in c..n {
+        let off = sc.offsets[c];
+        sc.scores[c] = dot_f16_f32(&job.keys[off..off + hd], &sc.q16, &sc.q32);
+    }
+    for s in sc.scores.iter_mut() {
+        *s *= job.scale;
     }
     dump("kq", &sc.scores);
     soft_max(&mut sc.scores, job.lo);

@@ -132,6 +132,21 @@ fn soft_max_generic(scores: &mut [f32], first_cell: usize) {
 /// ggml_vec_dot_f16 (vec.cpp, AVX-512): products accumulated with FMA into 4 vectors of 16 lanes, 64
 /// elements a step, the 4 vectors added pairwise (0+2, 1+3, then 0+1), reduced with
 /// `_mm512_reduce_add_ps`, and any tail past a multiple of 64 added in f64.
+/// Scores of 16 keys `keys[offsets[c]..][..y.len()]` against `y` (with `y32` its f32 conversion), each
+/// exactly `dot_f16_f32`; returns false (and does nothing) where no batched routine applies.
+#[inline(always)]
+pub fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], y32: &[f32], out: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() && y32.len() % 64 == 0 && offsets.len() >= 16 && out.len() >= 16 {
+        assert!(offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()), "key row out of range");
+        // SAFETY: the CPU has the features avx512::available checks; every key row is in range (above).
+        unsafe { avx512::dot_f16_f32_x16(keys, offsets, y32, out) };
+        return true;
+    }
+    let _ = (keys, offsets, y32, out);
+    false
+}
+
 /// `dot_f16(x, y)` where `y32` holds `y` converted to f32 (the query, converted once for all keys).
 #[inline(always)]
 pub fn dot_f16_f32(x: &[half::f16], y: &[half::f16], y32: &[f32]) -> f32 {
@@ -394,6 +409,26 @@ mod tests {
             let q32: Vec<f32> = q.iter().map(|x| x.to_f32()).collect();
             let k = &values[offsets[1]..offsets[1] + hd];
             assert_eq!(dot_f16_f32(k, &q, &q32).to_bits(), dot_f16(k, &q).to_bits(), "hd={hd}");
+        }
+    }
+
+    /// The 16-key batched dot gives each key's one-at-a-time bits.
+    #[test]
+    fn dot_f16_x16_equals_dot_f16() {
+        use half::f16;
+        for hd in [64usize, 128, 256] {
+            let keys: Vec<f16> = (0..40 * hd).map(|i| f16::from_f32(((i as f32) * 0.913).sin() * 3.0)).collect();
+            let q: Vec<f16> = (0..hd).map(|i| f16::from_f32(((i as f32) * 0.29).cos())).collect();
+            let q32: Vec<f32> = q.iter().map(|x| x.to_f32()).collect();
+            let offsets: Vec<usize> = (0..16).map(|c| ((c * 7 + 3) % 40) * hd).collect();
+            let mut out = [0.0f32; 16];
+            if !dot_f16_f32_x16(&keys, &offsets, &q32, &mut out) {
+                eprintln!("note: no batched dot on this CPU");
+                return;
+            }
+            for (c, &o) in offsets.iter().enumerate() {
+                assert_eq!(out[c].to_bits(), dot_f16(&keys[o..o + hd], &q).to_bits(), "hd={hd} key {c}");
+            }
         }
     }
 }
