@@ -38,9 +38,17 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     let hd = shape.head_dim;
     assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
-    pool::current().run(queries.len() * shape.n_heads, &|i| {
+    let n = queries.len();
+    let group = shape.n_heads / shape.n_kv_heads;
+    pool::current().run(n * shape.n_heads, &|part| {
+        // Parts run KV head by KV head (then token, then head within the group), so consecutive parts read
+        // the same keys and values: at depth one KV head's cache fits in L2, all of it does not.
+        let (kvh, rest) = (part / (n * group), part % (n * group));
+        let (t, h) = (rest / group, kvh * group + rest % group);
+        let i = t * shape.n_heads + h;
         let out_ptr = out_ptr;
-        // SAFETY: part i owns output chunk i (hd values), inside `out` by the assert above.
+        // SAFETY: output chunk i (hd values) belongs to this part only (parts map one-to-one onto (t, h)),
+        // inside `out` by the assert above.
         let out_h = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * hd), hd) };
         SCRATCH.with_borrow_mut(|sc| head_part(shape, queries, q, kv, layer, i, sc, out_h));
     });
