@@ -183,7 +183,27 @@ pub unsafe fn dot_f16_f32(x: &[half::f16], y: &[f32]) -> f32 {
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
     debug_assert!(hd % 16 == 0 && hd <= 256 && rows.len() >= 64 * hd);
-    let nv = hd / 16;
+    // A compile-time register count keeps the accumulators in registers (with a run-time count the
+    // compiler spilled them to the stack: perf showed the stores).
+    match hd / 16 {
+        4 => accumulate_lanes_nv::<4>(rows, first_cell, w, values, offsets),
+        8 => accumulate_lanes_nv::<8>(rows, first_cell, w, values, offsets),
+        16 => accumulate_lanes_nv::<16>(rows, first_cell, w, values, offsets),
+        nv => {
+            let mut touched = 0;
+            // Other head sizes: one 16-value slice of every row at a time.
+            for k in 0..nv {
+                touched |= accumulate_lanes_slice(rows, hd, k, first_cell, w, values, offsets);
+            }
+            touched
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn accumulate_lanes_nv<const NV: usize>(rows: &mut [f32], first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
+    let hd = NV * 16;
     let mut touched = 0u64;
     for lane in 0..64usize {
         // the first cell index i (into w/offsets) whose cell is in this lane
@@ -191,20 +211,43 @@ pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w
         if first >= w.len() {
             continue;
         }
-        let mut acc = [_mm512_setzero_ps(); 16];
+        let mut acc = [_mm512_setzero_ps(); NV];
         let mut i = first;
         while i < w.len() {
             let wv = _mm512_set1_ps(w[i]);
             let pv = values.as_ptr().add(offsets[i]) as *const __m256i;
-            for (k, a) in acc.iter_mut().enumerate().take(nv) {
+            for (k, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_fmadd_ps(wv, _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))), *a);
             }
             i += 64;
         }
         let row = rows.as_mut_ptr().add(lane * hd);
-        for (k, a) in acc.iter().enumerate().take(nv) {
+        for (k, a) in acc.iter().enumerate() {
             _mm512_storeu_ps(row.add(16 * k), *a);
         }
+        touched |= 1 << lane;
+    }
+    touched
+}
+
+/// `accumulate_lanes` for values `16k..16k+16` of every row only.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn accumulate_lanes_slice(rows: &mut [f32], hd: usize, k: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
+    let mut touched = 0u64;
+    for lane in 0..64usize {
+        let first = (lane + 64 - first_cell % 64) % 64;
+        if first >= w.len() {
+            continue;
+        }
+        let mut acc = _mm512_setzero_ps();
+        let mut i = first;
+        while i < w.len() {
+            let pv = values.as_ptr().add(offsets[i] + 16 * k) as *const __m256i;
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), _mm512_cvtph_ps(_mm256_loadu_si256(pv)), acc);
+            i += 64;
+        }
+        _mm512_storeu_ps(rows.as_mut_ptr().add(lane * hd + 16 * k), acc);
         touched |= 1 << lane;
     }
     touched
