@@ -32,11 +32,7 @@ def ctxp():
     p = _dc(); p.cb_eval = cb; return p
 llama_cpp.llama_context_default_params = ctxp
 llama_cpp.llama.llama_cpp.llama_context_default_params = ctxp
-_default = llama_cpp.llama_model_default_params
-def _no_repack():
-    p = _default(); p.use_extra_bufts = False; return p
-llama_cpp.llama_model_default_params = _no_repack
-llama_cpp.llama.llama_cpp.llama_model_default_params = _no_repack
+import llamacpp_norepack  # noqa: F401  (per-row kernels, see that module)
 model, out = sys.argv[1], sys.argv[2]; toks = [int(x) for x in sys.argv[3:]]
 llm = llama_cpp.Llama(model_path=model, n_ctx=4096, n_batch=1, n_ubatch=1, n_threads=2, logits_all=True, verbose=False)
 llm.reset()

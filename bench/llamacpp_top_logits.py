@@ -3,14 +3,7 @@
 at a time. Usage: /opt/llamacpp-venv/bin/python bench/llamacpp_top_logits.py MODEL.gguf ID..."""
 import os, sys, numpy as np, llama_cpp
 if os.environ.get("NOREPACK"):
-    # Disable llama.cpp's repacked weight layouts (CPU_REPACK extra buffer), which use their own kernels.
-    _default = llama_cpp.llama_model_default_params
-    def _no_repack():
-        p = _default()
-        p.use_extra_bufts = False
-        return p
-    llama_cpp.llama_model_default_params = _no_repack
-    llama_cpp.llama.llama_cpp.llama_model_default_params = _no_repack
+    import llamacpp_norepack  # noqa: F401  (per-row kernels, see that module)
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=512, n_batch=512, n_threads=2, logits_all=True, verbose=False)
 toks = [int(x) for x in sys.argv[2:]]
 llm.reset(); llm.eval(toks)

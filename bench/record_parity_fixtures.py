@@ -13,21 +13,7 @@ import numpy as np
 import jinja2
 import llama_cpp
 
-# llama.cpp's CPU backend repacks Q4_0/Q4_K/IQ4_NL weights into interleaved layouts ("CPU_REPACK" extra
-# buffer) whose GEMV/GEMM kernels round differently from its per-row vec_dot kernels, and whether it does so
-# depends on the CPU. The fixtures use the per-row kernels (use_extra_bufts = false), which reckon reproduces
-# bit for bit; see docs in tests/fixtures/parity/README.md.
-_default_model_params = llama_cpp.llama_model_default_params
-
-
-def _model_params_without_repack():
-    params = _default_model_params()
-    params.use_extra_bufts = False
-    return params
-
-
-llama_cpp.llama_model_default_params = _model_params_without_repack
-llama_cpp.llama.llama_cpp.llama_model_default_params = _model_params_without_repack
+import llamacpp_norepack  # noqa: F401  (per-row kernels, see that module)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS_DIR = os.environ.get("RECKON_HOME") or os.path.expanduser("~/.cache/reckon/models")

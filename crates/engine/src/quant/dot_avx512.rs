@@ -58,19 +58,19 @@ safe_kernels! {
 
 /// Bytes ahead of the current weight block to prefetch: decode streams weight rows one after another, and
 /// the hardware prefetcher alone left the kernels waiting on memory (Gemma-3 decode 40 -> 66 tok/s).
-const PREFETCH_AHEAD: usize = 2048;
+pub(super) const PREFETCH_AHEAD: usize = 2048;
 
 /// [a | b]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+pub(super) unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
 }
 
 /// The 32 quant bytes at `p0` and the 32 at `p1` (two blocks) as one register.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn load_pair(p0: *const u8, p1: *const u8) -> __m512i {
+pub(super) unsafe fn load_pair(p0: *const u8, p1: *const u8) -> __m512i {
     join(load256(p0), load256(p1))
 }
 
@@ -79,7 +79,7 @@ unsafe fn load_pair(p0: *const u8, p1: *const u8) -> __m512i {
 /// a masked shift rather than cross-lane permutes, which compete for the one shuffle port.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
+pub(super) unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
     let v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(p0)), 0xFF00, load128(p1));
     let v = _mm512_mask_srli_epi16(v, 0xFF00_FF00, v, 4); // the odd 128-bit lanes
     _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
@@ -88,7 +88,7 @@ unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
 /// dx*dy of two legacy blocks (f16 scales at x0, y0 and x1, y1), each broadcast to 8 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn d_pair(x0: *const u8, y0: *const u8, x1: *const u8, y1: *const u8) -> (__m256, __m256) {
+pub(super) unsafe fn d_pair(x0: *const u8, y0: *const u8, x1: *const u8, y1: *const u8) -> (__m256, __m256) {
     let bits = rd16(x0) as u64 | (rd16(y0) as u64) << 16 | (rd16(x1) as u64) << 32 | (rd16(y1) as u64) << 48;
     let v = cvt_f16x4(bits); // [dx0, dy0, dx1, dy1]
     let d = _mm_mul_ps(v, _mm_movehdup_ps(v));
@@ -122,14 +122,14 @@ macro_rules! sum_pairs {
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn high_ps(p: __m512) -> __m256 {
+pub(super) unsafe fn high_ps(p: __m512) -> __m256 {
     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))
 }
 
 /// ggml's 8 i32 lanes from 16 where lane k and lane k+8 cover elements of ggml's lane k.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn fold_lanes(v: __m512i) -> __m256i {
+pub(super) unsafe fn fold_lanes(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
@@ -207,7 +207,7 @@ unsafe fn q4_1_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
 /// i16 lane indices for `vpermw`: lanes 0..16 pick sub-block scale `a`, lanes 16..32 scale `b`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn halves_idx(a: i16, b: i16) -> __m512i {
+pub(super) unsafe fn halves_idx(a: i16, b: i16) -> __m512i {
     _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(a), _mm512_set1_epi16(b))
 }
 

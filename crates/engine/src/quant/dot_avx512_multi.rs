@@ -10,6 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::*;
+use super::dot_avx512::{d_pair, high_ps, load_pair, nibbles_pair, PREFETCH_AHEAD};
 use super::x86_util::*;
 use super::{check_dot_args, expanded_act_row_bytes, GgmlType, MultiDotFn, MultiRowFn, SimdLevel, MULTI};
 
@@ -55,49 +56,6 @@ safe_kernels! {
     q8_0_multi => Q8_0, q8_0_impl;
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn load_pair(p0: *const u8, p1: *const u8) -> __m512i {
-    join(load256(p0), load256(p1))
-}
-
-/// As `dot_avx512::nibbles_pair`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
-    let v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(load128(p0)), 0xFF00, load128(p1));
-    let v = _mm512_mask_srli_epi16(v, 0xFF00_FF00, v, 4);
-    _mm512_and_si512(v, _mm512_set1_epi8(0x0F))
-}
-
-/// As `dot_avx512::d_pair`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn d_pair(x0: *const u8, y0: *const u8, x1: *const u8, y1: *const u8) -> (__m256, __m256) {
-    let bits = rd16(x0) as u64 | (rd16(y0) as u64) << 16 | (rd16(x1) as u64) << 32 | (rd16(y1) as u64) << 48;
-    let v = cvt_f16x4(bits);
-    let d = _mm_mul_ps(v, _mm_movehdup_ps(v));
-    (_mm256_broadcastss_ps(d), _mm256_broadcastss_ps(_mm_movehl_ps(d, d)))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn high_ps(p: __m512) -> __m256 {
-    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1))
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn f16_to_f32(p: *const u8) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(p) as i32)))
-}
-
 /// `dot_avx512::sum_pairs` for `MULTI` rows on one side: `$prep` runs once per block pair, `$body` once
 /// per row `$r` and yields (d0, d1, 16 f32 lanes) exactly as the one-row body does.
 macro_rules! sum_pairs_multi {
@@ -130,10 +88,6 @@ macro_rules! sum_pairs_multi {
         out
     }};
 }
-
-/// Bytes ahead of the current weight block that the decode kernels prefetch (4 rows are read as one
-/// stream; the hardware prefetcher alone left Gemma-3's 170 MB output matrix latency-bound).
-const PREFETCH_AHEAD: usize = 2048;
 
 /// Most blocks per row the multi-token kernels handle (they cache a whole row's unpacked weights on the
 /// stack): 8192 elements.
@@ -231,7 +185,7 @@ macro_rules! multi_tokens {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q8_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q8_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
         let qx = load_pair(x0.add(2), x1.add(2));
         (_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx))
     }, |ax, sign, qy| {
@@ -245,7 +199,7 @@ unsafe fn q8_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 unsafe fn q4_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let eight = _mm512_set1_epi8(8);
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
         (nibbles_pair(x0.add(2), x1.add(2)), 0)
     }, |q, _m, qy| {
         _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), _mm512_dpbusd_epi32(zero, eight, qy))
@@ -256,7 +210,7 @@ unsafe fn q4_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 unsafe fn q5_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let sixteen = _mm512_set1_epi8(16);
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q5_0_BYTES, false, |xb| (f16_to_f32(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q5_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
         let qh0 = (x0.add(2) as *const u32).read_unaligned() as u64;
         let qh1 = (x1.add(2) as *const u32).read_unaligned() as u64;
         let nib = nibbles_pair(x0.add(6), x1.add(6));
@@ -269,7 +223,7 @@ unsafe fn q5_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_1_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_1_BYTES, true, |xb| (f16_to_f32(xb), f16_to_f32(xb.add(2))), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_1_BYTES, true, |xb| (f16_at(xb), f16_at(xb.add(2))), |x0, x1| {
         (nibbles_pair(x0.add(4), x1.add(4)), 0)
     }, |q, _m, qy| _mm512_dpbusd_epi32(zero, q, qy))
 }

@@ -6,6 +6,7 @@
 use std::arch::x86_64::*;
 
 use super::blocks::*;
+use super::dot_avx512::{fold_lanes, halves_idx, join};
 use super::x86_util::*;
 use super::{check_dot_args, GgmlType, MULTI};
 
@@ -29,26 +30,6 @@ macro_rules! safe_kernels {
 safe_kernels! {
     q4_k_multi => Q4_K, q4_k_impl;
     q6_k_multi => Q6_K, q6_k_impl;
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
-    _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
-}
-
-/// As `dot_avx512::halves_idx`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn halves_idx(a: i16, b: i16) -> __m512i {
-    _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(a), _mm512_set1_epi16(b))
-}
-
-/// As `dot_avx512::fold_lanes`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn fold_lanes(v: __m512i) -> __m256i {
-    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
