@@ -274,6 +274,15 @@ pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], 
         }
         *vc = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
     }
+    _mm512_storeu_ps(out.as_mut_ptr(), reduce_16_rows(&v));
+}
+
+/// `_mm512_reduce_add_ps` of each of 16 vectors (after the `(a0 + a2) + (a1 + a3)` step), all at once:
+/// lane `c` of the result is `v[c]`'s sum. A transpose network that adds exactly the pairs of the
+/// one-vector tree (halves, quarters, {2,3,0,1}, lanes 0+1), instead of ~9 shuffles and adds per vector.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+pub(crate) unsafe fn reduce_16_rows(v: &[__m512; 16]) -> __m512 {
     // 16 lanes -> 8: [lo(v_a) + hi(v_a) | lo(v_b) + hi(v_b)] for keys a = 2k, b = 2k + 1.
     let x: [__m512; 8] = std::array::from_fn(|k| {
         let (a, b) = (v[2 * k], v[2 * k + 1]);
@@ -292,5 +301,5 @@ pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], 
     // 2 -> 1 (lanes 0 + 1): lane 4q + k holds key 4k + q.
     let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]));
     let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(idx, r));
+    _mm512_permutexvar_ps(idx, r)
 }

@@ -5,7 +5,7 @@
 //! gives the same bits, slower.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 /// Whether the AVX-512 versions run here (callers may compile their loops for the same features so the
 /// routines inline).
@@ -264,28 +264,34 @@ impl LaneAcc {
                 self.rows[lane * hd..(lane + 1) * hd].fill(0.0);
             }
         }
-        let r = |lane: usize| lane * hd;
-        // v[l] = (vec0 + vec2)[l] + (vec1 + vec3)[l], written over lane l's row of vector 0.
-        for l in 0..16 {
+        reduce_lane_rows(&mut self.rows, hd, out);
+    }
+}
+
+/// `LaneAcc::reduce` of lane sums held elsewhere: `rows` is `[64, hd]` (overwritten), `out` gets `hd`.
+pub fn reduce_lane_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
+    assert!(rows.len() >= 64 * hd && out.len() >= hd, "lane rows are not [64, hd]");
+    let r = |lane: usize| lane * hd;
+    // v[l] = (vec0 + vec2)[l] + (vec1 + vec3)[l], written over lane l's row of vector 0.
+    for l in 0..16 {
+        for d in 0..hd {
+            let v02 = rows[r(l) + d] + rows[r(32 + l) + d];
+            let v13 = rows[r(16 + l) + d] + rows[r(48 + l) + d];
+            rows[r(l) + d] = v02 + v13;
+        }
+    }
+    // 16 -> 8 -> 4 lanes, then (0+2) + (1+3).
+    for width in [8, 4] {
+        for l in 0..width {
             for d in 0..hd {
-                let v02 = self.rows[r(l) + d] + self.rows[r(32 + l) + d];
-                let v13 = self.rows[r(16 + l) + d] + self.rows[r(48 + l) + d];
-                self.rows[r(l) + d] = v02 + v13;
+                rows[r(l) + d] += rows[r(l + width) + d];
             }
         }
-        // 16 -> 8 -> 4 lanes, then (0+2) + (1+3).
-        for width in [8, 4] {
-            for l in 0..width {
-                for d in 0..hd {
-                    self.rows[r(l) + d] += self.rows[r(l + width) + d];
-                }
-            }
-        }
-        for (d, o) in out.iter_mut().enumerate().take(hd) {
-            let c0 = self.rows[r(0) + d] + self.rows[r(2) + d];
-            let c1 = self.rows[r(1) + d] + self.rows[r(3) + d];
-            *o = c0 + c1;
-        }
+    }
+    for (d, o) in out.iter_mut().enumerate().take(hd) {
+        let c0 = rows[r(0) + d] + rows[r(2) + d];
+        let c1 = rows[r(1) + d] + rows[r(3) + d];
+        *o = c0 + c1;
     }
 }
 

@@ -10,6 +10,9 @@ use crate::ggml_math::{dot_f16_f32, dot_f16_f32_x16, soft_max, LaneAcc};
 use half::f16;
 use crate::pool;
 
+#[cfg(target_arch = "x86_64")]
+mod tiled;
+
 /// Where one query token sits: its sequence's block table and its position.
 #[derive(Clone, Copy, Debug)]
 pub struct QueryPos<'a> {
@@ -39,6 +42,10 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
     let n = queries.len();
+    #[cfg(target_arch = "x86_64")]
+    if use_tiles(shape, n) {
+        return attend_tiled(shape, kv, layer, queries, q, out_ptr);
+    }
     let group = shape.n_heads / shape.n_kv_heads;
     pool::current().run(n * shape.n_heads, &|part| {
         // Parts run KV head by KV head (then token, then head within the group), so consecutive parts read
@@ -52,6 +59,43 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
         let out_h = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * hd), hd) };
         SCRATCH.with_borrow_mut(|sc| head_part(shape, queries, q, kv, layer, i, sc, out_h));
     });
+}
+
+/// Whether a batch runs by tiles (`tiled`): prefill-sized batches on AVX-512. Decode keeps one part per
+/// head, which spreads a single token over the threads.
+#[cfg(target_arch = "x86_64")]
+fn use_tiles(shape: &AttnShape, n_tokens: usize) -> bool {
+    n_tokens >= 2 * tiled::TILE_TOKENS && shape.head_dim % 64 == 0 && crate::ggml_math::avx512_available()
+}
+
+/// `attend` by tiles of consecutive tokens × one KV head; the same bits as the per-head path.
+#[cfg(target_arch = "x86_64")]
+fn attend_tiled(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
+    let (keys, values) = kv.layer(layer);
+    let tiles = tiled::tiles(queries);
+    // Parts run KV head by KV head, so consecutive parts read the same keys and values.
+    pool::current().run(tiles.len() * shape.n_kv_heads, &|part| {
+        let job = tiled::TileJob {
+            shape,
+            queries,
+            q,
+            keys,
+            values,
+            kv_dim: kv.shape.kv_dim,
+            block_size: kv.shape.block_size,
+            layer,
+            tokens: tiles[part % tiles.len()].clone(),
+            kv_head: part / tiles.len(),
+        };
+        // SAFETY: AVX-512 was checked by use_tiles; each part writes only the outputs of its tokens and
+        // KV head's query heads, disjoint across parts, inside `out` (asserted by `attend`).
+        TILE_SCRATCH.with_borrow_mut(|sc| unsafe { tiled::attend_tile(&job, sc, out_ptr) });
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static TILE_SCRATCH: std::cell::RefCell<tiled::TileScratch> = std::cell::RefCell::new(tiled::TileScratch::default());
 }
 
 /// A raw pointer that parallel parts use to write disjoint chunks of one output buffer.
@@ -122,15 +166,19 @@ impl HeadJob<'_> {
     /// AVX-512 features of `head_avx512`, and the per-cell routines would stop inlining.)
     #[inline(always)]
     fn slot_runs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        let bs = self.block_size;
-        let first_block = self.lo / bs;
-        let last_block = self.pos / bs;
-        (first_block..=last_block).map(move |b| {
-            let start = (b * bs).max(self.lo);
-            let end = ((b + 1) * bs - 1).min(self.pos);
-            (start, self.block_table[b] as usize * bs + start - b * bs, end + 1 - start)
-        })
+        slot_runs(self.block_table, self.block_size, self.lo, self.pos)
     }
+}
+
+/// Positions `lo..=pos` of a sequence as runs `(first position, first slot, length)` of consecutive
+/// slots, one block-table lookup per block.
+#[inline(always)]
+fn slot_runs(block_table: &[u32], bs: usize, lo: usize, pos: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    (lo / bs..=pos / bs).map(move |b| {
+        let start = (b * bs).max(lo);
+        let end = ((b + 1) * bs - 1).min(pos);
+        (start, block_table[b] as usize * bs + start - b * bs, end + 1 - start)
+    })
 }
 
 /// `head` compiled for AVX-512, so the per-cell f16 dots and value FMAs inline into its loops.
@@ -192,4 +240,57 @@ struct Scratch {
     offsets: Vec<usize>,
     scores: Vec<f32>,
     acc: LaneAcc,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::KvShape;
+
+    fn noise(i: usize, salt: f32) -> f32 {
+        ((i as f32 * 0.7071 + salt).sin() * 43758.547).fract() * 2.0 - 1.0
+    }
+
+    /// A batch attended at once (by tiles where the CPU allows) gives each token's one-at-a-time bits:
+    /// several sequences, partial tiles, GQA groups, head sizes 64/128/256, a sliding window.
+    #[test]
+    fn batched_attention_equals_one_token_at_a_time() {
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(100))];
+        for (n_heads, n_kv_heads, head_dim, window) in cases {
+            let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window };
+            let kv_dim = n_kv_heads * head_dim;
+            let bs = 16;
+            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: 40 });
+            // two sequences: 250 and 37 positions, blocks scattered
+            let tables: Vec<Vec<u32>> = vec![(0..16).map(|b| (b * 2 + 1) as u32).collect(), vec![30, 6, 0]];
+            let lens = [250usize, 37];
+            for (s, table) in tables.iter().enumerate() {
+                for pos in 0..lens[s] {
+                    let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
+                    let v: Vec<f32> = (0..kv_dim).map(|i| noise(i + 1000 * pos, 7.0 + s as f32)).collect();
+                    let slot = kv.slot(table, pos);
+                    kv.write(0, slot, &k, &v);
+                }
+            }
+            // batch: the last 45 positions of sequence 0, then the last 30 of sequence 1
+            let mut queries = Vec::new();
+            for pos in lens[0] - 45..lens[0] {
+                queries.push(QueryPos { block_table: &tables[0], pos });
+            }
+            for pos in lens[1] - 30..lens[1] {
+                queries.push(QueryPos { block_table: &tables[1], pos });
+            }
+            let q_dim = n_heads * head_dim;
+            let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
+            let mut batched = vec![0.0; q.len()];
+            attend(&shape, &kv, 0, &queries, &q, &mut batched);
+            for (t, qp) in queries.iter().enumerate() {
+                let mut one = vec![0.0; q_dim];
+                attend(&shape, &kv, 0, std::slice::from_ref(qp), &q[t * q_dim..(t + 1) * q_dim], &mut one);
+                let got: Vec<u32> = batched[t * q_dim..(t + 1) * q_dim].iter().map(|x| x.to_bits()).collect();
+                let want: Vec<u32> = one.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(got, want, "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: token {t}");
+            }
+        }
+    }
 }

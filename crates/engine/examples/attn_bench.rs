@@ -1,0 +1,43 @@
+//! Attention alone, for kernel work: one layer's prefill attention of N query tokens at a depth, on
+//! random K/V, timed over repetitions (median). attn_bench HEADS KV_HEADS HEAD_DIM DEPTH N [REPS] [THREADS]
+//! e.g. SmolLM2: `attn_bench 9 3 64 4096 256`. Prints ns per (query, head, key).
+use reckon_engine::attention::{attend, AttnShape, QueryPos};
+use reckon_engine::kv::{KvShape, KvStorage};
+use std::time::Instant;
+
+fn main() {
+    let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("numbers")).collect();
+    let (n_heads, n_kv_heads, head_dim, depth, n) = (a[0], a[1], a[2], a[3], a[4]);
+    let reps = a.get(5).copied().unwrap_or(20);
+    reckon_engine::pool::init_global(a.get(6).copied().unwrap_or(1));
+    let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window: None };
+    let bs = 16;
+    let total = depth + n;
+    let kv_dim = n_kv_heads * head_dim;
+    let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: total.div_ceil(bs) });
+    let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
+    let mut seed = 1u64;
+    let mut rnd = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    for pos in 0..total {
+        let k: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
+        kv.write(0, kv.slot(&table, pos), &k, &v);
+    }
+    let queries: Vec<QueryPos> = (depth..total).map(|pos| QueryPos { block_table: &table, pos }).collect();
+    let q: Vec<f32> = (0..n * n_heads * head_dim).map(|_| rnd()).collect();
+    let mut out = vec![0.0; q.len()];
+    let mut times = Vec::new();
+    for _ in 0..reps + 1 {
+        let t = Instant::now();
+        attend(&shape, &kv, 0, &queries, &q, &mut out);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    times.remove(0);
+    times.sort_by(|a, b| a.total_cmp(b));
+    let cells = (depth as f64 + n as f64 / 2.0) * n as f64 * n_heads as f64;
+    let med = times[times.len() / 2];
+    println!("median {:.2} ms  ({:.3} ns per query·head·key, min {:.2} ms, max {:.2} ms)", med * 1e3, med * 1e9 / cells, times[0] * 1e3, times[times.len() - 1] * 1e3);
+}
