@@ -38,14 +38,20 @@ pub struct AttnShape {
 /// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here).
 pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
-    let hd = shape.head_dim;
     assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
+    assert_eq!(q.len(), queries.len() * q_dim, "attention queries are not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
-    let n = queries.len();
     #[cfg(target_arch = "x86_64")]
-    if use_tiles(shape, n) {
-        return attend_tiled(shape, kv, layer, queries, q, out_ptr);
+    if let Some(mode) = tiled_mode(shape, queries) {
+        return attend_tiled(mode, shape, kv, layer, queries, q, out_ptr);
     }
+    attend_per_head(shape, kv, layer, queries, q, out_ptr);
+}
+
+/// `attend` with one part per (token, head): decode over short contexts, and CPUs without AVX-512.
+fn attend_per_head(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
+    let n = queries.len();
+    let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
     pool::current().run(n * shape.n_heads, &|part| {
         // Parts run KV head by KV head (then token, then head within the group), so consecutive parts read
@@ -53,7 +59,7 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
         let (kvh, rest) = (part / (n * group), part % (n * group));
         let (t, h) = (rest / group, kvh * group + rest % group);
         let i = t * shape.n_heads + h;
-        let out_ptr = out_ptr;
+        let out_ptr = out_ptr; // the whole wrapper (Sync), not its raw field
         // SAFETY: output chunk i (hd values) belongs to this part only (parts map one-to-one onto (t, h)),
         // inside `out` by the assert above.
         let out_h = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * hd), hd) };
@@ -61,21 +67,41 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     });
 }
 
-/// Whether a batch runs by tiles (`tiled`): prefill-sized batches on AVX-512. Decode keeps one part per
-/// head, which spreads a single token over the threads.
+/// How a batch runs on AVX-512 (`tiled`): prefill-sized batches one part per tile; small batches over a
+/// long context by phases split across the threads; otherwise (short contexts) one part per head.
 #[cfg(target_arch = "x86_64")]
-fn use_tiles(shape: &AttnShape, n_tokens: usize) -> bool {
-    n_tokens >= 2 * tiled::TILE_TOKENS && shape.head_dim % 64 == 0 && crate::ggml_math::avx512_available()
+#[derive(Clone, Copy, PartialEq)]
+enum TiledMode {
+    PerTile,
+    Split,
+}
+
+/// Cells a small batch must attend (at its last token) before the phase-split path pays for its extra
+/// pool runs.
+#[cfg(target_arch = "x86_64")]
+const SPLIT_MIN_CELLS: usize = 1024;
+
+#[cfg(target_arch = "x86_64")]
+fn tiled_mode(shape: &AttnShape, queries: &[QueryPos]) -> Option<TiledMode> {
+    if shape.head_dim % 64 != 0 || !crate::ggml_math::avx512_available() {
+        return None;
+    }
+    if queries.len() >= 2 * tiled::TILE_TOKENS {
+        return Some(TiledMode::PerTile);
+    }
+    let longest = queries.iter().map(|qp| qp.pos + 1 - shape.window.map_or(0, |w| (qp.pos + 1).saturating_sub(w))).max();
+    (longest >= Some(SPLIT_MIN_CELLS)).then_some(TiledMode::Split)
 }
 
 /// `attend` by tiles of consecutive tokens × one KV head; the same bits as the per-head path.
 #[cfg(target_arch = "x86_64")]
-fn attend_tiled(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
+fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
     let (keys, values) = kv.layer(layer);
     let tiles = tiled::tiles(queries);
-    // Parts run KV head by KV head, so consecutive parts read the same keys and values.
-    pool::current().run(tiles.len() * shape.n_kv_heads, &|part| {
-        let job = tiled::TileJob {
+    // KV head by KV head, so consecutive parts read the same keys and values.
+    let jobs: Vec<tiled::TileJob> = (0..shape.n_kv_heads)
+        .flat_map(|kv_head| tiles.iter().map(move |t| (kv_head, t.clone())))
+        .map(|(kv_head, tokens)| tiled::TileJob {
             shape,
             queries,
             q,
@@ -84,13 +110,19 @@ fn attend_tiled(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[Quer
             kv_dim: kv.shape.kv_dim,
             block_size: kv.shape.block_size,
             layer,
-            tokens: tiles[part % tiles.len()].clone(),
-            kv_head: part / tiles.len(),
-        };
-        // SAFETY: AVX-512 was checked by use_tiles; each part writes only the outputs of its tokens and
-        // KV head's query heads, disjoint across parts, inside `out` (asserted by `attend`).
-        TILE_SCRATCH.with_borrow_mut(|sc| unsafe { tiled::attend_tile(&job, sc, out_ptr) });
-    });
+            tokens,
+            kv_head,
+        })
+        .collect();
+    match mode {
+        // SAFETY: AVX-512 was checked by tiled_mode; the jobs' outputs (their tokens × their KV head's
+        // query heads) are disjoint, inside `out` (asserted by `attend`).
+        TiledMode::Split => unsafe { tiled::attend_split(&jobs, out_ptr) },
+        TiledMode::PerTile => pool::current().run(jobs.len(), &|part| {
+            // SAFETY: as above; each part runs one job.
+            TILE_SCRATCH.with_borrow_mut(|sc| unsafe { tiled::attend_tile(&jobs[part], sc, out_ptr) });
+        }),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -251,19 +283,20 @@ mod tests {
         ((i as f32 * 0.7071 + salt).sin() * 43758.547).fract() * 2.0 - 1.0
     }
 
-    /// A batch attended at once (by tiles where the CPU allows) gives each token's one-at-a-time bits:
-    /// several sequences, partial tiles, GQA groups, head sizes 64/128/256, a sliding window.
+    /// Every path gives the per-head path's bits: a batch (by tiles where the CPU allows), and single
+    /// tokens (phase-split over a long context): several sequences, partial tiles, GQA groups, head sizes
+    /// 64/128/256, a sliding window.
     #[test]
-    fn batched_attention_equals_one_token_at_a_time() {
-        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(100))];
+    fn tiled_and_split_attention_equal_the_per_head_path() {
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None)];
         for (n_heads, n_kv_heads, head_dim, window) in cases {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window };
             let kv_dim = n_kv_heads * head_dim;
             let bs = 16;
-            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: 40 });
-            // two sequences: 250 and 37 positions, blocks scattered
-            let tables: Vec<Vec<u32>> = vec![(0..16).map(|b| (b * 2 + 1) as u32).collect(), vec![30, 6, 0]];
-            let lens = [250usize, 37];
+            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: 120 });
+            // three sequences: 250, 37 and 1300 positions, blocks scattered
+            let tables: Vec<Vec<u32>> = vec![(0..16).map(|b| (b * 2 + 1) as u32).collect(), vec![30, 6, 0], (34..116).rev().collect()];
+            let lens = [250usize, 37, 1300];
             for (s, table) in tables.iter().enumerate() {
                 for pos in 0..lens[s] {
                     let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
@@ -272,24 +305,34 @@ mod tests {
                     kv.write(0, slot, &k, &v);
                 }
             }
-            // batch: the last 45 positions of sequence 0, then the last 30 of sequence 1
+            // batch: the last 45 positions of sequence 0, the last 30 of 1, the last 20 of 2
             let mut queries = Vec::new();
-            for pos in lens[0] - 45..lens[0] {
-                queries.push(QueryPos { block_table: &tables[0], pos });
-            }
-            for pos in lens[1] - 30..lens[1] {
-                queries.push(QueryPos { block_table: &tables[1], pos });
+            for (s, n) in [(0, 45), (1, 30), (2, 20)] {
+                for pos in lens[s] - n..lens[s] {
+                    queries.push(QueryPos { block_table: &tables[s], pos });
+                }
             }
             let q_dim = n_heads * head_dim;
             let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let mut batched = vec![0.0; q.len()];
             attend(&shape, &kv, 0, &queries, &q, &mut batched);
+            let mut per_head = vec![0.0; q.len()];
+            attend_per_head(&shape, &kv, 0, &queries, &q, OutPtr(per_head.as_mut_ptr()));
+            assert_eq!(bits(&batched), bits(&per_head), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: batch");
             for (t, qp) in queries.iter().enumerate() {
                 let mut one = vec![0.0; q_dim];
                 attend(&shape, &kv, 0, std::slice::from_ref(qp), &q[t * q_dim..(t + 1) * q_dim], &mut one);
-                let got: Vec<u32> = batched[t * q_dim..(t + 1) * q_dim].iter().map(|x| x.to_bits()).collect();
-                let want: Vec<u32> = one.iter().map(|x| x.to_bits()).collect();
-                assert_eq!(got, want, "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: token {t}");
+                assert_eq!(bits(&one), bits(&per_head[t * q_dim..(t + 1) * q_dim]), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: token {t} alone");
+            }
+            // a decode batch: one token of each sequence
+            let picks = [44, 74, 94];
+            let dq: Vec<QueryPos> = picks.iter().map(|&t| queries[t]).collect();
+            let dqv: Vec<f32> = picks.iter().flat_map(|&t| q[t * q_dim..(t + 1) * q_dim].to_vec()).collect();
+            let mut dec = vec![0.0; dqv.len()];
+            attend(&shape, &kv, 0, &dq, &dqv, &mut dec);
+            for (k, &t) in picks.iter().enumerate() {
+                assert_eq!(bits(&dec[k * q_dim..(k + 1) * q_dim]), bits(&per_head[t * q_dim..(t + 1) * q_dim]), "decode batch token {t}");
             }
         }
     }

@@ -66,7 +66,7 @@ pub(super) struct TileJob<'a> {
 pub(super) struct TileScratch {
     /// `[rows, hd]`: each row's q rounded to f16 (kept as f32).
     q32: Vec<f32>,
-    /// Row offsets of the tile's cells (positions `lo..=hi`) in the layer storage.
+    /// Row offsets of the tile's cells (positions `lo..=hi`) of this KV head in the layer storage.
     offsets: Vec<usize>,
     /// `[16, hd]` keys of one chunk, converted to f32.
     kbuf: Vec<f32>,
@@ -76,9 +76,69 @@ pub(super) struct TileScratch {
     lanes: Vec<f32>,
 }
 
+/// The cells and rows of a tile.
+#[derive(Clone, Copy)]
+struct TileGeom {
+    group: usize,
+    rows: usize,
+    /// First attended position (of the first token) and the number of cells up to the last token's.
+    lo0: usize,
+    n_keys: usize,
+    /// `n_keys` rounded up to whole 16-cell chunks: the row stride of the scores.
+    n_pad: usize,
+}
+
 impl TileJob<'_> {
     fn lo(&self, pos: usize) -> usize {
         self.shape.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    fn geom(&self) -> TileGeom {
+        let group = self.shape.n_heads / self.shape.n_kv_heads;
+        let lo0 = self.lo(self.queries[self.tokens.start].pos);
+        let n_keys = self.queries[self.tokens.end - 1].pos + 1 - lo0;
+        TileGeom { group, rows: self.tokens.len() * group, lo0, n_keys, n_pad: n_keys.div_ceil(16) * 16 }
+    }
+
+    /// Where each attended cell's key/value row of this KV head starts in the layer storage.
+    fn fill_offsets(&self, g: &TileGeom, offsets: &mut Vec<usize>) {
+        let kv_off = self.kv_head * self.shape.head_dim;
+        offsets.clear();
+        let first = &self.queries[self.tokens.start];
+        for (_, first_slot, len) in slot_runs(first.block_table, self.block_size, g.lo0, g.lo0 + g.n_keys - 1) {
+            offsets.extend((first_slot..first_slot + len).map(|slot| slot * self.kv_dim + kv_off));
+        }
+    }
+
+    /// `q32[r]` = q of row r (token `r / group`, head `kv_head * group + r % group`) rounded to f16.
+    ///
+    /// # Safety
+    /// AVX-512 F/DQ, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+    unsafe fn fill_rounded_queries(&self, g: &TileGeom, q32: &mut Vec<f32>) {
+        let hd = self.shape.head_dim;
+        let q_dim = self.shape.n_heads * hd;
+        q32.clear();
+        for t in self.tokens.clone() {
+            q32.extend_from_slice(&self.q[t * q_dim + self.kv_head * g.group * hd..][..g.group * hd]);
+        }
+        round_to_f16(q32);
+    }
+
+    /// (token, head) of row r.
+    fn row_target(&self, g: &TileGeom, r: usize) -> (usize, usize) {
+        (self.tokens.start + r / g.group, self.kv_head * g.group + r % g.group)
+    }
+
+    /// Row r's output (`hd` floats) in `out`.
+    ///
+    /// # Safety
+    /// `out` must be the `[n_tokens, n_heads * hd]` output of `attend`, and no one else may use this row.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn out_row(&self, g: &TileGeom, r: usize, out: OutPtr) -> &mut [f32] {
+        let hd = self.shape.head_dim;
+        let (t, head) = self.row_target(g, r);
+        std::slice::from_raw_parts_mut(out.0.add(t * self.shape.n_heads * hd + head * hd), hd)
     }
 }
 
@@ -89,70 +149,125 @@ impl TileJob<'_> {
 /// of which this call alone writes the chunks of (token in `job.tokens`, head of `job.kv_head`).
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPtr) {
-    let sh = job.shape;
-    let hd = sh.head_dim;
-    let group = sh.n_heads / sh.n_kv_heads;
-    let rows = job.tokens.len() * group;
-    let (first, last) = (&job.queries[job.tokens.start], &job.queries[job.tokens.end - 1]);
-    let (lo0, hi) = (job.lo(first.pos), last.pos);
-    let n_keys = hi + 1 - lo0;
-    let n_pad = n_keys.div_ceil(16) * 16;
-
-    load_rounded_queries(job, sc, group);
-    sc.offsets.clear();
-    for (_, first_slot, len) in slot_runs(first.block_table, job.block_size, lo0, hi) {
-        sc.offsets.extend((first_slot..first_slot + len).map(|slot| slot * job.kv_dim + job.kv_head * hd));
-    }
+    let hd = job.shape.head_dim;
+    let g = job.geom();
+    job.fill_rounded_queries(&g, &mut sc.q32);
+    job.fill_offsets(&g, &mut sc.offsets);
     sc.scores.clear();
-    sc.scores.resize(rows * n_pad, 0.0);
-    tile_scores(job, sc, rows, n_pad);
-
-    for r in 0..rows {
-        let t = job.tokens.start + r / group;
-        let pos = job.queries[t].pos;
-        let (a, b) = (job.lo(pos) - lo0, pos + 1 - lo0);
-        let row = &mut sc.scores[r * n_pad..(r + 1) * n_pad];
-        row[a..b].iter_mut().for_each(|s| *s *= sh.scale);
-        let dump = t + 1 == job.queries.len() && debug_dump::enabled();
-        let head = job.kv_head * group + r % group;
-        if dump {
-            debug_dump::dump(&format!("kq-h{head}"), job.layer, &row[a..b], 1);
-        }
-        soft_max(&mut row[a..b], job.lo(pos));
-        if dump {
-            debug_dump::dump(&format!("kq_soft_max-h{head}"), job.layer, &row[a..b], 1);
-        }
-        round_to_f16(&mut row[a..b]);
-        row[..a].fill(0.0);
-        row[b..].fill(0.0);
+    sc.scores.resize(g.rows * g.n_pad, 0.0);
+    chunk_scores(job, &g, &sc.offsets, &sc.q32, 0..g.n_pad / 16, &mut sc.kbuf, sc.scores.as_mut_ptr());
+    for r in 0..g.rows {
+        finish_row(job, &g, r, &mut sc.scores[r * g.n_pad..(r + 1) * g.n_pad]);
     }
-
-    let q_dim = sh.n_heads * hd;
-    for r0 in (0..rows).step_by(ROWS_PER_PASS) {
-        let rs = ROWS_PER_PASS.min(rows - r0);
-        value_lanes(job, sc, r0, rs, lo0, n_pad);
+    sc.lanes.resize(ROWS_PER_PASS * 64 * hd, 0.0);
+    for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
+        let rs = ROWS_PER_PASS.min(g.rows - r0);
+        lane_sums(job, &g, &sc.offsets, sc.scores.as_ptr().add(r0 * g.n_pad), rs, 0..64, sc.lanes.as_mut_ptr());
         for r in r0..r0 + rs {
-            let t = job.tokens.start + r / group;
-            let head = job.kv_head * group + r % group;
-            // SAFETY: (t, head) is one of this tile's outputs, inside `out` (see the contract).
-            let out_h = std::slice::from_raw_parts_mut(out.0.add(t * q_dim + head * hd), hd);
-            reduce_lane_rows(&mut sc.lanes[(r - r0) * 64 * hd..(r - r0 + 1) * 64 * hd], hd, out_h);
+            reduce_lane_rows(&mut sc.lanes[(r - r0) * 64 * hd..(r - r0 + 1) * 64 * hd], hd, job.out_row(&g, r, out));
         }
     }
 }
 
-/// `sc.q32[r]` = q of row r (token `r / group`, head `kv_head * group + r % group`) rounded to f16.
-#[inline]
+/// Row r's scores to probabilities: scaled, ggml's softmax over the row's own cells, rounded to f16, and
+/// +0 for the tile's cells outside the row's range.
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn load_rounded_queries(job: &TileJob, sc: &mut TileScratch, group: usize) {
-    let hd = job.shape.head_dim;
-    let q_dim = job.shape.n_heads * hd;
-    sc.q32.clear();
-    for t in job.tokens.clone() {
-        let q = &job.q[t * q_dim + job.kv_head * group * hd..][..group * hd];
-        sc.q32.extend_from_slice(q);
+unsafe fn finish_row(job: &TileJob, g: &TileGeom, r: usize, row: &mut [f32]) {
+    let (t, head) = job.row_target(g, r);
+    let pos = job.queries[t].pos;
+    let (a, b) = (job.lo(pos) - g.lo0, pos + 1 - g.lo0);
+    row[a..b].iter_mut().for_each(|s| *s *= job.shape.scale);
+    let dump = t + 1 == job.queries.len() && debug_dump::enabled();
+    if dump {
+        debug_dump::dump(&format!("kq-h{head}"), job.layer, &row[a..b], 1);
     }
-    round_to_f16(&mut sc.q32);
+    soft_max(&mut row[a..b], job.lo(pos));
+    if dump {
+        debug_dump::dump(&format!("kq_soft_max-h{head}"), job.layer, &row[a..b], 1);
+    }
+    round_to_f16(&mut row[a..b]);
+    row[..a].fill(0.0);
+    row[b..].fill(0.0);
+}
+
+/// Decode-sized batches at depth: the tiles' phases (scores by key range, softmax by row, value sums by
+/// lane range, reduction by row) each run as parallel parts, so a single token's few KV heads still use
+/// every thread, and the group's heads share each key and value conversion. Same bits as `attend_tile`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/DQ, FMA and F16C; `jobs` must cover disjoint outputs of `out`, the
+/// `[n_tokens, n_heads * hd]` output of `attend`.
+pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
+    let Some(first) = jobs.first() else { return };
+    let hd = first.shape.head_dim;
+    let geoms: Vec<TileGeom> = jobs.iter().map(|j| j.geom()).collect();
+    let mut bufs: Vec<SplitBufs> = Vec::with_capacity(jobs.len());
+    for (job, g) in jobs.iter().zip(&geoms) {
+        let (mut q32, mut offsets) = (Vec::new(), Vec::new());
+        job.fill_rounded_queries(g, &mut q32);
+        job.fill_offsets(g, &mut offsets);
+        let (mut scores, mut lanes) = (vec![0.0; g.rows * g.n_pad], vec![0.0; g.rows * 64 * hd]);
+        let (scores_ptr, lanes_ptr) = (OutPtr(scores.as_mut_ptr()), OutPtr(lanes.as_mut_ptr()));
+        bufs.push(SplitBufs { q32, offsets, _scores: scores, _lanes: lanes, scores_ptr, lanes_ptr });
+    }
+    let rows: Vec<(usize, usize)> = geoms.iter().enumerate().flat_map(|(i, g)| (0..g.rows).map(move |r| (i, r))).collect();
+    let pool = crate::pool::current();
+    let key_splits = 2 * pool.threads();
+    // SAFETY (all four phases): AVX-512 per the contract; every part writes a disjoint range (its chunks'
+    // score columns, its row, its lanes, its output row) of buffers that outlive the runs.
+    pool.run(jobs.len() * key_splits, &|part| {
+        let (i, k) = (part / key_splits, part % key_splits);
+        let (b, g) = (&bufs[i], &geoms[i]);
+        let n_chunks = g.n_pad / 16;
+        let chunks = k * n_chunks / key_splits..(k + 1) * n_chunks / key_splits;
+        SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe { chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, b.scores_ptr.0) });
+    });
+    pool.run(rows.len(), &|p| {
+        let (i, r) = rows[p];
+        let g = &geoms[i];
+        unsafe {
+            let row = std::slice::from_raw_parts_mut(bufs[i].scores_ptr.0.add(r * g.n_pad), g.n_pad);
+            finish_row(&jobs[i], g, r, row);
+        }
+    });
+    const LANE_SPLITS: usize = 4;
+    pool.run(jobs.len() * LANE_SPLITS, &|part| {
+        let (i, k) = (part / LANE_SPLITS, part % LANE_SPLITS);
+        let (b, g) = (&bufs[i], &geoms[i]);
+        let lanes = k * 64 / LANE_SPLITS..(k + 1) * 64 / LANE_SPLITS;
+        for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
+            let rs = ROWS_PER_PASS.min(g.rows - r0);
+            unsafe {
+                let w = b.scores_ptr.0.add(r0 * g.n_pad);
+                lane_sums(&jobs[i], g, &b.offsets, w, rs, lanes.clone(), b.lanes_ptr.0.add(r0 * 64 * hd));
+            }
+        }
+    });
+    pool.run(rows.len(), &|p| {
+        let (i, r) = rows[p];
+        let g = &geoms[i];
+        unsafe {
+            let lanes = std::slice::from_raw_parts_mut(bufs[i].lanes_ptr.0.add(r * 64 * hd), 64 * hd);
+            reduce_lane_rows(lanes, hd, jobs[i].out_row(g, r, out));
+        }
+    });
+}
+
+/// One split tile's buffers; the phases write through the raw pointers (disjoint ranges per part), the
+/// vectors only keep the memory alive.
+struct SplitBufs {
+    q32: Vec<f32>,
+    offsets: Vec<usize>,
+    /// `[rows, n_pad]`
+    _scores: Vec<f32>,
+    /// `[rows, 64, hd]`
+    _lanes: Vec<f32>,
+    scores_ptr: OutPtr,
+    lanes_ptr: OutPtr,
+}
+
+thread_local! {
+    static SPLIT_KBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `x = f32(f16(x))`, round to nearest even like `half`'s conversion.
@@ -170,32 +285,34 @@ unsafe fn round_to_f16(x: &mut [f32]) {
     }
 }
 
-/// Scores of every row against every cell, 16 cells at a time: the chunk's keys are converted to f32
-/// once, then each row's 16 dots run as in `dot_f16_f32_x16` (cells past the range score garbage that
-/// the softmax step overwrites with 0).
+/// Scores of every row against the cells of 16-cell chunks `chunks`, written at `scores` (`[rows, n_pad]`):
+/// each chunk's keys are converted to f32 once, then each row's 16 dots run as in `dot_f16_f32_x16`
+/// (cells past the range score garbage that `finish_row` overwrites with 0).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn tile_scores(job: &TileJob, sc: &mut TileScratch, rows: usize, n_pad: usize) {
+unsafe fn chunk_scores(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
     // A compile-time vector count keeps q and the sums in registers and unrolls the dots.
+    let args = (job.keys, g, offsets, q32, chunks, kbuf, scores);
     match job.shape.head_dim / 16 {
-        4 => tile_scores_nv::<4>(job, sc, rows, n_pad),
-        8 => tile_scores_nv::<8>(job, sc, rows, n_pad),
-        16 => tile_scores_nv::<16>(job, sc, rows, n_pad),
+        4 => chunk_scores_nv::<4>(args),
+        8 => chunk_scores_nv::<8>(args),
+        16 => chunk_scores_nv::<16>(args),
         nv => unreachable!("tiles need a head size of 64, 128 or 256, not {}", nv * 16),
     }
 }
 
+type ScoreArgs<'a> = (&'a [f16], &'a TileGeom, &'a [usize], &'a [f32], Range<usize>, &'a mut Vec<f32>, *mut f32);
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn tile_scores_nv<const NV: usize>(job: &TileJob, sc: &mut TileScratch, rows: usize, n_pad: usize) {
+unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf, scores): ScoreArgs) {
     let hd = NV * 16;
-    sc.kbuf.resize(16 * hd, 0.0);
-    let n_keys = sc.offsets.len();
-    for c0 in (0..n_pad).step_by(16) {
+    kbuf.resize(16 * hd, 0.0);
+    for c0 in chunks.map(|c| 16 * c) {
         for c in 0..16 {
-            let dst = sc.kbuf.as_mut_ptr().add(c * hd);
-            if c0 + c < n_keys {
-                let src = job.keys.as_ptr().add(sc.offsets[c0 + c]) as *const __m256i;
+            let dst = kbuf.as_mut_ptr().add(c * hd);
+            if c0 + c < g.n_keys {
+                let src = keys.as_ptr().add(offsets[c0 + c]) as *const __m256i;
                 for k in 0..NV {
                     _mm512_storeu_ps(dst.add(16 * k), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(k))));
                 }
@@ -203,10 +320,10 @@ unsafe fn tile_scores_nv<const NV: usize>(job: &TileJob, sc: &mut TileScratch, r
                 std::ptr::write_bytes(dst, 0, hd);
             }
         }
-        for r in 0..rows {
-            let q: [__m512; NV] = std::array::from_fn(|k| _mm512_loadu_ps(sc.q32.as_ptr().add(r * hd + 16 * k)));
-            let s = reduce_16_rows(&key_sums::<NV>(sc.kbuf.as_ptr(), &q));
-            _mm512_storeu_ps(sc.scores.as_mut_ptr().add(r * n_pad + c0), s);
+        for r in 0..g.rows {
+            let q: [__m512; NV] = std::array::from_fn(|k| _mm512_loadu_ps(q32.as_ptr().add(r * hd + 16 * k)));
+            let s = reduce_16_rows(&key_sums::<NV>(kbuf.as_ptr(), &q));
+            _mm512_storeu_ps(scores.add(r * g.n_pad + c0), s);
         }
     }
 }
@@ -235,45 +352,45 @@ unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m5
     })
 }
 
-/// Per-lane value sums of rows `r0..r0 + rs` into `sc.lanes` (`[rs, 64, hd]`): lane `l` adds its cells
-/// (positions ≡ l mod 64, ascending) as `LaneAcc` does, `VECS_PER_PASS` vectors of every row at a time,
-/// so each value vector is converted once for `rs` rows.
+/// Per-lane value sums of `rs` rows (probabilities at `w`, row stride `n_pad`) for the lanes `lanes`,
+/// into `dst` (`[rs, 64, hd]`): lane `l` adds its cells (positions ≡ l mod 64, ascending) as `LaneAcc`
+/// does, `VECS_PER_PASS` vectors of every row at a time, so each value vector is converted once for `rs`
+/// rows.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn value_lanes(job: &TileJob, sc: &mut TileScratch, r0: usize, rs: usize, lo0: usize, n_pad: usize) {
+unsafe fn lane_sums(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
+    let args = (job.values, job.shape.head_dim, g, offsets, w, lanes, dst);
     match rs {
-        6 => value_lanes_n::<6>(job, sc, r0, lo0, n_pad),
-        5 => value_lanes_n::<5>(job, sc, r0, lo0, n_pad),
-        4 => value_lanes_n::<4>(job, sc, r0, lo0, n_pad),
-        3 => value_lanes_n::<3>(job, sc, r0, lo0, n_pad),
-        2 => value_lanes_n::<2>(job, sc, r0, lo0, n_pad),
-        _ => value_lanes_n::<1>(job, sc, r0, lo0, n_pad),
+        6 => lane_sums_n::<6>(args),
+        5 => lane_sums_n::<5>(args),
+        4 => lane_sums_n::<4>(args),
+        3 => lane_sums_n::<3>(args),
+        2 => lane_sums_n::<2>(args),
+        _ => lane_sums_n::<1>(args),
     }
 }
 
+type LaneArgs<'a> = (&'a [f16], usize, &'a TileGeom, &'a [usize], *const f32, Range<usize>, *mut f32);
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn value_lanes_n<const RS: usize>(job: &TileJob, sc: &mut TileScratch, r0: usize, lo0: usize, n_pad: usize) {
-    let hd = job.shape.head_dim;
+unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): LaneArgs) {
     debug_assert!(hd % (16 * VECS_PER_PASS) == 0);
-    sc.lanes.resize(ROWS_PER_PASS * 64 * hd, 0.0);
-    let w = sc.scores.as_ptr().add(r0 * n_pad);
-    let n_keys = sc.offsets.len();
-    for lane in 0..64usize {
+    for lane in lanes {
         // the first cell index (into offsets / a score row) whose position is in this lane
-        let first = (lane + 64 - lo0 % 64) % 64;
+        let first = (lane + 64 - g.lo0 % 64) % 64;
         for v0 in (0..hd / 16).step_by(VECS_PER_PASS) {
             let mut acc = [[_mm512_setzero_ps(); VECS_PER_PASS]; RS];
             let mut i = first;
-            while i < n_keys {
+            while i < g.n_keys {
                 // A lane's cells are 64 positions apart, too far for the hardware prefetcher.
-                if let Some(&ahead) = sc.offsets.get(i + 64 * PREFETCH_CELLS) {
-                    _mm_prefetch::<_MM_HINT_T0>(job.values.as_ptr().add(ahead + 16 * v0) as *const i8);
+                if let Some(&ahead) = offsets.get(i + 64 * PREFETCH_CELLS) {
+                    _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(ahead + 16 * v0) as *const i8);
                 }
-                let pv = job.values.as_ptr().add(sc.offsets[i] + 16 * v0) as *const __m256i;
+                let pv = values.as_ptr().add(offsets[i] + 16 * v0) as *const __m256i;
                 let v: [__m512; VECS_PER_PASS] = std::array::from_fn(|k| _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))));
                 for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let wv = _mm512_set1_ps(*w.add(r * n_pad + i));
+                    let wv = _mm512_set1_ps(*w.add(r * g.n_pad + i));
                     for (a, vk) in acc_r.iter_mut().zip(&v) {
                         *a = _mm512_fmadd_ps(wv, *vk, *a);
                     }
@@ -281,12 +398,11 @@ unsafe fn value_lanes_n<const RS: usize>(job: &TileJob, sc: &mut TileScratch, r0
                 i += 64;
             }
             for (r, acc_r) in acc.iter().enumerate() {
-                let dst = sc.lanes.as_mut_ptr().add((r * 64 + lane) * hd + 16 * v0);
+                let row = dst.add((r * 64 + lane) * hd + 16 * v0);
                 for (k, a) in acc_r.iter().enumerate() {
-                    _mm512_storeu_ps(dst.add(16 * k), *a);
+                    _mm512_storeu_ps(row.add(16 * k), *a);
                 }
             }
         }
     }
 }
-
