@@ -15,6 +15,7 @@ pub mod quant;
 pub mod registry;
 pub mod session;
 pub mod sampler;
+pub mod scheduler;
 pub mod template;
 pub mod tokenizer;
 

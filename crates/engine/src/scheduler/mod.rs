@@ -1,0 +1,319 @@
+//! Continuous batching: which sequences run in the next model step, and how many of their tokens.
+//!
+//! Holds token ids and block ids only, never tensors, so every decision is tested without a model
+//! (`tests.rs`, exact block ids). One invariant carries it, as in vLLM's v1 scheduler: each sequence's
+//! `num_computed_tokens` (tokens whose keys and values are in its blocks) catches up with its `tokens`
+//! (prompt, then generated). A step schedules, per sequence, the next `tokens[num_computed..]` chunk that
+//! fits the step's token budget: a whole or partial prompt (chunked prefill) or one new token (decode), all
+//! in the same batch. When a chunk reaches the end of the tokens, the step's logits for it are sampled and
+//! the new token is appended, so the next step decodes it.
+//!
+//! - Running sequences are served first, oldest first; then waiting ones are admitted first come, first
+//!   served, only when their chunk's blocks are free (a large request at the head of the queue is not
+//!   overtaken).
+//! - When a running sequence needs a block and none is free, the newest running sequence is preempted:
+//!   its blocks are released, `num_computed_tokens` returns to 0, and it goes back to the front of the
+//!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
+
+mod block_pool;
+#[cfg(test)]
+mod tests;
+
+pub use block_pool::BlockPool;
+
+use std::collections::{HashMap, VecDeque};
+
+pub type SeqId = u64;
+
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    pub max_running: usize,
+    /// Longest sequence (prompt plus generated tokens) the model may see.
+    pub max_model_len: usize,
+}
+
+/// One request's tokens and where its KV state is.
+#[derive(Clone, Debug)]
+pub struct Sequence {
+    pub id: SeqId,
+    /// Prompt, then generated tokens.
+    pub tokens: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose keys and values are in `block_table`'s blocks.
+    pub num_computed_tokens: usize,
+    pub block_table: Vec<u32>,
+    /// Generated tokens allowed (prompt + this fits `max_model_len`).
+    pub max_new_tokens: usize,
+    pub num_preemptions: u32,
+}
+
+impl Sequence {
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+}
+
+/// One sequence's share of a step: tokens `start..start + len` of its `tokens`, at positions equal to
+/// their indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledChunk {
+    pub id: SeqId,
+    pub start: usize,
+    pub len: usize,
+    /// The chunk ends at the sequence's last token: its logits are sampled after the step.
+    pub samples: bool,
+}
+
+/// What the next model step computes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    pub chunks: Vec<ScheduledChunk>,
+    /// Sequences preempted while planning (now waiting, their blocks released).
+    pub preempted: Vec<SeqId>,
+}
+
+impl StepPlan {
+    pub fn num_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum AddError {
+    /// The id is already in use.
+    Duplicate(SeqId),
+    EmptyPrompt,
+    /// Prompt plus at least one generated token exceeds `max_model_len`.
+    TooLong { prompt: usize, max_model_len: usize },
+    /// The prompt plus one token needs more blocks than the whole pool has, so it could never run.
+    TooLargeForPool { blocks_needed: usize, num_blocks: usize },
+}
+
+impl std::fmt::Display for AddError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddError::Duplicate(id) => write!(f, "sequence id {id} is already scheduled"),
+            AddError::EmptyPrompt => write!(f, "the prompt is empty"),
+            AddError::TooLong { prompt, max_model_len } => {
+                write!(f, "the prompt has {prompt} tokens; this model's context is {max_model_len} tokens, prompt and output included")
+            }
+            AddError::TooLargeForPool { blocks_needed, num_blocks } => {
+                write!(f, "the prompt needs {blocks_needed} KV blocks; the KV memory budget holds {num_blocks}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AddError {}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    seqs: HashMap<SeqId, Sequence>,
+    /// Admission order; preempted sequences return to the front.
+    waiting: VecDeque<SeqId>,
+    /// Oldest admitted first; the last one is preempted first.
+    running: Vec<SeqId>,
+    num_preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, num_blocks: usize) -> Self {
+        assert!(config.block_size > 0 && config.max_batch_tokens > 0 && config.max_running > 0, "scheduler limits must be positive");
+        Scheduler {
+            config,
+            pool: BlockPool::new(num_blocks),
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            num_preemptions: 0,
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn seq(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id)
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Preemptions since start-up.
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Queues a request; `max_new_tokens` is capped so prompt plus output fits `max_model_len`.
+    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new_tokens: usize) -> Result<(), AddError> {
+        if self.seqs.contains_key(&id) {
+            return Err(AddError::Duplicate(id));
+        }
+        if prompt.is_empty() {
+            return Err(AddError::EmptyPrompt);
+        }
+        let max_model_len = self.config.max_model_len;
+        if prompt.len() >= max_model_len {
+            return Err(AddError::TooLong { prompt: prompt.len(), max_model_len });
+        }
+        let blocks_needed = (prompt.len() + 1).div_ceil(self.config.block_size);
+        if blocks_needed > self.pool.num_blocks() {
+            return Err(AddError::TooLargeForPool { blocks_needed, num_blocks: self.pool.num_blocks() });
+        }
+        let seq = Sequence {
+            id,
+            num_prompt_tokens: prompt.len(),
+            max_new_tokens: max_new_tokens.min(max_model_len - prompt.len()),
+            tokens: prompt,
+            num_computed_tokens: 0,
+            block_table: Vec::new(),
+            num_preemptions: 0,
+        };
+        self.seqs.insert(id, seq);
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Removes a sequence (finished, or its client went away) and releases its blocks. Returns it, or
+    /// `None` for an unknown id.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        let seq = self.seqs.remove(&id)?;
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        self.pool.release(&seq.block_table);
+        Some(seq)
+    }
+
+    /// Plans the next step (see the module comment). Blocks for every scheduled chunk are allocated
+    /// before this returns; the plan is empty when nothing can run.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_batch_tokens;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let n_new = self.chunk_len(id, budget);
+            if n_new == 0 {
+                i += 1;
+                continue;
+            }
+            // Free blocks by preempting the newest running sequences; stop if that is this one.
+            let mut fits = self.allocate_for(id, n_new);
+            while !fits && self.running.len() > i + 1 {
+                let victim = self.running.pop().expect("more than i + 1 running");
+                self.preempt(victim);
+                plan.preempted.push(victim);
+                fits = self.allocate_for(id, n_new);
+            }
+            if !fits {
+                self.running.remove(i);
+                self.preempt(id);
+                plan.preempted.push(id);
+                break;
+            }
+            plan.chunks.push(self.chunk(id, n_new));
+            budget -= n_new;
+            i += 1;
+        }
+        if plan.preempted.is_empty() {
+            self.admit_waiting(&mut plan, budget);
+        }
+        plan
+    }
+
+    /// Waiting sequences, first come first served, while the budget, the running limit and free blocks
+    /// allow; the first one that does not fit stops admission.
+    fn admit_waiting(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        while let Some(&id) = self.waiting.front() {
+            if budget == 0 || self.running.len() >= self.config.max_running {
+                break;
+            }
+            let n_new = self.chunk_len(id, budget);
+            if !self.allocate_for(id, n_new) {
+                break;
+            }
+            self.waiting.pop_front();
+            self.running.push(id);
+            plan.chunks.push(self.chunk(id, n_new));
+            budget -= n_new;
+        }
+    }
+
+    /// Tokens of `id` not yet computed, capped by the budget.
+    fn chunk_len(&self, id: SeqId, budget: usize) -> usize {
+        let seq = &self.seqs[&id];
+        (seq.tokens.len() - seq.num_computed_tokens).min(budget)
+    }
+
+    fn chunk(&self, id: SeqId, len: usize) -> ScheduledChunk {
+        let seq = &self.seqs[&id];
+        let start = seq.num_computed_tokens;
+        ScheduledChunk { id, start, len, samples: start + len == seq.tokens.len() }
+    }
+
+    /// Grows `id`'s block table to hold `num_computed + n_new` tokens; false (nothing taken) if the pool
+    /// is short.
+    fn allocate_for(&mut self, id: SeqId, n_new: usize) -> bool {
+        let seq = self.seqs.get_mut(&id).expect("scheduled ids are known");
+        let blocks = (seq.num_computed_tokens + n_new).div_ceil(self.config.block_size);
+        let missing = blocks.saturating_sub(seq.block_table.len());
+        match self.pool.allocate(missing) {
+            Some(new) => {
+                seq.block_table.extend(new);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Releases `id`'s blocks and puts it at the front of the waiting queue, to be recomputed.
+    fn preempt(&mut self, id: SeqId) {
+        let seq = self.seqs.get_mut(&id).expect("running ids are known");
+        self.pool.release(&seq.block_table);
+        seq.block_table.clear();
+        seq.num_computed_tokens = 0;
+        seq.num_preemptions += 1;
+        self.num_preemptions += 1;
+        self.waiting.push_front(id);
+    }
+
+    /// Records a finished step: each chunk's tokens are now computed, and every chunk that `samples`
+    /// gets its sampled token appended (`sampled`, in any order, one per such chunk). Chunks of sequences
+    /// removed meanwhile (aborted) are skipped.
+    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[(SeqId, u32)]) {
+        for chunk in &plan.chunks {
+            let Some(seq) = self.seqs.get_mut(&chunk.id) else { continue };
+            assert_eq!(seq.num_computed_tokens, chunk.start, "sequence {} changed between plan and step", chunk.id);
+            seq.num_computed_tokens += chunk.len;
+            if chunk.samples {
+                let token = sampled.iter().find(|(id, _)| *id == chunk.id).map(|&(_, t)| t);
+                seq.tokens.push(token.unwrap_or_else(|| panic!("no sampled token for sequence {}", chunk.id)));
+            }
+        }
+    }
+}

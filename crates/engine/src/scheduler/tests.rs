@@ -1,0 +1,177 @@
+//! Model-free scheduler tests: exact block ids, chunking, admission order, preemption, release.
+
+use super::*;
+
+fn config(block_size: usize, max_batch_tokens: usize) -> SchedulerConfig {
+    SchedulerConfig { block_size, max_batch_tokens, max_running: 16, max_model_len: 1000 }
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).collect()
+}
+
+/// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.
+fn step(s: &mut Scheduler) -> StepPlan {
+    let plan = s.schedule();
+    let sampled: Vec<(SeqId, u32)> = plan.chunks.iter().filter(|c| c.samples).map(|c| (c.id, 100 + c.id as u32)).collect();
+    s.complete_step(&plan, &sampled);
+    plan
+}
+
+fn chunk(id: SeqId, start: usize, len: usize, samples: bool) -> ScheduledChunk {
+    ScheduledChunk { id, start, len, samples }
+}
+
+#[test]
+fn pool_hands_out_ids_in_order_and_frees_tail_first() {
+    let mut pool = BlockPool::new(6);
+    assert_eq!(pool.allocate(3), Some(vec![0, 1, 2]));
+    assert_eq!(pool.allocate(4), None, "all or nothing");
+    assert_eq!(pool.num_free(), 3);
+    pool.release(&[0, 1, 2]);
+    assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![3, 4, 5, 2, 1, 0]);
+    assert_eq!(pool.allocate(4), Some(vec![3, 4, 5, 2]));
+    assert!((pool.usage() - 4.0 / 6.0).abs() < 1e-12);
+}
+
+#[test]
+fn prompts_get_whole_blocks_in_admission_order() {
+    let mut s = Scheduler::new(config(4, 64), 10);
+    s.add(1, prompt(9), 10).unwrap();
+    s.add(2, prompt(4), 10).unwrap();
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 0, 9, true), chunk(2, 0, 4, true)]);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 2]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![3]);
+    // decode: seq 1 has 10 tokens (fits its 3 blocks), seq 2 has 5 (needs a second block)
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 9, 1, true), chunk(2, 4, 1, true)]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![3, 4]);
+    assert_eq!(s.seq(1).unwrap().tokens.len(), 11);
+    assert_eq!(s.seq(1).unwrap().num_computed_tokens, 10);
+}
+
+#[test]
+fn long_prompts_are_chunked_and_mixed_with_decodes() {
+    let mut s = Scheduler::new(config(4, 8), 20);
+    s.add(1, prompt(3), 10).unwrap();
+    s.add(2, prompt(18), 10).unwrap();
+    // step 1: seq 1 whole (3), seq 2's first 5 tokens
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 5, false)]);
+    // step 2: seq 1 decodes, seq 2 continues with 7
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 5, 7, false)]);
+    // step 3: decode + the remaining 6, which samples
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 12, 6, true)]);
+    assert_eq!(s.seq(2).unwrap().num_computed_tokens, 18);
+    assert_eq!(s.seq(2).unwrap().tokens.len(), 19);
+    // seq 1 took block 4 for its fifth token before seq 2 grew in the same step
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 4]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![1, 2, 3, 5, 6]);
+}
+
+#[test]
+fn admission_is_first_come_first_served_and_waits_for_blocks() {
+    let mut s = Scheduler::new(config(4, 100), 6);
+    s.add(1, prompt(12), 100).unwrap(); // 3 blocks
+    s.add(2, prompt(16), 100).unwrap(); // 4 blocks: does not fit beside seq 1
+    s.add(3, prompt(2), 100).unwrap(); // 1 block: would fit, but must not overtake seq 2
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 12, true)]);
+    assert_eq!(s.num_waiting(), 2);
+    s.remove(1);
+    assert_eq!(s.pool().num_free(), 6);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]);
+    // seq 1's blocks were freed tail first: 2, 1, 0 follow 3, 4, 5
+    assert_eq!(s.seq(2).unwrap().block_table, vec![3, 4, 5, 2]);
+    assert_eq!(s.seq(3).unwrap().block_table, vec![1]);
+}
+
+#[test]
+fn the_newest_sequence_is_preempted_and_recomputed_later() {
+    let mut s = Scheduler::new(config(4, 100), 4);
+    s.add(1, prompt(7), 100).unwrap();
+    s.add(2, prompt(8), 100).unwrap();
+    step(&mut s); // 1: blocks [0, 1] (8 tokens after sampling), 2: [2, 3] (9 tokens)
+    assert_eq!(s.pool().num_free(), 0);
+    // seq 1 decodes its 8th token in block 1 (fits); seq 2 needs a third block: none free, and it is the
+    // newest, so it is preempted itself
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 7, 1, true)]);
+    assert_eq!(plan.preempted, vec![2]);
+    let seq2 = s.seq(2).unwrap();
+    assert_eq!((seq2.num_computed_tokens, seq2.block_table.len(), seq2.num_preemptions), (0, 0, 1));
+    assert_eq!(seq2.tokens.len(), 9, "generated tokens are kept");
+    assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![3, 2]);
+    // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 3
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 8, 1, true)], "seq 2's 9 tokens need 3 blocks; only 1 is free");
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 3]);
+    assert_eq!(s.num_preemptions(), 1);
+    // when seq 1 finishes, seq 2 recomputes prompt and generated tokens in one chunk and samples
+    s.remove(1);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 9, true)]);
+    assert_eq!(s.seq(2).unwrap().tokens.len(), 10);
+}
+
+#[test]
+fn preemption_takes_the_newest_running_sequence_first() {
+    let mut s = Scheduler::new(config(2, 100), 6);
+    for id in 1..=3 {
+        s.add(id, prompt(3), 100).unwrap(); // 2 blocks each
+    }
+    step(&mut s); // 4 tokens each
+    step(&mut s); // token 4 fits the 2 blocks; 5 tokens each
+    assert_eq!(s.pool().num_free(), 0);
+    // token 5 needs a third block everywhere: seq 3 (the newest) is preempted, seqs 1 and 2 take its
+    // blocks (released tail first: 5, then 4)
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]);
+    assert_eq!(plan.preempted, vec![3]);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 5]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![2, 3, 4]);
+    assert_eq!(s.num_waiting(), 1);
+}
+
+#[test]
+fn removing_sequences_returns_every_block() {
+    let mut s = Scheduler::new(config(4, 16), 12);
+    for id in 0..6 {
+        s.add(id, prompt(5 + id as usize), 100).unwrap();
+    }
+    for _ in 0..5 {
+        step(&mut s);
+    }
+    s.remove(3); // running: abort mid-stream
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    for id in 0..6 {
+        s.remove(id);
+    }
+    assert!(!s.has_work());
+    assert_eq!(s.pool().num_free(), 12);
+    assert!((0..12).all(|b| s.pool().ref_count(b) == 0));
+}
+
+#[test]
+fn requests_that_can_never_run_are_refused() {
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 8, max_running: 4, max_model_len: 32 }, 5);
+    assert_eq!(s.add(1, vec![], 4), Err(AddError::EmptyPrompt));
+    assert_eq!(s.add(1, prompt(32), 4), Err(AddError::TooLong { prompt: 32, max_model_len: 32 }));
+    assert_eq!(s.add(1, prompt(20), 4), Err(AddError::TooLargeForPool { blocks_needed: 6, num_blocks: 5 }));
+    s.add(1, prompt(18), 100).unwrap();
+    assert_eq!(s.seq(1).unwrap().max_new_tokens, 14, "capped by the context");
+    assert_eq!(s.add(1, prompt(3), 4), Err(AddError::Duplicate(1)));
+}
+
+#[test]
+fn the_running_limit_holds_back_admission() {
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, max_model_len: 100 }, 20);
+    for id in 1..=3 {
+        s.add(id, prompt(4), 10).unwrap();
+    }
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1, 2]);
+    s.remove(1);
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(2, 4, 1, true), chunk(3, 0, 4, true)]);
+}
