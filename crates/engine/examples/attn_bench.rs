@@ -1,7 +1,8 @@
 //! Attention alone, for kernel work: one layer's prefill attention of N query tokens at a depth, on
-//! random K/V, timed over repetitions (median). attn_bench HEADS KV_HEADS HEAD_DIM DEPTH N [REPS] [THREADS]
+//! random K/V, timed over repetitions (median). attn_bench HEADS KV_HEADS HEAD_DIM DEPTH N [REPS] [THREADS] [WINDOW]
+//! With `PER_HEAD=1` in the environment it times the per-head reference path instead.
 //! e.g. SmolLM2: `attn_bench 9 3 64 4096 256`. Prints ns per (query, head, key).
-use reckon_engine::attention::{attend, AttnShape, QueryPos};
+use reckon_engine::attention::{attend, attend_per_head_path, AttnShape, QueryPos};
 use reckon_engine::kv::{KvShape, KvStorage};
 use std::time::Instant;
 
@@ -10,7 +11,9 @@ fn main() {
     let (n_heads, n_kv_heads, head_dim, depth, n) = (a[0], a[1], a[2], a[3], a[4]);
     let reps = a.get(5).copied().unwrap_or(20);
     reckon_engine::pool::init_global(a.get(6).copied().unwrap_or(1));
-    let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window: None };
+    let window = a.get(7).copied().filter(|&w| w > 0);
+    let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window };
+    let per_head = std::env::var_os("PER_HEAD").is_some();
     let bs = 16;
     let total = depth + n;
     let kv_dim = n_kv_heads * head_dim;
@@ -32,7 +35,11 @@ fn main() {
     let mut times = Vec::new();
     for _ in 0..reps + 1 {
         let t = Instant::now();
-        attend(&shape, &kv, 0, &queries, &q, &mut out);
+        if per_head {
+            attend_per_head_path(&shape, &kv, 0, &queries, &q, &mut out);
+        } else {
+            attend(&shape, &kv, 0, &queries, &q, &mut out);
+        }
         times.push(t.elapsed().as_secs_f64());
     }
     times.remove(0);

@@ -48,7 +48,14 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     attend_per_head(shape, kv, layer, queries, q, out_ptr);
 }
 
-/// `attend` with one part per (token, head): decode over short contexts, and CPUs without AVX-512.
+/// `attend` with one part per (token, head): decode over short contexts, and CPUs without AVX-512. Public
+/// as the reference the other paths are tested and benchmarked against (`examples/attn_bench.rs`).
+pub fn attend_per_head_path(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
+    assert_eq!(out.len(), queries.len() * shape.n_heads * shape.head_dim, "attention output is not [n, q_dim]");
+    assert_eq!(q.len(), out.len(), "attention queries are not [n, q_dim]");
+    attend_per_head(shape, kv, layer, queries, q, OutPtr(out.as_mut_ptr()));
+}
+
 fn attend_per_head(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
     let n = queries.len();
     let hd = shape.head_dim;

@@ -321,7 +321,10 @@ unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf,
             }
         }
         for r in 0..g.rows {
-            let q: [__m512; NV] = std::array::from_fn(|k| _mm512_loadu_ps(q32.as_ptr().add(r * hd + 16 * k)));
+            let mut q = [_mm512_setzero_ps(); NV];
+            for (k, qk) in q.iter_mut().enumerate() {
+                *qk = _mm512_loadu_ps(q32.as_ptr().add(r * hd + 16 * k));
+            }
             let s = reduce_16_rows(&key_sums::<NV>(kbuf.as_ptr(), &q));
             _mm512_storeu_ps(scores.add(r * g.n_pad + c0), s);
         }
@@ -332,24 +335,31 @@ unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf,
 /// key and q, and their `(a0 + a2) + (a1 + a3)` sum, ready for `reduce_16_rows`.
 #[inline(always)]
 unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m512; 16] {
+    // Plain loops, no closures: a closure that is not inlined is compiled without the caller's AVX-512
+    // features and turns every intrinsic into a call (head size 256 ran ~30x slower that way).
     let zero = _mm512_setzero_ps();
-    std::array::from_fn(|c| {
-        let k = |i: usize| _mm512_loadu_ps(kbuf.add((c * NV + i) * 16));
+    let mut v = [zero; 16];
+    for (c, vc) in v.iter_mut().enumerate() {
+        let pk = kbuf.add(c * NV * 16);
         if NV == 4 {
             // One step: a_j = k_j·q_j. Products of f16 values are exact in f32, so fma(k2, q2, a0) rounds
             // a0 + a2 exactly as the addition does (and a0 = fma(k0, q0, +0) is never -0): 5 ops, not 7.
-            let a02 = _mm512_fmadd_ps(k(2), q[2], _mm512_fmadd_ps(k(0), q[0], zero));
-            let a13 = _mm512_fmadd_ps(k(3), q[3], _mm512_fmadd_ps(k(1), q[1], zero));
-            return _mm512_add_ps(a02, a13);
+            let a0 = _mm512_fmadd_ps(_mm512_loadu_ps(pk), q[0], zero);
+            let a1 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(16)), q[1], zero);
+            let a02 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(32)), q[2], a0);
+            let a13 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(48)), q[3], a1);
+            *vc = _mm512_add_ps(a02, a13);
+            continue;
         }
         let mut acc = [zero; 4];
         for step in (0..NV).step_by(4) {
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(k(step + j), q[step + j], *a);
+                *a = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(16 * (step + j))), q[step + j], *a);
             }
         }
-        _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]))
-    })
+        *vc = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+    }
+    v
 }
 
 /// Per-lane value sums of `rs` rows (probabilities at `w`, row stride `n_pad`) for the lanes `lanes`,
@@ -388,7 +398,10 @@ unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): 
                     _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(ahead + 16 * v0) as *const i8);
                 }
                 let pv = values.as_ptr().add(offsets[i] + 16 * v0) as *const __m256i;
-                let v: [__m512; VECS_PER_PASS] = std::array::from_fn(|k| _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))));
+                let mut v = [_mm512_setzero_ps(); VECS_PER_PASS];
+                for (k, vk) in v.iter_mut().enumerate() {
+                    *vk = _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k)));
+                }
                 for (r, acc_r) in acc.iter_mut().enumerate() {
                     let wv = _mm512_set1_ps(*w.add(r * g.n_pad + i));
                     for (a, vk) in acc_r.iter_mut().zip(&v) {
