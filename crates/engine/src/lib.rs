@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod debug_dump;
+pub mod engine;
 pub mod error;
 pub mod ggml_math;
 pub mod gguf;

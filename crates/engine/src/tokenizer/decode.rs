@@ -66,22 +66,44 @@ fn byte_level_decode(text: &str) -> Vec<u8> {
 /// held back until it completes; bytes that can never form a valid sequence come out as U+FFFD.
 ///
 /// It borrows the tokenizer; hold the tokenizer in an `Arc` and the decoder next to it for as long as a
-/// generation runs.
+/// generation runs (or keep a `Utf8Stream` and pass it each token's bytes).
 pub struct IncrementalDecoder<'a> {
     tok: &'a Tokenizer,
     render_special: bool,
-    pending: Vec<u8>,
+    stream: Utf8Stream,
 }
 
 impl<'a> IncrementalDecoder<'a> {
     pub fn new(tok: &'a Tokenizer, render_special: bool) -> Self {
-        IncrementalDecoder { tok, render_special, pending: Vec::new() }
+        IncrementalDecoder { tok, render_special, stream: Utf8Stream::default() }
     }
 
     /// Adds one token; returns the newly completed text (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
-        let bytes = self.tok.token_bytes(id, self.render_special);
-        self.pending.extend_from_slice(&bytes);
+        self.stream.push(&self.tok.token_bytes(id, self.render_special))
+    }
+
+    /// Returns whatever is still held back, an incomplete trailing sequence as U+FFFD.
+    pub fn finish(&mut self) -> String {
+        self.stream.finish()
+    }
+
+    /// Whether bytes of an incomplete character are being held back.
+    pub fn has_pending(&self) -> bool {
+        self.stream.has_pending()
+    }
+}
+
+/// Bytes in, complete UTF-8 text out: the state of `IncrementalDecoder` without the tokenizer borrow.
+#[derive(Clone, Debug, Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    /// Adds bytes; returns the newly completed text (possibly empty).
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
         self.take(false)
     }
 
@@ -90,7 +112,6 @@ impl<'a> IncrementalDecoder<'a> {
         self.take(true)
     }
 
-    /// Whether bytes of an incomplete character are being held back.
     pub fn has_pending(&self) -> bool {
         !self.pending.is_empty()
     }

@@ -22,7 +22,7 @@ mod tests;
 mod unicode;
 mod vocab;
 
-pub use decode::IncrementalDecoder;
+pub use decode::{IncrementalDecoder, Utf8Stream};
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;

@@ -1,0 +1,370 @@
+//! The engine loop: one thread owns the model's KV storage, the scheduler and every running request, and
+//! repeats schedule -> one batched forward step -> sample -> detokenize -> send token events. Clients
+//! talk to it only through an `EngineHandle` (submit, abort) and the event channel each request gets.
+//!
+//! A request whose event receiver is dropped is treated as aborted at its next token; an explicit abort
+//! is handled before the next step. Either way its blocks are released within one step.
+
+mod request;
+
+pub use request::{Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
+
+use crate::kv::KvStorage;
+use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
+use crate::sampler::Sampler;
+use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::tokenizer::{Tokenizer, Utf8Stream};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks (fixed at start-up from the memory budget).
+    pub num_blocks: usize,
+    /// Token budget of one step.
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    pub max_running: usize,
+    /// Requests waiting at most; more are refused (`SubmitError::QueueFull`).
+    pub max_waiting: usize,
+    /// Longest sequence, prompt and output together.
+    pub max_model_len: usize,
+}
+
+/// How a token id turns into text, and whether it ends a generation: the tokenizer, or a stand-in in
+/// tests on tiny random models.
+pub trait Detokenizer: Send + Sync {
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
+    fn is_end_of_generation(&self, id: u32) -> bool;
+}
+
+impl Detokenizer for Tokenizer {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        Tokenizer::token_bytes(self, id, false)
+    }
+
+    fn is_end_of_generation(&self, id: u32) -> bool {
+        self.is_eog(id)
+    }
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("{waiting} requests are already waiting (the limit); try again later")]
+    QueueFull { waiting: usize },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Live figures for metrics, updated after every step and read without stopping the engine.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub num_blocks: AtomicUsize,
+    pub block_size: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub blocks_used: AtomicUsize,
+    pub preemptions: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub finished_requests: AtomicU64,
+    pub aborted_requests: AtomicU64,
+    /// Submitted but not yet seen by the engine (counts toward the waiting limit).
+    unseen: AtomicUsize,
+}
+
+enum Command {
+    Submit { id: RequestId, req: GenerateRequest, events: UnboundedSender<Event>, arrived: Instant },
+    Abort(RequestId),
+}
+
+/// The client side of the engine; cheap to clone, usable from any thread or task.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+    stats: Arc<EngineStats>,
+    config: EngineConfig,
+    vocab_size: usize,
+}
+
+impl EngineHandle {
+    /// Queues a generation; its events arrive on the returned receiver, ending with `Finished` or `Error`.
+    pub fn submit(&self, req: GenerateRequest) -> Result<(RequestId, UnboundedReceiver<Event>), SubmitError> {
+        self.validate(&req)?;
+        let waiting = self.stats.waiting.load(Ordering::Relaxed) + self.stats.unseen.load(Ordering::Relaxed);
+        if waiting >= self.config.max_waiting {
+            return Err(SubmitError::QueueFull { waiting });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, rx) = mpsc::unbounded_channel();
+        self.stats.unseen.fetch_add(1, Ordering::Relaxed);
+        let cmd = Command::Submit { id, req, events, arrived: Instant::now() };
+        if self.commands.send(cmd).is_err() {
+            self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
+            return Err(SubmitError::Stopped);
+        }
+        Ok((id, rx))
+    }
+
+    /// Stops a request; its receiver gets `Finished { reason: Abort, .. }` unless it already finished.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn validate(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        let invalid = |m: String| Err(SubmitError::Invalid(m));
+        let max_len = self.config.max_model_len;
+        if req.prompt.is_empty() {
+            return invalid("the prompt is empty".into());
+        }
+        if req.prompt.len() >= max_len {
+            return invalid(format!("this model's maximum context length is {max_len} tokens; the prompt has {} tokens", req.prompt.len()));
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return invalid(format!("token id {bad} is outside the vocabulary ({} tokens)", self.vocab_size));
+        }
+        if req.max_new_tokens == 0 {
+            return invalid("max_tokens must be at least 1".into());
+        }
+        req.sampling.validate().or_else(|e| invalid(e.to_string()))
+    }
+}
+
+/// Starts the engine thread. It stops when every handle is dropped and no request is left.
+pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig) -> EngineHandle {
+    let (commands, rx) = mpsc::unbounded_channel();
+    let stats = Arc::new(EngineStats::default());
+    stats.num_blocks.store(config.num_blocks, Ordering::Relaxed);
+    stats.block_size.store(config.block_size, Ordering::Relaxed);
+    let vocab_size = model.config.vocab_size;
+    let sched_config = SchedulerConfig {
+        block_size: config.block_size,
+        max_batch_tokens: config.max_batch_tokens,
+        max_running: config.max_running,
+        max_model_len: config.max_model_len,
+    };
+    let engine = EngineLoop {
+        kv: model.new_kv(config.block_size, config.num_blocks),
+        sched: Scheduler::new(sched_config, config.num_blocks),
+        scratch: Scratch::default(),
+        requests: HashMap::new(),
+        model,
+        detok,
+        commands: rx,
+        stats: stats.clone(),
+    };
+    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || engine.run()).expect("spawn the engine thread");
+    EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, vocab_size }
+}
+
+/// A request the engine is working on.
+struct Active {
+    req: GenerateRequest,
+    events: UnboundedSender<Event>,
+    sampler: Sampler,
+    text: Utf8Stream,
+    arrived: Instant,
+    first_scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+struct EngineLoop {
+    model: Arc<Model>,
+    detok: Arc<dyn Detokenizer>,
+    kv: KvStorage,
+    sched: Scheduler,
+    scratch: Scratch,
+    requests: HashMap<RequestId, Active>,
+    commands: UnboundedReceiver<Command>,
+    stats: Arc<EngineStats>,
+}
+
+impl EngineLoop {
+    fn run(mut self) {
+        loop {
+            if !self.sched.has_work() {
+                // Idle: sleep until a command comes; every handle gone means shut down.
+                match self.commands.blocking_recv() {
+                    Some(cmd) => self.handle(cmd),
+                    None => return,
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.sched.has_work() => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            if self.sched.has_work() {
+                self.step();
+            }
+            self.publish_stats();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { id, req, events, arrived } => {
+                self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
+                match self.sched.add(id, req.prompt.clone(), req.max_new_tokens) {
+                    Ok(()) => {
+                        let sampler = Sampler::new(req.sampling.clone());
+                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None };
+                        self.requests.insert(id, active);
+                    }
+                    Err(e) => {
+                        let _ = events.send(Event::Error(e.to_string()));
+                    }
+                }
+            }
+            Command::Abort(id) => self.finish(id, FinishReason::Abort),
+        }
+    }
+
+    /// One model step over everything the scheduler planned.
+    fn step(&mut self) {
+        let plan = self.sched.schedule();
+        if plan.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for c in &plan.chunks {
+            if let Some(a) = self.requests.get_mut(&c.id) {
+                a.first_scheduled.get_or_insert(now);
+            }
+        }
+        let sampled = match self.forward_and_sample(&plan) {
+            Ok(s) => s,
+            Err(e) => {
+                // A failed step fails the requests in it, not the engine.
+                for c in &plan.chunks {
+                    if let Some(a) = self.requests.remove(&c.id) {
+                        let _ = a.events.send(Event::Error(format!("model step failed: {e}")));
+                    }
+                    self.sched.remove(c.id);
+                }
+                return;
+            }
+        };
+        let tokens: Vec<(RequestId, u32)> = sampled.iter().map(|s| (s.0, s.1)).collect();
+        self.sched.complete_step(&plan, &tokens);
+        for (id, token, logprobs) in sampled {
+            self.emit(id, token, logprobs);
+        }
+    }
+
+    /// Runs the model on the plan's chunks and samples a token for every chunk that ends its sequence.
+    fn forward_and_sample(&mut self, plan: &StepPlan) -> crate::error::Result<Vec<(RequestId, u32, Option<TokenLogprobs>)>> {
+        let inputs: Vec<SeqInput> = plan
+            .chunks
+            .iter()
+            .map(|c| {
+                let seq = self.sched.seq(c.id).expect("planned sequences exist");
+                let logits = if c.samples { LogitsWanted::Last } else { LogitsWanted::None };
+                SeqInput { tokens: &seq.tokens[c.start..c.start + c.len], start_pos: c.start, block_table: &seq.block_table, logits }
+            })
+            .collect();
+        let logits = self.model.forward(&inputs, &mut self.kv, &mut self.scratch)?;
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::new();
+        for (row, c) in plan.chunks.iter().filter(|c| c.samples).enumerate() {
+            let lg = &logits[row * vocab..(row + 1) * vocab];
+            let seq = self.sched.seq(c.id).expect("planned sequences exist");
+            let active = self.requests.get_mut(&c.id).expect("scheduled requests are active");
+            let token = active.sampler.sample(lg, &seq.tokens);
+            let logprobs = active.req.logprobs.map(|k| token_logprobs(lg, token, k));
+            out.push((c.id, token, logprobs));
+        }
+        Ok(out)
+    }
+
+    /// Sends a generated token and finishes the request if it stops here.
+    fn emit(&mut self, id: RequestId, token: u32, logprobs: Option<TokenLogprobs>) {
+        self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let seq = self.sched.seq(id).expect("sampled sequences exist");
+        let (generated, max_new) = (seq.num_generated(), seq.max_new_tokens);
+        let active = self.requests.get_mut(&id).expect("sampled requests are active");
+        active.first_token.get_or_insert_with(Instant::now);
+        let stop = (!active.req.ignore_eos && self.detok.is_end_of_generation(token)) || active.req.stop_token_ids.contains(&token);
+        let mut text = if stop { String::new() } else { active.text.push(&self.detok.token_bytes(token)) };
+        let finish = if stop {
+            Some(FinishReason::Stop)
+        } else if generated >= max_new {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        if finish.is_some() {
+            text.push_str(&active.text.finish());
+        }
+        let delivered = active.events.send(Event::Token { id: token, text, logprobs }).is_ok();
+        match finish {
+            Some(reason) => self.finish(id, reason),
+            None if !delivered => self.finish(id, FinishReason::Abort),
+            None => {}
+        }
+    }
+
+    /// Ends a request: its last event, its blocks back to the pool.
+    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+        let Some(active) = self.requests.remove(&id) else { return };
+        let Some(seq) = self.sched.remove(id) else { return };
+        let now = Instant::now();
+        let usage = Usage { prompt_tokens: seq.num_prompt_tokens, completion_tokens: seq.num_generated(), cached_tokens: 0 };
+        let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(active.arrived);
+        let timings = Timings {
+            queue: since(active.first_scheduled),
+            time_to_first_token: since(active.first_token),
+            end_to_end: now.duration_since(active.arrived),
+            num_preemptions: seq.num_preemptions,
+        };
+        let _ = active.events.send(Event::Finished { reason, usage, timings });
+        self.stats.prompt_tokens.fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
+        let counter = if reason == FinishReason::Abort { &self.stats.aborted_requests } else { &self.stats.finished_requests };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn publish_stats(&self) {
+        let s = &self.stats;
+        s.waiting.store(self.sched.num_waiting(), Ordering::Relaxed);
+        s.running.store(self.sched.num_running(), Ordering::Relaxed);
+        let pool = self.sched.pool();
+        s.blocks_used.store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
+        s.preemptions.store(self.sched.num_preemptions(), Ordering::Relaxed);
+    }
+}
+
+/// Natural-log probabilities of `token` and of the `k` most likely tokens (ties by lower id).
+fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |l: f32| (l as f64 - lse) as f32;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(order.len());
+    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    if k > 0 && k < order.len() {
+        order.select_nth_unstable_by(k - 1, by_logit);
+    }
+    order.truncate(k);
+    order.sort_unstable_by(by_logit);
+    TokenLogprobs { logprob: lp(logits[token as usize]), top: order.into_iter().map(|t| (t, lp(logits[t as usize]))).collect() }
+}

@@ -1,0 +1,159 @@
+//! The engine loop on a tiny random model: tokens at temperature 0 (and seeded sampling) do not depend
+//! on what else is in the batch, on the step's token budget, or on preemptions; aborts and dropped
+//! clients return every block; bad requests are refused with a reason.
+
+mod common;
+
+use common::{tiny_model, TestRng, TinySpec};
+use reckon_engine::engine::{spawn, Detokenizer, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError};
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::Model;
+use reckon_engine::quant::GgmlType;
+use reckon_engine::sampler::SamplingParams;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Token `i` reads as `<i>`; no token ends a generation.
+struct Names;
+
+impl Detokenizer for Names {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        format!("<{id}>").into_bytes()
+    }
+    fn is_end_of_generation(&self, _: u32) -> bool {
+        false
+    }
+}
+
+fn model() -> Arc<Model> {
+    Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 11)).unwrap()).unwrap())
+}
+
+fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256 }
+}
+
+fn prompt(seed: u64, n: usize) -> Vec<u32> {
+    let mut rng = TestRng(seed);
+    (0..n).map(|_| (rng.next() % 96) as u32).collect()
+}
+
+/// Collects a request's tokens and how it ended.
+fn drain(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Token { id, text: t, .. } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            Event::Finished { reason, usage, .. } => {
+                assert_eq!(usage.completion_tokens, ids.len());
+                return (ids, text, reason);
+            }
+            Event::Error(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("the event stream ended without Finished");
+}
+
+fn requests() -> Vec<GenerateRequest> {
+    (0..16u64)
+        .map(|i| {
+            let mut r = GenerateRequest::greedy(prompt(i, 3 + (i as usize * 7) % 40), 12 + i as usize % 5);
+            if i % 4 == 3 {
+                r.sampling = SamplingParams { temperature: 0.9, seed: 100 + i, ..SamplingParams::default() };
+            }
+            r
+        })
+        .collect()
+}
+
+/// Each request alone on a fresh engine: the reference.
+fn alone(model: &Arc<Model>) -> Vec<Vec<u32>> {
+    requests()
+        .into_iter()
+        .map(|r| {
+            let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
+            drain(engine.submit(r).unwrap().1).0
+        })
+        .collect()
+}
+
+fn all_at_once(engine: &EngineHandle) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = requests().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+    rxs.into_iter().map(|rx| drain(rx).0).collect()
+}
+
+fn wait_idle(engine: &EngineHandle) {
+    let s = engine.stats();
+    for _ in 0..1000 {
+        if s.running.load(Ordering::Relaxed) == 0 && s.waiting.load(Ordering::Relaxed) == 0 && s.blocks_used.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    panic!("engine did not go idle: {s:?}");
+}
+
+#[test]
+fn tokens_do_not_depend_on_batch_budget_or_preemption() {
+    let model = model();
+    let reference = alone(&model);
+    // 16 concurrent requests, with a large and a small step budget (different prefill chunks)
+    for budget in [256, 7] {
+        let engine = spawn(model.clone(), Arc::new(Names), config(64, budget));
+        assert_eq!(all_at_once(&engine), reference, "step budget {budget}");
+        wait_idle(&engine);
+    }
+    // too few blocks for all of them: the newest are preempted and recomputed
+    let engine = spawn(model.clone(), Arc::new(Names), config(24, 64));
+    assert_eq!(all_at_once(&engine), reference, "under memory pressure");
+    wait_idle(&engine);
+    assert!(engine.stats().preemptions.load(Ordering::Relaxed) > 0, "the small pool should have forced preemptions");
+}
+
+#[test]
+fn aborted_and_abandoned_requests_free_their_blocks() {
+    let model = model();
+    let engine = spawn(model, Arc::new(Names), config(64, 64));
+    let (id, mut rx) = engine.submit(GenerateRequest::greedy(prompt(1, 20), 200)).unwrap();
+    assert!(matches!(rx.blocking_recv(), Some(Event::Token { .. })));
+    engine.abort(id);
+    let mut reason = None;
+    while let Some(ev) = rx.blocking_recv() {
+        if let Event::Finished { reason: r, .. } = ev {
+            reason = Some(r);
+        }
+    }
+    assert_eq!(reason, Some(FinishReason::Abort));
+    // a client that goes away without a word
+    let (_, rx) = engine.submit(GenerateRequest::greedy(prompt(2, 30), 200)).unwrap();
+    drop(rx);
+    let (ids, text, reason) = drain(engine.submit(GenerateRequest::greedy(prompt(3, 5), 4)).unwrap().1);
+    assert_eq!((ids.len(), reason), (4, FinishReason::Length));
+    assert_eq!(text, ids.iter().map(|i| format!("<{i}>")).collect::<String>());
+    wait_idle(&engine);
+    assert_eq!(engine.stats().aborted_requests.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let engine = spawn(model(), Arc::new(Names), EngineConfig { max_waiting: 2, ..config(64, 64) });
+    let err = engine.submit(GenerateRequest::greedy(prompt(1, 300), 4)).unwrap_err();
+    assert_eq!(err, SubmitError::Invalid("this model's maximum context length is 256 tokens; the prompt has 300 tokens".into()));
+    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![500], 4)), Err(SubmitError::Invalid(m)) if m.contains("outside the vocabulary")));
+    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![], 4)), Err(SubmitError::Invalid(_))));
+    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..GenerateRequest::greedy(vec![1], 4) };
+    assert!(matches!(engine.submit(bad), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
+    // the waiting limit: the engine may take some off the queue quickly, so submit until refused
+    let mut held = Vec::new();
+    let refused = (0..200).find_map(|i| match engine.submit(GenerateRequest::greedy(prompt(i, 40), 100)) {
+        Ok(ok) => {
+            held.push(ok);
+            None
+        }
+        Err(e) => Some(e),
+    });
+    assert!(matches!(refused, Some(SubmitError::QueueFull { .. })), "{refused:?}");
+}
