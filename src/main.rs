@@ -21,6 +21,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Measure prefill and decode throughput, llama-bench style.
     Bench(cmd::bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat completions so far).
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() {
@@ -36,6 +38,7 @@ fn main() {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

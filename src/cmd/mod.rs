@@ -3,3 +3,4 @@ pub mod chat;
 pub mod common;
 pub mod info;
 pub mod run;
+pub mod serve;

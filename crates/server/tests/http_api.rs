@@ -1,0 +1,148 @@
+//! The HTTP API over raw HTTP on a loopback port, with the real default model (SmolLM2): chat completions
+//! streamed and not (same greedy text both ways), stop strings, usage, and the OpenAI-shaped errors.
+//! Skipped when the model is not fetched, unless RECKON_REQUIRE_MODELS=1.
+
+use reckon_engine::engine::{spawn, EngineConfig};
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::Model;
+use reckon_engine::registry::known_model_path;
+use reckon_engine::template::ChatTemplate;
+use reckon_engine::tokenizer::Tokenizer;
+use reckon_server::{router, AppState};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+/// Starts a server on a free loopback port; None if the model is not fetched.
+fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
+    let path = known_model_path("smollm2-135m").expect("known model");
+    if !path.exists() {
+        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
+        eprintln!("note: {} not found; skipping (scripts/fetch-models smollm2-135m)", path.display());
+        return None;
+    }
+    let file = GgufFile::open(&path).unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+    let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
+    let model = Arc::new(Model::load(file).unwrap());
+    let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len };
+    let engine = spawn(model, tokenizer.clone(), config);
+    let state = AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string) };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, router(state)).await.unwrap();
+        });
+    });
+    Some(rx.recv().unwrap())
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
+    (status, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+}
+
+fn chat(addr: SocketAddr, body: Value) -> (u16, Value) {
+    let (status, text) = request(addr, "POST", "/v1/chat/completions", &[], &body.to_string());
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+fn ask(extra: Value) -> Value {
+    let mut body = json!({ "model": "smollm2-135m", "messages": [{"role": "user", "content": "Write a haiku about caches."}], "temperature": 0, "max_tokens": 24 });
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[test]
+fn chat_completions_streamed_and_not() {
+    let Some(addr) = start(None, 2048) else { return };
+    assert_eq!(request(addr, "GET", "/health", &[], ""), (200, "ok".to_string()));
+    let (status, models) = request(addr, "GET", "/v1/models", &[], "");
+    assert_eq!(status, 200);
+    assert!(models.contains("\"id\":\"smollm2-135m\""), "{models}");
+
+    let (status, a) = chat(addr, ask(json!({})));
+    assert_eq!(status, 200, "{a}");
+    let text = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!text.is_empty());
+    assert_eq!(a["choices"][0]["finish_reason"], "length");
+    assert_eq!(a["usage"]["completion_tokens"], 24);
+    assert_eq!(a["usage"]["total_tokens"], a["usage"]["prompt_tokens"].as_u64().unwrap() + 24);
+    assert_eq!(chat(addr, ask(json!({}))).1["choices"][0]["message"]["content"], text.as_str(), "greedy is deterministic");
+
+    // streamed: the same text, chunk by chunk, then the finish chunk, usage and [DONE]
+    let (status, sse) = request(addr, "POST", "/v1/chat/completions", &[], &ask(json!({"stream": true, "stream_options": {"include_usage": true}})).to_string());
+    assert_eq!(status, 200);
+    let events: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"));
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 24);
+
+    // a stop string cuts the text before it, never leaking part of it
+    let word = text.split_whitespace().nth(2).unwrap().to_string();
+    let (_, s) = chat(addr, ask(json!({"stop": [word.clone()]})));
+    let cut = s["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(cut, &text[..text.find(&word).unwrap()]);
+    assert_eq!(s["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn errors_have_openai_shape() {
+    let Some(addr) = start(Some("sekrit"), 64) else { return };
+    let auth = [("Authorization", "Bearer sekrit")];
+    let post = |body: &str, headers: &[(&str, &str)]| {
+        let (status, text) = request(addr, "POST", "/v1/chat/completions", headers, body);
+        (status, serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    };
+    let (status, e) = post(&ask(json!({})).to_string(), &[]);
+    assert_eq!((status, e["error"]["type"].as_str()), (401, Some("authentication_error")));
+    let (status, e) = post("{not json", &auth);
+    assert_eq!((status, e["error"]["type"].as_str()), (400, Some("invalid_request_error")));
+    let (status, e) = post(&ask(json!({"model": "gpt-4"})).to_string(), &auth);
+    assert_eq!((status, e["error"]["code"].as_str(), e["error"]["param"].as_str()), (404, Some("model_not_found"), Some("model")));
+    let (status, e) = post(&ask(json!({"n": 2})).to_string(), &auth);
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("n")));
+    let (status, e) = post(&ask(json!({"temperature": 3})).to_string(), &auth);
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("temperature")));
+    let long = "cache ".repeat(100);
+    let (status, e) = post(&ask(json!({"messages": [{"role": "user", "content": long}]})).to_string(), &auth);
+    assert_eq!(status, 400);
+    assert!(e["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"), "{e}");
+    let (status, _) = post(&ask(json!({"max_tokens": 4})).to_string(), &auth);
+    assert_eq!(status, 200);
+}

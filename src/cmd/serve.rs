@@ -1,0 +1,94 @@
+//! `reckon serve`: the OpenAI-compatible HTTP server over the engine (issue 4, in progress).
+
+use crate::cmd::common::{init_threads, load, ModelArgs};
+use anyhow::{Context, Result};
+use clap::Args;
+use reckon_engine::engine::{spawn, EngineConfig};
+use reckon_server::{router, AppState};
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on API requests.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// KV cache budget: bytes with a unit (`512MiB`, `2GiB`) or a token count (`32768`).
+    #[arg(long, default_value = "1GiB")]
+    pub kv_memory: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Token budget of one engine step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// Requests allowed to wait; more get HTTP 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Longest sequence (prompt and output), default the model's context up to 8192.
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+}
+
+/// `--kv-memory` in tokens, given the KV bytes one token takes.
+fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
+    let s = spec.trim();
+    let units = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
+    for (unit, scale) in units {
+        if let Some(n) = s.strip_suffix(unit) {
+            let n: f64 = n.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is not a number of {unit}"))?;
+            return Ok((n * scale as f64) as usize / bytes_per_token);
+        }
+    }
+    s.parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count"))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    init_threads(args.model.threads)?;
+    let loaded = load(&args.model.model)?;
+    let cfg = &loaded.model.config;
+    let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
+    let bytes_per_token = 2 * cfg.n_layers * cfg.kv_dim() * 2; // K and V, f16
+    let tokens = kv_tokens(&args.kv_memory, bytes_per_token)?;
+    anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
+    let num_blocks = tokens / args.block_size;
+    anyhow::ensure!(num_blocks > 0, "--kv-memory {} holds no block of {} tokens", args.kv_memory, args.block_size);
+    let config = EngineConfig {
+        block_size: args.block_size,
+        num_blocks,
+        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_running: args.max_running.max(1),
+        max_waiting: args.max_waiting,
+        max_model_len,
+    };
+    let model_id = args.model.model.clone();
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let engine = spawn(Arc::new(loaded.model), tokenizer.clone(), config);
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone() };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.block_size);
+        axum::serve(listener, router(state)).await.context("server failed")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kv_memory_takes_sizes_and_token_counts() {
+        assert_eq!(super::kv_tokens("1MiB", 1024).unwrap(), 1024);
+        assert_eq!(super::kv_tokens("2GiB", 1 << 20).unwrap(), 2048);
+        assert_eq!(super::kv_tokens("5000", 7).unwrap(), 5000);
+        assert!(super::kv_tokens("lots", 7).is_err());
+    }
+}
