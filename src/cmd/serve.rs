@@ -72,7 +72,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let model_id = args.model.model.clone();
     let tokenizer = Arc::new(loaded.tokenizer);
     let engine = spawn(Arc::new(loaded.model), tokenizer.clone(), config);
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone() };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone(), metrics: Default::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);

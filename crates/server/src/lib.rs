@@ -1,12 +1,16 @@
 //! reckon's HTTP server: OpenAI-compatible endpoints over the engine. HTTP -> validation -> engine handle;
 //! the engine's token events come back as JSON or server-sent events. (Work in progress for issue 4:
-//! chat completions, models and health so far.)
+//! chat and text completions, models, health and metrics so far.)
 
 mod chat;
 mod error;
+mod metrics;
+mod params;
+mod respond;
 mod stop;
 
 pub use error::ApiError;
+pub use metrics::Metrics;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -28,15 +32,18 @@ pub struct AppState {
     pub template: Arc<ChatTemplate>,
     /// The name clients pass as `model`.
     pub model_id: String,
-    /// With a key, requests must carry `Authorization: Bearer KEY`.
+    /// With a key, requests must carry `Authorization: Bearer KEY` (`/health` and `/metrics` excepted).
     pub api_key: Option<String>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(|State(state): State<AppState>| async move { metrics::render(&state) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
         .with_state(state)
 }
 
@@ -67,4 +74,11 @@ async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, bod
         return e.into_response();
     }
     chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response)
 }

@@ -1,5 +1,6 @@
-//! The HTTP API over raw HTTP on a loopback port, with the real default model (SmolLM2): chat completions
-//! streamed and not (same greedy text both ways), stop strings, usage, and the OpenAI-shaped errors.
+//! The HTTP API over raw HTTP on a loopback port, with the real default model (SmolLM2): chat and text
+//! completions streamed and not (same greedy text both ways), stop strings, usage, metrics, and the
+//! OpenAI-shaped errors.
 //! Skipped when the model is not fetched, unless RECKON_REQUIRE_MODELS=1.
 
 use reckon_engine::engine::{spawn, EngineConfig};
@@ -29,7 +30,7 @@ fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
     let model = Arc::new(Model::load(file).unwrap());
     let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len };
     let engine = spawn(model, tokenizer.clone(), config);
-    let state = AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string) };
+    let state = AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string), metrics: Default::default() };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -119,6 +120,44 @@ fn chat_completions_streamed_and_not() {
     let cut = s["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(cut, &text[..text.find(&word).unwrap()]);
     assert_eq!(s["choices"][0]["finish_reason"], "stop");
+
+    // text completions: the raw prompt, streamed and not, the same greedy text
+    let body = json!({ "model": "smollm2-135m", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 8 });
+    let (status, c) = request(addr, "POST", "/v1/completions", &[], &body.to_string());
+    assert_eq!(status, 200, "{c}");
+    let c: Value = serde_json::from_str(&c).unwrap();
+    assert_eq!((c["object"].as_str(), c["usage"]["completion_tokens"].as_u64()), (Some("text_completion"), Some(8)));
+    let full = c["choices"][0]["text"].as_str().unwrap().to_string();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, sse) = request(addr, "POST", "/v1/completions", &[], &streamed.to_string());
+    let pieces: String = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(pieces, full);
+
+    // metrics: the gateway's names, our histograms, and every block free once all requests are done
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = request(addr, "GET", "/metrics", &[], "").1;
+        if metrics.contains("vllm:kv_cache_usage_perc{model_name=\"smollm2-135m\"} 0\n") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for line in [
+        "vllm:num_requests_waiting{model_name=\"smollm2-135m\"} 0",
+        "vllm:num_requests_running{model_name=\"smollm2-135m\"} 0",
+        "vllm:kv_cache_usage_perc{model_name=\"smollm2-135m\"} 0",
+        "vllm:cache_config_info{model_name=\"smollm2-135m\",block_size=\"16\",num_gpu_blocks=\"256\"} 1",
+        "reckon_time_to_first_token_seconds_count 6",
+        "reckon_request_success_total{model_name=\"smollm2-135m\"} 5",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
 }
 
 #[test]

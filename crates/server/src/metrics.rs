@@ -1,0 +1,108 @@
+//! `GET /metrics` in Prometheus text format: the names a Kubernetes inference gateway reads from vLLM
+//! (queue lengths, KV-cache usage, cache config), and reckon's own latency histograms and counters.
+
+use crate::AppState;
+use reckon_engine::engine::Timings;
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Latency bucket bounds in seconds (vLLM-like spread, from interactive to batch).
+const LATENCY_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+#[derive(Clone, Debug)]
+struct Histogram {
+    counts: [u64; LATENCY_BOUNDS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram { counts: [0; LATENCY_BOUNDS.len()], sum: 0.0, count: 0 }
+    }
+}
+
+impl Histogram {
+    fn observe(&mut self, d: Duration) {
+        let v = d.as_secs_f64();
+        for (c, &b) in self.counts.iter_mut().zip(&LATENCY_BOUNDS) {
+            if v <= b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(&LATENCY_BOUNDS) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+    }
+}
+
+#[derive(Default)]
+struct Latencies {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+}
+
+/// Latency observations from the request handlers.
+#[derive(Default)]
+pub struct Metrics {
+    latencies: Mutex<Latencies>,
+}
+
+impl Metrics {
+    pub fn inter_token(&self, d: Duration) {
+        self.latencies.lock().unwrap_or_else(|e| e.into_inner()).itl.observe(d);
+    }
+
+    /// A finished request's engine timings.
+    pub fn finished(&self, t: &Timings) {
+        let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+        l.ttft.observe(t.time_to_first_token);
+        l.e2e.observe(t.end_to_end);
+        l.queue.observe(t.queue);
+    }
+}
+
+pub fn render(state: &AppState) -> String {
+    let s = state.engine.stats();
+    let load = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed);
+    let count = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (num_blocks, used) = (load(&s.num_blocks), load(&s.blocks_used));
+    let usage = if num_blocks == 0 { 0.0 } else { used as f64 / num_blocks as f64 };
+    let model = &state.model_id;
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}");
+    };
+    let m = format!("model_name=\"{model}\"");
+    gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, load(&s.waiting) as f64);
+    gauge("vllm:num_requests_running", "Requests in the running batch.", &m, load(&s.running) as f64);
+    gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", &m, usage);
+    let info = format!("{m},block_size=\"{}\",num_gpu_blocks=\"{num_blocks}\"", load(&s.block_size));
+    gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
+    gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
+    let mut counter = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}");
+    };
+    counter("reckon_prompt_tokens_total", "Prompt tokens of finished requests.", count(&s.prompt_tokens));
+    counter("reckon_generation_tokens_total", "Generated tokens.", count(&s.generated_tokens));
+    counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
+    counter("reckon_request_success_total", "Requests finished (stop or length).", count(&s.finished_requests));
+    counter("reckon_request_aborted_total", "Requests aborted (client gone or stop string).", count(&s.aborted_requests));
+    let l = state.metrics.latencies.lock().unwrap_or_else(|e| e.into_inner());
+    l.ttft.render("reckon_time_to_first_token_seconds", "Arrival to first generated token.", &mut out);
+    l.itl.render("reckon_inter_token_latency_seconds", "Time between streamed tokens.", &mut out);
+    l.e2e.render("reckon_e2e_request_latency_seconds", "Arrival to the end of the request.", &mut out);
+    l.queue.render("reckon_request_queue_time_seconds", "Arrival to first scheduled step.", &mut out);
+    out
+}

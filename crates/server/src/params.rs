@@ -1,0 +1,115 @@
+//! The generation parameters chat and text completions share, with OpenAI's names, defaults and limits,
+//! turned into an engine request.
+
+use crate::error::ApiError;
+use crate::AppState;
+use reckon_engine::engine::GenerateRequest;
+use reckon_engine::sampler::SamplingParams;
+use serde::Deserialize;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Deserialize)]
+pub struct CommonParams {
+    pub model: String,
+    #[serde(default)]
+    pub stream: bool,
+    pub max_tokens: Option<usize>,
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub n: Option<usize>,
+    pub stop: Option<Stop>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Tokens generated when the request does not say (as vLLM: up to the context).
+const DEFAULT_MAX_TOKENS: usize = usize::MAX;
+
+impl CommonParams {
+    /// Checks the request against this server and its limits; `prompt` is already tokenized.
+    /// `prompt_param` names the field the prompt came from, for errors.
+    pub fn to_engine_request(&self, state: &AppState, prompt: Vec<u32>, prompt_param: &str) -> Result<GenerateRequest, ApiError> {
+        if self.model != state.model_id {
+            let msg = format!("the model '{}' does not exist; this server serves '{}'", self.model, state.model_id);
+            return Err(ApiError::not_found(msg, Some("model"), "model_not_found"));
+        }
+        if self.n.unwrap_or(1) != 1 {
+            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+        }
+        let max_new_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
+        if max_new_tokens == 0 {
+            return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
+        }
+        let max_len = state.engine.config().max_model_len;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
+        }
+        if prompt.len() >= max_len {
+            let msg = format!("this model's maximum context length is {max_len} tokens; the {prompt_param} have {} tokens", prompt.len());
+            return Err(ApiError::invalid(msg, Some(prompt_param)));
+        }
+        Ok(GenerateRequest { prompt, sampling: self.sampling()?, max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: false, logprobs: None })
+    }
+
+    fn sampling(&self) -> Result<SamplingParams, ApiError> {
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid(format!("temperature must be between 0 and 2; got {t}"), Some("temperature")));
+            }
+        }
+        // OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p, no repetition penalty.
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k: 0,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            penalty_last_n: 0,
+            seed: self.seed.unwrap_or_else(clock_seed),
+        };
+        p.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
+        Ok(p)
+    }
+
+    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > 4 {
+            return Err(ApiError::invalid(format!("at most 4 stop sequences are allowed; got {}", stops.len()), Some("stop")));
+        }
+        Ok(stops)
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+fn clock_seed() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
