@@ -185,3 +185,76 @@ fn errors_have_openai_shape() {
     let (status, _) = post(&ask(json!({"max_tokens": 4})).to_string(), &auth);
     assert_eq!(status, 200);
 }
+
+/// Load: 32 concurrent streaming clients, a third of which hang up after a few chunks. Every other one
+/// gets its whole answer (the token count its finish reason implies), and afterwards nothing is running
+/// and every KV block is free.
+#[test]
+fn concurrent_streams_with_disconnects() {
+    let Some(addr) = start(None, 2048) else { return };
+    let max_tokens = 24;
+    let clients: Vec<_> = (0..32)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let prompt = format!("Tell me fact number {i} about caches.");
+                let body = json!({ "model": "smollm2-135m", "messages": [{"role": "user", "content": prompt}], "temperature": 0,
+                                   "max_tokens": max_tokens, "stream": true, "stream_options": {"include_usage": true} });
+                if i % 3 == 0 {
+                    hang_up_after_chunks(addr, &body.to_string(), 3);
+                    return None;
+                }
+                let (status, sse) = request(addr, "POST", "/v1/chat/completions", &[], &body.to_string());
+                assert_eq!(status, 200);
+                let data: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                assert_eq!(data.last(), Some(&"[DONE]"), "client {i}: {sse}");
+                let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+                let finish = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str().map(str::to_string)).unwrap();
+                let used = chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap();
+                Some((finish, used))
+            })
+        })
+        .collect();
+    let results: Vec<_> = clients.into_iter().filter_map(|c| c.join().unwrap()).collect();
+    assert_eq!(results.len(), 21);
+    for (finish, used) in &results {
+        match finish.as_str() {
+            "length" => assert_eq!(*used, max_tokens),
+            "stop" => assert!(*used >= 1 && *used <= max_tokens),
+            other => panic!("finish reason {other}"),
+        }
+    }
+    let idle = "vllm:kv_cache_usage_perc{model_name=\"smollm2-135m\"} 0\n";
+    let mut metrics = String::new();
+    for _ in 0..250 {
+        metrics = request(addr, "GET", "/metrics", &[], "").1;
+        if metrics.contains(idle) && metrics.contains("vllm:num_requests_running{model_name=\"smollm2-135m\"} 0\n") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(metrics.contains(idle), "blocks still in use after the load:\n{metrics}");
+    assert!(metrics.contains("vllm:num_requests_waiting{model_name=\"smollm2-135m\"} 0\n"), "{metrics}");
+    // The hung-up clients are aborted unless they happened to finish first; every request is one or the other.
+    let counter = |name: &str| -> u64 {
+        let prefix = format!("{name}{{model_name=\"smollm2-135m\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap().parse().unwrap()
+    };
+    let (ok, aborted) = (counter("reckon_request_success_total"), counter("reckon_request_aborted_total"));
+    assert_eq!(ok + aborted, 32, "{metrics}");
+    assert!(aborted >= 1, "no hung-up client was noticed:\n{metrics}");
+}
+
+/// Sends a streaming request, reads until `n` SSE data lines arrived, then closes the connection.
+fn hang_up_after_chunks(addr: SocketAddr, body: &str, n: usize) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&seen).matches("data: ").count() < n {
+        let k = s.read(&mut buf).unwrap();
+        assert!(k > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..k]);
+    }
+    drop(s);
+}
