@@ -13,6 +13,10 @@ use serde_json::Value;
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
     messages: Vec<Message>,
+    /// Return each token's log-probability (and `top_logprobs` alternatives).
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<usize>,
     #[serde(flatten)]
     params: CommonParams,
 }
@@ -34,6 +38,7 @@ enum Content {
 #[derive(Debug, Deserialize)]
 struct CompletionRequest {
     prompt: Prompt,
+    logprobs: Option<usize>,
     #[serde(flatten)]
     params: CommonParams,
 }
@@ -74,12 +79,21 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     let req: ChatRequest = parse(body)?;
     let text = state.template.render(&chat_messages(&req.messages)?, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let engine_req = req.params.to_engine_request(state, prompt, "messages")?;
+    let mut engine_req = req.params.to_engine_request(state, prompt, "messages")?;
+    engine_req.logprobs = match (req.logprobs, req.top_logprobs) {
+        (_, Some(k)) if k > 20 => return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20; got {k}"), Some("top_logprobs"))),
+        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
+        (true, k) => Some(k.unwrap_or(0)),
+        (false, None) => None,
+    };
     generate(state, Api::Chat, &req.params, engine_req).await
 }
 
 pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
+    if req.logprobs.is_some() {
+        return Err(ApiError::invalid("logprobs are not supported on /v1/completions yet; use /v1/chat/completions", Some("logprobs")));
+    }
     let prompt = match &req.prompt {
         // As llama-server: the model's BOS if it wants one; special tokens in the text are parsed.
         Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,

@@ -8,7 +8,7 @@ use crate::AppState;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use reckon_engine::engine::{Event, FinishReason, GenerateRequest, Usage};
+use reckon_engine::engine::{Event, FinishReason, GenerateRequest, TokenLogprobs, Usage};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::time::Instant;
@@ -26,7 +26,7 @@ pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: Ge
     let (id, events) = state.engine.submit(req)?;
     let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
     let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
-    let run = Run { state: state.clone(), id, stops, stopped_by_string: false };
+    let run = Run { state: state.clone(), id, stops, stopped_by_string: false, logprobs: Vec::new() };
     if params.stream {
         Ok(stream(run, events, shape, params.include_usage()).into_response())
     } else {
@@ -55,9 +55,9 @@ impl Shape {
         json!({ "id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices })
     }
 
-    fn full(&self, text: String, reason: &str, usage: &Usage) -> Value {
+    fn full(&self, text: String, reason: &str, usage: &Usage, logprobs: Value) -> Value {
         let choice = match self.api {
-            Api::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": reason, "logprobs": null }),
+            Api::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": reason, "logprobs": logprobs }),
             Api::Completion => json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": null }),
         };
         let mut v = self.envelope(false, json!([choice]));
@@ -66,7 +66,7 @@ impl Shape {
     }
 
     /// A streamed chunk: text (the first chat chunk also names the role) and/or a finish reason.
-    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.api {
             Api::Chat => {
                 let delta = match (text, first) {
@@ -74,7 +74,7 @@ impl Shape {
                     (Some(t), false) => json!({ "content": t }),
                     (None, _) => json!({}),
                 };
-                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null })
+                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs })
             }
             Api::Completion => json!({ "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null }),
         };
@@ -110,13 +110,24 @@ struct Run {
     id: u64,
     stops: StopMatcher,
     stopped_by_string: bool,
+    /// Chat-format log-probability entries not yet sent.
+    logprobs: Vec<Value>,
 }
 
 impl Run {
-    /// The text to pass on for a token's text; a stop string aborts the generation.
-    fn on_text(&mut self, delta: &str) -> String {
+    /// The text to pass on for a token; a stop string aborts the generation.
+    fn on_token(&mut self, id: u32, delta: &str, lp: Option<TokenLogprobs>) -> String {
         if self.stopped_by_string {
             return String::new();
+        }
+        if let Some(lp) = lp {
+            let entry = |id: u32, logprob: f32| {
+                let bytes = self.state.tokenizer.token_bytes(id, false);
+                json!({ "token": String::from_utf8_lossy(&bytes), "logprob": logprob, "bytes": bytes })
+            };
+            let mut e = entry(id, lp.logprob);
+            e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
+            self.logprobs.push(e);
         }
         match self.stops.push(delta) {
             StopOutcome::Continue(t) => t,
@@ -125,6 +136,15 @@ impl Run {
                 self.state.engine.abort(self.id);
                 t
             }
+        }
+    }
+
+    /// The entries collected since the last call, as a choice's `logprobs` (null if none were asked).
+    fn take_logprobs(&mut self) -> Value {
+        if self.logprobs.is_empty() {
+            Value::Null
+        } else {
+            json!({ "content": std::mem::take(&mut self.logprobs) })
         }
     }
 
@@ -143,12 +163,12 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
     let mut text = String::new();
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token { text: delta, .. } => text.push_str(&run.on_text(&delta)),
+            Event::Token { id, text: delta, logprobs } => text.push_str(&run.on_token(id, &delta, logprobs)),
             Event::Finished { reason, usage, timings } => {
                 run.state.metrics.finished(&timings);
                 let (rest, reason) = run.on_finish(reason);
                 text.push_str(&rest);
-                return Ok(shape.full(text, reason, &usage));
+                return Ok(shape.full(text, reason, &usage, run.take_logprobs()));
             }
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
@@ -166,19 +186,19 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
             let tx = tx.clone();
             async move { tx.send(Ok(SseEvent::default().data(v.to_string()))).await.is_ok() }
         };
-        if shape.api == Api::Chat && !send(shape.chunk(Some(""), true, None)).await {
+        if shape.api == Api::Chat && !send(shape.chunk(Some(""), true, None, Value::Null)).await {
             return run.state.engine.abort(run.id);
         }
         let mut last_token: Option<Instant> = None;
         while let Some(ev) = events.recv().await {
             match ev {
-                Event::Token { text, .. } => {
+                Event::Token { id, text, logprobs } => {
                     let now = Instant::now();
                     if let Some(prev) = last_token.replace(now) {
                         run.state.metrics.inter_token(now - prev);
                     }
-                    let out = run.on_text(&text);
-                    if !out.is_empty() && !send(shape.chunk(Some(&out), false, None)).await {
+                    let out = run.on_token(id, &text, logprobs);
+                    if !out.is_empty() && !send(shape.chunk(Some(&out), false, None, run.take_logprobs())).await {
                         return run.state.engine.abort(run.id);
                     }
                 }
@@ -186,9 +206,9 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                     run.state.metrics.finished(&timings);
                     let (rest, reason) = run.on_finish(reason);
                     if !rest.is_empty() {
-                        send(shape.chunk(Some(&rest), false, None)).await;
+                        send(shape.chunk(Some(&rest), false, None, run.take_logprobs())).await;
                     }
-                    send(shape.chunk(None, false, Some(reason))).await;
+                    send(shape.chunk(None, false, Some(reason), run.take_logprobs())).await;
                     if include_usage {
                         send(shape.usage_chunk(&usage)).await;
                     }

@@ -121,6 +121,21 @@ fn chat_completions_streamed_and_not() {
     assert_eq!(cut, &text[..text.find(&word).unwrap()]);
     assert_eq!(s["choices"][0]["finish_reason"], "stop");
 
+    // log-probabilities: greedy picks the top alternative; the tokens spell the text
+    let (status, l) = chat(addr, ask(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 6})));
+    assert_eq!(status, 200, "{l}");
+    let entries = l["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(entries.len(), 6);
+    for e in entries {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!((&e["token"], &e["logprob"]), (&top[0]["token"], &top[0]["logprob"]), "{e}");
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    let spelled: String = entries.iter().map(|e| e["token"].as_str().unwrap()).collect();
+    assert_eq!(spelled, l["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(chat(addr, ask(json!({"logprobs": true, "top_logprobs": 21}))).0, 400);
+
     // text completions: the raw prompt, streamed and not, the same greedy text
     let body = json!({ "model": "smollm2-135m", "prompt": "The capital of France is", "temperature": 0, "max_tokens": 8 });
     let (status, c) = request(addr, "POST", "/v1/completions", &[], &body.to_string());
@@ -153,8 +168,8 @@ fn chat_completions_streamed_and_not() {
         "vllm:num_requests_running{model_name=\"smollm2-135m\"} 0",
         "vllm:kv_cache_usage_perc{model_name=\"smollm2-135m\"} 0",
         "vllm:cache_config_info{model_name=\"smollm2-135m\",block_size=\"16\",num_gpu_blocks=\"256\"} 1",
-        "reckon_time_to_first_token_seconds_count 6",
-        "reckon_request_success_total{model_name=\"smollm2-135m\"} 5",
+        "reckon_time_to_first_token_seconds_count 7",
+        "reckon_request_success_total{model_name=\"smollm2-135m\"} 6",
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
