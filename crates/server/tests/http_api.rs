@@ -17,6 +17,10 @@ use std::sync::Arc;
 
 /// Starts a server on a free loopback port; None if the model is not fetched.
 fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
+    start_with(api_key, EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len })
+}
+
+fn start_with(api_key: Option<&str>, config: EngineConfig) -> Option<SocketAddr> {
     let path = known_model_path("smollm2-135m").expect("known model");
     if !path.exists() {
         assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
@@ -28,7 +32,6 @@ fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
     let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
-    let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len };
     let engine = spawn(model, tokenizer.clone(), config);
     let state = AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string), metrics: Default::default() };
     let (tx, rx) = std::sync::mpsc::channel();
@@ -272,4 +275,25 @@ fn hang_up_after_chunks(addr: SocketAddr, body: &str, n: usize) {
         seen.extend_from_slice(&buf[..k]);
     }
     drop(s);
+}
+
+/// A full waiting queue answers 429 with OpenAI's rate-limit error, and the queued requests still finish.
+#[test]
+fn a_full_queue_is_429() {
+    let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 1, max_waiting: 1, max_model_len: 2048 };
+    let Some(addr) = start_with(None, config) else { return };
+    let body = ask(json!({"max_tokens": 40})).to_string();
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || request(addr, "POST", "/v1/chat/completions", &[], &body))
+        })
+        .collect();
+    let answers: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let refused: Vec<&String> = answers.iter().filter(|(s, _)| *s == 429).map(|(_, b)| b).collect();
+    assert!(!refused.is_empty(), "no request was refused: {answers:?}");
+    let e: Value = serde_json::from_str(refused[0]).unwrap();
+    assert_eq!((e["error"]["type"].as_str(), e["error"]["code"].as_str()), (Some("rate_limit_error"), Some("queue_full")));
+    assert!(answers.iter().all(|(s, _)| *s == 200 || *s == 429), "{answers:?}");
+    assert!(answers.iter().any(|(s, _)| *s == 200));
 }
