@@ -21,7 +21,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Measure prefill and decode throughput, llama-bench style.
     Bench(cmd::bench::BenchArgs),
-    /// Serve the model over an OpenAI-compatible HTTP API (chat completions so far).
+    /// Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions,
+    /// /v1/models, /health, /metrics.
     Serve(cmd::serve::ServeArgs),
 }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Address to bind (loopback by default).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8080)]

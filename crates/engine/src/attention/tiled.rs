@@ -201,15 +201,28 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
     let Some(first) = jobs.first() else { return };
     let hd = first.shape.head_dim;
     let geoms: Vec<TileGeom> = jobs.iter().map(|j| j.geom()).collect();
-    let mut bufs: Vec<SplitBufs> = Vec::with_capacity(jobs.len());
-    for (job, g) in jobs.iter().zip(&geoms) {
-        let (mut q32, mut offsets) = (Vec::new(), Vec::new());
-        job.fill_rounded_queries(g, &mut q32);
-        job.fill_offsets(g, &mut offsets);
-        let (mut scores, mut lanes) = (vec![0.0; g.rows * g.n_pad], vec![0.0; g.rows * 64 * hd]);
-        let (scores_ptr, lanes_ptr) = (OutPtr(scores.as_mut_ptr()), OutPtr(lanes.as_mut_ptr()));
-        bufs.push(SplitBufs { q32, offsets, _scores: scores, _lanes: lanes, scores_ptr, lanes_ptr });
-    }
+    // Buffers kept from the previous call (this runs once per layer per decode step): every element the
+    // phases read is written first, so they are resized, never cleared.
+    SPLIT_BUFS.with_borrow_mut(|bufs| {
+        bufs.resize_with(bufs.len().max(jobs.len()), SplitBufs::default);
+        for ((job, g), b) in jobs.iter().zip(&geoms).zip(bufs.iter_mut()) {
+            job.fill_rounded_queries(g, &mut b.q32);
+            job.fill_offsets(g, &mut b.offsets);
+            b.scores.resize(g.rows * g.n_pad, 0.0);
+            b.lanes.resize(g.rows * 64 * hd, 0.0);
+        }
+        run_split_phases(jobs, &geoms, &mut bufs[..jobs.len()], out);
+    });
+}
+
+/// The four phases of `attend_split` over prepared buffers.
+///
+/// # Safety
+/// As `attend_split`.
+unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [SplitBufs], out: OutPtr) {
+    let hd = jobs[0].shape.head_dim;
+    let ptrs: Vec<(OutPtr, OutPtr)> = bufs.iter_mut().map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.lanes.as_mut_ptr()))).collect();
+    let bufs = &*bufs;
     let rows: Vec<(usize, usize)> = geoms.iter().enumerate().flat_map(|(i, g)| (0..g.rows).map(move |r| (i, r))).collect();
     let pool = crate::pool::current();
     let key_splits = 2 * pool.threads();
@@ -220,13 +233,13 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
         let (b, g) = (&bufs[i], &geoms[i]);
         let n_chunks = g.n_pad / 16;
         let chunks = k * n_chunks / key_splits..(k + 1) * n_chunks / key_splits;
-        SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe { chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, b.scores_ptr.0) });
+        SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe { chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, ptrs[i].0 .0) });
     });
     pool.run(rows.len(), &|p| {
         let (i, r) = rows[p];
         let g = &geoms[i];
         unsafe {
-            let row = std::slice::from_raw_parts_mut(bufs[i].scores_ptr.0.add(r * g.n_pad), g.n_pad);
+            let row = std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * g.n_pad), g.n_pad);
             finish_row(&jobs[i], g, r, row);
         }
     });
@@ -238,8 +251,8 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
         for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
             let rs = ROWS_PER_PASS.min(g.rows - r0);
             unsafe {
-                let w = b.scores_ptr.0.add(r0 * g.n_pad);
-                lane_sums(&jobs[i], g, &b.offsets, w, rs, lanes.clone(), b.lanes_ptr.0.add(r0 * 64 * hd));
+                let w = ptrs[i].0 .0.add(r0 * g.n_pad);
+                lane_sums(&jobs[i], g, &b.offsets, w, rs, lanes.clone(), ptrs[i].1 .0.add(r0 * 64 * hd));
             }
         }
     });
@@ -247,27 +260,27 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
         let (i, r) = rows[p];
         let g = &geoms[i];
         unsafe {
-            let lanes = std::slice::from_raw_parts_mut(bufs[i].lanes_ptr.0.add(r * 64 * hd), 64 * hd);
+            let lanes = std::slice::from_raw_parts_mut(ptrs[i].1 .0.add(r * 64 * hd), 64 * hd);
             reduce_lane_rows(lanes, hd, jobs[i].out_row(g, r, out));
         }
     });
 }
 
-/// One split tile's buffers; the phases write through the raw pointers (disjoint ranges per part), the
-/// vectors only keep the memory alive.
+/// One split tile's buffers, reused across calls; the phases write scores and lanes through raw pointers
+/// (disjoint ranges per part).
+#[derive(Default)]
 struct SplitBufs {
     q32: Vec<f32>,
     offsets: Vec<usize>,
     /// `[rows, n_pad]`
-    _scores: Vec<f32>,
+    scores: Vec<f32>,
     /// `[rows, 64, hd]`
-    _lanes: Vec<f32>,
-    scores_ptr: OutPtr,
-    lanes_ptr: OutPtr,
+    lanes: Vec<f32>,
 }
 
 thread_local! {
     static SPLIT_KBUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SPLIT_BUFS: std::cell::RefCell<Vec<SplitBufs>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// `x = f32(f16(x))`, round to nearest even like `half`'s conversion.

@@ -140,10 +140,6 @@ impl Scheduler {
         }
     }
 
-    pub fn config(&self) -> &SchedulerConfig {
-        &self.config
-    }
-
     pub fn pool(&self) -> &BlockPool {
         &self.pool
     }
