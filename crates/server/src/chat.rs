@@ -91,14 +91,16 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
 
 pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(body)?;
-    if req.logprobs.is_some() {
-        return Err(ApiError::invalid("logprobs are not supported on /v1/completions yet; use /v1/chat/completions", Some("logprobs")));
+    // Legacy completions: `logprobs` is the number of alternatives (0-5), as OpenAI.
+    if let Some(k) = req.logprobs.filter(|&k| k > 5) {
+        return Err(ApiError::invalid(format!("logprobs must be between 0 and 5; got {k}"), Some("logprobs")));
     }
     let prompt = match &req.prompt {
         // As llama-server: the model's BOS if it wants one; special tokens in the text are parsed.
         Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => ids.clone(),
     };
-    let engine_req = req.params.to_engine_request(state, prompt, "prompt")?;
+    let mut engine_req = req.params.to_engine_request(state, prompt, "prompt")?;
+    engine_req.logprobs = req.logprobs;
     generate(state, Api::Completion, &req.params, engine_req).await
 }

@@ -1,6 +1,5 @@
 //! reckon's HTTP server: OpenAI-compatible endpoints over the engine. HTTP -> validation -> engine handle;
-//! the engine's token events come back as JSON or server-sent events. (Work in progress for issue 4:
-//! chat and text completions, models, health and metrics so far.)
+//! the engine's token events come back as JSON or server-sent events.
 
 mod chat;
 mod error;
@@ -11,6 +10,7 @@ mod stop;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
+pub use respond::{stream_events, Api};
 
 use axum::body::Bytes;
 use axum::extract::State;

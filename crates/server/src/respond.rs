@@ -22,16 +22,28 @@ pub enum Api {
 
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
 pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateRequest) -> Result<Response, ApiError> {
-    let stops = StopMatcher::new(params.stops()?);
+    let stops = params.stops()?;
     let (id, events) = state.engine.submit(req)?;
-    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
-    let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
-    let run = Run { state: state.clone(), id, stops, stopped_by_string: false, logprobs: Vec::new() };
     if params.stream {
-        Ok(stream(run, events, shape, params.include_usage()).into_response())
+        Ok(stream_events(state, api, id, events, stops, params.include_usage()))
     } else {
+        let (run, shape) = Run::new(state, api, id, stops);
         Ok(Json(collect(run, events, &shape).await?).into_response())
     }
+}
+
+/// The server-sent events answer to an engine request's events (public for the tests, which feed it
+/// events of their own, failures included).
+pub fn stream_events(
+    state: &AppState,
+    api: Api,
+    request_id: u64,
+    events: UnboundedReceiver<Event>,
+    stops: Vec<String>,
+    include_usage: bool,
+) -> Response {
+    let (run, shape) = Run::new(state, api, request_id, stops);
+    stream(run, events, shape, include_usage).into_response()
 }
 
 /// The response envelope of one request.
@@ -58,7 +70,7 @@ impl Shape {
     fn full(&self, text: String, reason: &str, usage: &Usage, logprobs: Value) -> Value {
         let choice = match self.api {
             Api::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": reason, "logprobs": logprobs }),
-            Api::Completion => json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": null }),
+            Api::Completion => json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs }),
         };
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage_json(usage);
@@ -76,7 +88,7 @@ impl Shape {
                 };
                 json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs })
             }
-            Api::Completion => json!({ "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null }),
+            Api::Completion => json!({ "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": logprobs }),
         };
         self.envelope(true, json!([choice]))
     }
@@ -107,28 +119,87 @@ fn usage_json(u: &Usage) -> Value {
 /// One request's text as it is generated, with stop strings applied.
 struct Run {
     state: AppState,
+    api: Api,
     id: u64,
     stops: StopMatcher,
     stopped_by_string: bool,
-    /// Chat-format log-probability entries not yet sent.
-    logprobs: Vec<Value>,
+    /// Characters of generated text before the current token (text completions' `text_offset`).
+    chars_before: usize,
+    /// Log-probability entries not yet sent.
+    logprobs: Vec<LogprobEntry>,
+}
+
+/// One token's log-probability and its alternatives, before it is shaped for an API.
+struct LogprobEntry {
+    token: Alternative,
+    top: Vec<Alternative>,
+    /// Where the token's text starts in the generated text, in characters.
+    text_offset: usize,
+}
+
+struct Alternative {
+    bytes: Vec<u8>,
+    logprob: f32,
+}
+
+impl Alternative {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+
+    /// Chat's `{token, logprob, bytes}`.
+    fn chat_json(&self) -> Value {
+        json!({ "token": self.text(), "logprob": self.logprob, "bytes": self.bytes })
+    }
+}
+
+/// Chat's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}`.
+fn chat_logprobs(entries: &[LogprobEntry]) -> Value {
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|e| {
+            let mut v = e.token.chat_json();
+            v["top_logprobs"] = e.top.iter().map(Alternative::chat_json).collect();
+            v
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Text completions' (legacy) `logprobs`: parallel lists of tokens, their log-probabilities, the
+/// alternatives as `{token: logprob}` maps, and each token's character offset in the text.
+fn completion_logprobs(entries: &[LogprobEntry]) -> Value {
+    let top: Vec<Value> = entries
+        .iter()
+        .map(|e| Value::Object(e.top.iter().map(|a| (a.text(), json!(a.logprob))).collect()))
+        .collect();
+    json!({
+        "tokens": entries.iter().map(|e| e.token.text()).collect::<Vec<_>>(),
+        "token_logprobs": entries.iter().map(|e| e.token.logprob).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": entries.iter().map(|e| e.text_offset).collect::<Vec<_>>(),
+    })
 }
 
 impl Run {
+    fn new(state: &AppState, api: Api, id: u64, stops: Vec<String>) -> (Run, Shape) {
+        let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
+        let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
+        let run = Run { state: state.clone(), api, id, stops: StopMatcher::new(stops), stopped_by_string: false, chars_before: 0, logprobs: Vec::new() };
+        (run, shape)
+    }
+
     /// The text to pass on for a token; a stop string aborts the generation.
     fn on_token(&mut self, id: u32, delta: &str, lp: Option<TokenLogprobs>) -> String {
         if self.stopped_by_string {
             return String::new();
         }
         if let Some(lp) = lp {
-            let entry = |id: u32, logprob: f32| {
-                let bytes = self.state.tokenizer.token_bytes(id, false);
-                json!({ "token": String::from_utf8_lossy(&bytes), "logprob": logprob, "bytes": bytes })
-            };
-            let mut e = entry(id, lp.logprob);
-            e["top_logprobs"] = lp.top.iter().map(|&(t, l)| entry(t, l)).collect();
-            self.logprobs.push(e);
+            let alt = |id: u32, logprob: f32| Alternative { bytes: self.state.tokenizer.token_bytes(id, false), logprob };
+            let top = lp.top.iter().map(|&(t, l)| alt(t, l)).collect();
+            self.logprobs.push(LogprobEntry { token: alt(id, lp.logprob), top, text_offset: self.chars_before });
         }
+        self.chars_before += delta.chars().count();
         match self.stops.push(delta) {
             StopOutcome::Continue(t) => t,
             StopOutcome::Stopped(t) => {
@@ -142,9 +213,12 @@ impl Run {
     /// The entries collected since the last call, as a choice's `logprobs` (null if none were asked).
     fn take_logprobs(&mut self) -> Value {
         if self.logprobs.is_empty() {
-            Value::Null
-        } else {
-            json!({ "content": std::mem::take(&mut self.logprobs) })
+            return Value::Null;
+        }
+        let entries = std::mem::take(&mut self.logprobs);
+        match self.api {
+            Api::Chat => chat_logprobs(&entries),
+            Api::Completion => completion_logprobs(&entries),
         }
     }
 
@@ -177,7 +251,8 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
 }
 
 /// Server-sent events: text chunks as it is decoded, a finish chunk, optionally a usage chunk, then
-/// `[DONE]`. A failure midway is sent as an error event and ends the stream. A client that goes away
+/// `[DONE]`. A failure midway is sent as an error event (`data: {"error": {...}}`, OpenAI's shape) and
+/// ends the stream without `[DONE]`. A client that goes away
 /// drops the stream; the request is aborted at its next token.
 fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
@@ -221,6 +296,9 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                 }
             }
         }
+        // The engine dropped the request without a last event (it stopped): say so rather than end
+        // the stream as if it were complete.
+        send(ApiError::internal("the engine stopped before the request finished").body()).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

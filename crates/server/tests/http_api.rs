@@ -9,7 +9,8 @@ use reckon_engine::model::Model;
 use reckon_engine::registry::known_model_path;
 use reckon_engine::template::ChatTemplate;
 use reckon_engine::tokenizer::Tokenizer;
-use reckon_server::{router, AppState};
+use reckon_engine::engine::{Event, FinishReason};
+use reckon_server::{router, stream_events, Api, AppState};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -21,6 +22,21 @@ fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
 }
 
 fn start_with(api_key: Option<&str>, config: EngineConfig) -> Option<SocketAddr> {
+    let state = app_state(api_key, config)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, router(state)).await.unwrap();
+        });
+    });
+    Some(rx.recv().unwrap())
+}
+
+/// The real model behind an engine; None if it is not fetched.
+fn app_state(api_key: Option<&str>, config: EngineConfig) -> Option<AppState> {
     let path = known_model_path("smollm2-135m").expect("known model");
     if !path.exists() {
         assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
@@ -33,17 +49,7 @@ fn start_with(api_key: Option<&str>, config: EngineConfig) -> Option<SocketAddr>
     let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
     let engine = spawn(model, tokenizer.clone(), config);
-    let state = AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string), metrics: Default::default() };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, router(state)).await.unwrap();
-        });
-    });
-    Some(rx.recv().unwrap())
+    Some(AppState { engine, tokenizer, template, model_id: "smollm2-135m".into(), api_key: api_key.map(str::to_string), metrics: Default::default() })
 }
 
 /// One HTTP/1.1 request; returns (status, body).
@@ -157,6 +163,25 @@ fn chat_completions_streamed_and_not() {
         .collect();
     assert_eq!(pieces, full);
 
+    // text completions' (legacy) log-probabilities: parallel lists, offsets into the text
+    let mut with_lp = body.clone();
+    with_lp["logprobs"] = json!(2);
+    let (_, c) = request(addr, "POST", "/v1/completions", &[], &with_lp.to_string());
+    let c: Value = serde_json::from_str(&c).unwrap();
+    let lp = &c["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!((tokens.len(), tokens.concat()), (8, full.clone()), "{lp}");
+    assert_eq!(lp["text_offset"][0], 0);
+    assert_eq!(lp["text_offset"][1].as_u64().unwrap() as usize, tokens[0].chars().count());
+    for i in 0..8 {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 2);
+        assert!(top.values().all(|v| v.as_f64().unwrap() <= lp["token_logprobs"][i].as_f64().unwrap()) || top.len() < 2);
+        assert_eq!(top.get(tokens[i]), Some(&lp["token_logprobs"][i]), "greedy picks the top alternative");
+    }
+    with_lp["logprobs"] = json!(6);
+    assert_eq!(request(addr, "POST", "/v1/completions", &[], &with_lp.to_string()).0, 400);
+
     // metrics: the gateway's names, our histograms, and every block free once all requests are done
     let mut metrics = String::new();
     for _ in 0..100 {
@@ -171,8 +196,8 @@ fn chat_completions_streamed_and_not() {
         "vllm:num_requests_running{model_name=\"smollm2-135m\"} 0",
         "vllm:kv_cache_usage_perc{model_name=\"smollm2-135m\"} 0",
         "vllm:cache_config_info{model_name=\"smollm2-135m\",block_size=\"16\",num_gpu_blocks=\"256\"} 1",
-        "reckon_time_to_first_token_seconds_count 7",
-        "reckon_request_success_total{model_name=\"smollm2-135m\"} 6",
+        "reckon_time_to_first_token_seconds_count 8",
+        "reckon_request_success_total{model_name=\"smollm2-135m\"} 7",
     ] {
         assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
     }
@@ -296,4 +321,46 @@ fn a_full_queue_is_429() {
     assert_eq!((e["error"]["type"].as_str(), e["error"]["code"].as_str()), (Some("rate_limit_error"), Some("queue_full")));
     assert!(answers.iter().all(|(s, _)| *s == 200 || *s == 429), "{answers:?}");
     assert!(answers.iter().any(|(s, _)| *s == 200));
+}
+
+/// A failure midway through a stream: the text so far, then one OpenAI-shaped error event, and the
+/// stream ends (no `[DONE]`, no hang). Also when the engine drops a request without a last event.
+#[test]
+fn a_failure_midway_ends_the_stream_with_an_error_event() {
+    let config = EngineConfig { block_size: 16, num_blocks: 16, max_batch_tokens: 64, max_running: 4, max_waiting: 4, max_model_len: 256 };
+    let Some(state) = app_state(None, config) else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let sse = |events: Vec<Event>, close_early: bool| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        let keep = (!close_early).then_some(tx);
+        let body = rt.block_on(async {
+            let response = stream_events(&state, Api::Chat, 7, rx, Vec::new(), true);
+            let bytes = tokio::time::timeout(std::time::Duration::from_secs(10), axum::body::to_bytes(response.into_body(), usize::MAX));
+            bytes.await.expect("the stream ends").unwrap()
+        });
+        drop(keep);
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect::<Vec<_>>()
+    };
+    let token = |text: &str| Event::Token { id: 1, text: text.into(), logprobs: None };
+
+    let events = sse(vec![token("Hel"), token("lo"), Event::Error("model step failed: injected".into()), token("never sent")], false);
+    assert_eq!(events.len(), 4, "{events:?}"); // role chunk, two text chunks, the error
+    let last: Value = serde_json::from_str(&events[3]).unwrap();
+    assert_eq!(last["error"]["message"], "model step failed: injected");
+    assert_eq!(last["error"]["type"], "server_error", "{last}");
+    let text: String = events[..3].iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"].as_str().map(str::to_string)).collect();
+    assert_eq!(text, "Hello");
+
+    let events = sse(vec![token("Hi")], true);
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(last["error"]["message"].as_str().unwrap().contains("engine stopped"), "{events:?}");
+
+    // and a request that does finish still ends with usage and [DONE]
+    let usage = reckon_engine::engine::Usage { prompt_tokens: 3, completion_tokens: 1, cached_tokens: 0 };
+    let events = sse(vec![token("Hi"), Event::Finished { reason: FinishReason::Length, usage, timings: Default::default() }], false);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 }
