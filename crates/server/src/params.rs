@@ -23,6 +23,9 @@ pub struct CommonParams {
     pub n: Option<usize>,
     pub stop: Option<Stop>,
     pub stream_options: Option<StreamOptions>,
+    /// vLLM's and llama-server's extension: keep generating past end-of-generation tokens (benchmarks).
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,7 +67,7 @@ impl CommonParams {
             let msg = format!("this model's maximum context length is {max_len} tokens; the {prompt_param} have {} tokens", prompt.len());
             return Err(ApiError::invalid(msg, Some(prompt_param)));
         }
-        Ok(GenerateRequest { prompt, sampling: self.sampling()?, max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: false, logprobs: None })
+        Ok(GenerateRequest { prompt, sampling: self.sampling()?, max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: self.ignore_eos, logprobs: None })
     }
 
     fn sampling(&self) -> Result<SamplingParams, ApiError> {

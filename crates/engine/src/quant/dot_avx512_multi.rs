@@ -96,14 +96,14 @@ pub(super) const MAX_BLOCKS: usize = 256;
 /// The multi-token loop: one weight row against `n_groups · MULTI` expanded activation rows (`y0`,
 /// `stride` bytes apart), results to `out[0..n_groups·MULTI]`.
 ///
-/// The weight row is prepared once for all tokens: its scales (`$scales`: block pointer -> (d, m)) as f32,
+/// The weight row is prepared once for all tokens: its scales (d, and m for Q4_1) as f32,
 /// and per block pair the unpacked quants (`$prep`: (x0, x1) -> (u8 quants as one register, a 64-bit mask)).
 /// Per group of MULTI rows, `d_x·d_y` is computed 16 blocks per vector, `m·s` (Q4_1) is accumulated in
 /// block order with the rows' chains interleaved, and `$dot` (cached quants, mask, activation quants -> i32
 /// lanes) runs per row and pair; the f32 accumulation is the one-row kernel's, so each result is its bits.
 macro_rules! multi_tokens {
     ($n:expr, $x:expr, $y0:expr, $stride:expr, $n_groups:expr, $s_t:expr, $out:expr, $xbytes:expr, $has_min:expr,
-     |$xb:ident| $scales:expr, |$x0:ident, $x1:ident| $prep:expr, |$wq:ident, $wm:ident, $qy:ident| $dot:expr) => {{
+     |$x0:ident, $x1:ident| $prep:expr, |$wq:ident, $wm:ident, $qy:ident| $dot:expr) => {{
         let (n, x, y0, stride, n_groups, s_t, out): (usize, *const u8, *const u8, usize, usize, *const f32, *mut f32) =
             ($n, $x, $y0, $stride, $n_groups, $s_t, $out);
         let nb = n / QK;
@@ -118,10 +118,18 @@ macro_rules! multi_tokens {
         let (wq, wm) = (wq_buf.as_mut_ptr() as *mut __m512i, wm_buf.as_mut_ptr() as *mut u64);
         let (dx, mx) = (dx_buf.as_mut_ptr() as *mut f32, mx_buf.as_mut_ptr() as *mut f32);
         let dprod: [*mut f32; MULTI] = std::array::from_fn(|r| dprod_buf[r].as_mut_ptr() as *mut f32);
-        for k in 0..nb {
-            let $xb = x.add(k * $xbytes);
-            let (d, m) = $scales;
-            (dx.add(k).write(d), mx.add(k).write(m));
+        // The blocks' f16 scale (and Q4_1's min, the next two bytes), 16 blocks per gather: f16 -> f32
+        // is exact, so these are the one-row kernel's values. (Per block in scalar code this was a fifth
+        // of a small-batch decode step.)
+        let lane_offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32($xbytes as i32));
+        for k in (0..nb).step_by(16) {
+            let lanes: __mmask16 = if nb - k >= 16 { 0xFFFF } else { (1u16 << (nb - k)) - 1 };
+            let offsets = _mm512_add_epi32(lane_offsets, _mm512_set1_epi32((k * $xbytes) as i32));
+            let dm = _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), lanes, offsets, x as *const _);
+            _mm512_mask_storeu_ps(dx.add(k), lanes, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm)));
+            if $has_min {
+                _mm512_mask_storeu_ps(mx.add(k), lanes, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))));
+            }
         }
         for pi in 0..n_pairs {
             let $x0 = x.add(2 * pi * $xbytes);
@@ -134,14 +142,16 @@ macro_rules! multi_tokens {
         if $has_min {
             // Σ_k m_x[k]·s_t[k] per token, in block order, 16 tokens per vector (`s_t` is `[nb][n_tok]`):
             // each lane is one token's FMA chain, so the chains overlap. Parked in `out` until the end.
-            for k in 0..nb {
-                let m = _mm512_set1_ps(mx.add(k).read());
-                for t in (0..n_tok).step_by(16) {
-                    let lanes: __mmask16 = if n_tok - t >= 16 { 0xFFFF } else { (1u16 << (n_tok - t)) - 1 };
-                    let prev = if k == 0 { _mm512_setzero_ps() } else { _mm512_maskz_loadu_ps(lanes, out.add(t)) };
+            // The chain stays in a register across blocks: a masked store reloaded by the next block's
+            // masked load cannot be store-forwarded, and that stall was half of a 4-token decode step.
+            for t in (0..n_tok).step_by(16) {
+                let lanes: __mmask16 = if n_tok - t >= 16 { 0xFFFF } else { (1u16 << (n_tok - t)) - 1 };
+                let mut acc = _mm512_setzero_ps();
+                for k in 0..nb {
                     let sv = _mm512_maskz_loadu_ps(lanes, s_t.add(k * n_tok + t));
-                    _mm512_mask_storeu_ps(out.add(t), lanes, _mm512_fmadd_ps(m, sv, prev));
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(mx.add(k).read()), sv, acc);
                 }
+                _mm512_mask_storeu_ps(out.add(t), lanes, acc);
             }
         }
         for g in 0..n_groups {
@@ -185,7 +195,7 @@ macro_rules! multi_tokens {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q8_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q8_0_BYTES, false, |x0, x1| {
         let qx = load_pair(x0.add(2), x1.add(2));
         (_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx))
     }, |ax, sign, qy| {
@@ -199,7 +209,7 @@ unsafe fn q8_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 unsafe fn q4_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let eight = _mm512_set1_epi8(8);
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_0_BYTES, false, |x0, x1| {
         (nibbles_pair(x0.add(2), x1.add(2)), 0)
     }, |q, _m, qy| {
         _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), _mm512_dpbusd_epi32(zero, eight, qy))
@@ -210,7 +220,7 @@ unsafe fn q4_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 unsafe fn q5_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
     let sixteen = _mm512_set1_epi8(16);
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q5_0_BYTES, false, |xb| (f16_at(xb), 0.0), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q5_0_BYTES, false, |x0, x1| {
         let qh0 = (x0.add(2) as *const u32).read_unaligned() as u64;
         let qh1 = (x1.add(2) as *const u32).read_unaligned() as u64;
         let nib = nibbles_pair(x0.add(6), x1.add(6));
@@ -223,7 +233,7 @@ unsafe fn q5_0_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_grou
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_1_impl(n: usize, x: *const u8, y0: *const u8, stride: usize, n_groups: usize, s_t: *const f32, out: *mut f32) {
     let zero = _mm512_setzero_si512();
-    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_1_BYTES, true, |xb| (f16_at(xb), f16_at(xb.add(2))), |x0, x1| {
+    multi_tokens!(n, x, y0, stride, n_groups, s_t, out, Q4_1_BYTES, true, |x0, x1| {
         (nibbles_pair(x0.add(4), x1.add(4)), 0)
     }, |q, _m, qy| _mm512_dpbusd_epi32(zero, q, qy))
 }

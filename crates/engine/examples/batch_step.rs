@@ -1,0 +1,44 @@
+//! One model step over B sequences each decoding one token at a context of DEPTH, for B = 1, 2, 4, 8, 16:
+//! the engine's continuous-batching decode step without the scheduler. Prints the median step time, the
+//! step time per token, and tokens/s. batch_step MODEL_PATH [DEPTH] [REPS] [THREADS]
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let path = &args[0];
+    let num = |i: usize, d: usize| args.get(i).map(|s| s.parse().expect("a number")).unwrap_or(d);
+    let (depth, reps, threads) = (num(1, 128), num(2, 20), num(3, 2));
+    reckon_engine::pool::init_global(threads);
+    let model = Model::load(GgufFile::open(path).expect("model")).expect("load");
+    let bs = 16;
+    let max_b = 16; // sequences prefilled (the largest batch)
+    let blocks_per_seq = (depth + reps + 2).div_ceil(bs);
+    let mut kv = model.new_kv(bs, max_b * blocks_per_seq);
+    let mut scratch = Scratch::default();
+    let tables: Vec<Vec<u32>> = (0..max_b).map(|s| ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()).collect();
+    // Prefill every sequence to DEPTH with distinct tokens.
+    let prompts: Vec<Vec<u32>> = (0..max_b).map(|s| (0..depth).map(|i| ((s * 7919 + i * 104729) % 5000 + 100) as u32).collect()).collect();
+    for s in 0..max_b {
+        let input = SeqInput { tokens: &prompts[s], start_pos: 0, block_table: &tables[s], logits: LogitsWanted::Last };
+        model.forward(&[input], &mut kv, &mut scratch).expect("prefill");
+    }
+    println!("| batch | step ms (median) | ms per token | tokens/s |");
+    println!("|---|---|---|---|");
+    // BATCHES=4,8 in the environment times only those batch sizes (for a profiler).
+    let batches: Vec<usize> = std::env::var("BATCHES").map(|v| v.split(',').map(|b| b.parse().expect("batch sizes")).collect()).unwrap_or(vec![1, 2, 4, 8, 16]);
+    for b in batches {
+        let tok = [42u32];
+        let mut times = Vec::new();
+        for r in 0..reps {
+            let inputs: Vec<SeqInput> = (0..b).map(|s| SeqInput { tokens: &tok, start_pos: depth + r, block_table: &tables[s], logits: LogitsWanted::Last }).collect();
+            let t = Instant::now();
+            model.forward(&inputs, &mut kv, &mut scratch).expect("step");
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        println!("| {b} | {ms:.2} | {:.2} | {:.0} |", ms / b as f64, 1e3 * b as f64 / ms);
+    }
+}
