@@ -1,4 +1,4 @@
-//! `reckon serve`: the OpenAI-compatible HTTP server over the engine (issue 4, in progress).
+//! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
 use crate::cmd::common::{init_threads, load, ModelArgs};
 use anyhow::{Context, Result};
