@@ -34,7 +34,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let params: u64 = by_type.values().map(|v| v.2).sum();
     let weight_bytes: u64 = by_type.values().map(|v| v.1).sum();
     // f16 keys and values of every layer.
-    let kv_bytes_per_token = (2 * cfg.n_layers * cfg.kv_dim() * 2) as u64;
+    let kv_bytes_per_token = cfg.kv_f16_bytes_per_token() as u64;
     let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
     let report = json!({
         "path": path.canonicalize().unwrap_or(path.clone()),

@@ -57,8 +57,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = load(&args.model.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let bytes_per_token = 2 * cfg.n_layers * cfg.kv_dim() * 2; // K and V, f16
-    let tokens = kv_tokens(&args.kv_memory, bytes_per_token)?;
+    let tokens = kv_tokens(&args.kv_memory, cfg.kv_f16_bytes_per_token())?;
     anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
     let num_blocks = tokens / args.block_size;
     anyhow::ensure!(num_blocks > 0, "--kv-memory {} holds no block of {} tokens", args.kv_memory, args.block_size);

@@ -19,11 +19,8 @@ fn main() {
     let kv_dim = n_kv_heads * head_dim;
     let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: total.div_ceil(bs) });
     let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
-    let mut seed = 1u64;
-    let mut rnd = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rng = reckon_engine::sampler::Rng::new(1);
+    let mut rnd = move || rng.next_f64() as f32 * 2.0 - 1.0;
     for pos in 0..total {
         let k: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
         let v: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();

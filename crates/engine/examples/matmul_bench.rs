@@ -14,11 +14,8 @@ fn main() {
     let num = |i: usize, d: usize| a.get(i).map(|s| s.parse().expect("a number")).unwrap_or(d);
     let (rows, cols, n, reps) = (num(1, 1536), num(2, 576), num(3, 8), num(4, 200));
     reckon_engine::pool::init_global(num(5, 2));
-    let mut seed = 7u64;
-    let mut rnd = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
+    let mut rng = reckon_engine::sampler::Rng::new(7);
+    let mut rnd = move || rng.next_f64() as f32 * 2.0 - 1.0;
     let row_bytes = dtype.row_bytes(cols).expect("cols a multiple of the block");
     // Random quants; every block's f16 scale (and Q4_1's min) set to 0.01 so no value is odd.
     let mut w: Vec<u8> = (0..rows * row_bytes).map(|_| (rnd() * 127.0) as i8 as u8).collect();

@@ -141,11 +141,17 @@ fn aborted_and_abandoned_requests_free_their_blocks() {
 fn bad_requests_are_refused_with_a_reason() {
     let engine = spawn(model(), Arc::new(Names), EngineConfig { max_waiting: 2, ..config(64, 64) });
     let err = engine.submit(GenerateRequest::greedy(prompt(1, 300), 4)).unwrap_err();
-    assert_eq!(err, SubmitError::Invalid("this model's maximum context length is 256 tokens; the prompt has 300 tokens".into()));
-    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![500], 4)), Err(SubmitError::Invalid(m)) if m.contains("outside the vocabulary")));
-    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![], 4)), Err(SubmitError::Invalid(_))));
+    assert_eq!(err, SubmitError::Prompt("this model's maximum context length is 256 tokens; the prompt has 300 tokens".into()));
+    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![500], 4)), Err(SubmitError::Prompt(m)) if m.contains("outside the vocabulary")));
+    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![], 4)), Err(SubmitError::Prompt(_))));
     let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..GenerateRequest::greedy(vec![1], 4) };
-    assert!(matches!(engine.submit(bad), Err(SubmitError::Invalid(m)) if m.contains("top_p")));
+    assert!(matches!(engine.submit(bad), Err(SubmitError::Sampling(m)) if m.contains("top_p")));
+    assert_eq!(engine.submit(GenerateRequest::greedy(vec![1], 0)).unwrap_err(), SubmitError::NoNewTokens);
+    // a prompt that fits the context (256) but not the whole KV pool (8 blocks of 4 tokens) is refused
+    // up front, not failed after the stream has begun
+    let small = spawn(model(), Arc::new(Names), config(8, 64));
+    let err = small.submit(GenerateRequest::greedy(prompt(2, 40), 4)).unwrap_err();
+    assert_eq!(err, SubmitError::Prompt("the prompt has 40 tokens; the KV cache holds 32 tokens in all (raise --kv-memory)".into()));
     // the waiting limit: the engine may take some off the queue quickly, so submit until refused
     let mut held = Vec::new();
     let refused = (0..200).find_map(|i| match engine.submit(GenerateRequest::greedy(prompt(i, 40), 100)) {

@@ -79,7 +79,7 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     let req: ChatRequest = parse(body)?;
     let text = state.template.render(&chat_messages(&req.messages)?, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let mut engine_req = req.params.to_engine_request(state, prompt, "messages")?;
+    let mut engine_req = req.params.to_engine_request(state, prompt)?;
     engine_req.logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k > 20 => return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20; got {k}"), Some("top_logprobs"))),
         (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
@@ -100,7 +100,7 @@ pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiE
         Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => ids.clone(),
     };
-    let mut engine_req = req.params.to_engine_request(state, prompt, "prompt")?;
+    let mut engine_req = req.params.to_engine_request(state, prompt)?;
     engine_req.logprobs = req.logprobs;
     generate(state, Api::Completion, &req.params, engine_req).await
 }

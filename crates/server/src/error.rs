@@ -46,11 +46,14 @@ impl ApiError {
     }
 }
 
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> Self {
+impl ApiError {
+    /// The engine's refusal; `prompt_param` names the field the prompt came from (`messages`, `prompt`).
+    pub fn from_submit(e: SubmitError, prompt_param: &str) -> Self {
         match e {
             SubmitError::QueueFull { .. } => ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: Some("queue_full"), ..Self::invalid(e.to_string(), None) },
-            SubmitError::Invalid(m) => Self::invalid(m, None),
+            SubmitError::Prompt(m) => Self::invalid(m, Some(prompt_param)),
+            SubmitError::NoNewTokens => Self::invalid(e.to_string(), Some("max_tokens")),
+            SubmitError::Sampling(m) => Self::invalid(m, None),
             SubmitError::Stopped => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..Self::internal(e.to_string()) },
         }
     }

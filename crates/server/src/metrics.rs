@@ -77,7 +77,8 @@ pub fn render(state: &AppState) -> String {
     let s = state.engine.stats();
     let load = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed);
     let count = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (num_blocks, used) = (load(&s.num_blocks), load(&s.blocks_used));
+    let (num_blocks, block_size) = (state.engine.config().num_blocks, state.engine.config().block_size);
+    let used = load(&s.blocks_used);
     let usage = if num_blocks == 0 { 0.0 } else { used as f64 / num_blocks as f64 };
     let model = &state.model_id;
     let mut out = String::new();
@@ -88,7 +89,7 @@ pub fn render(state: &AppState) -> String {
     gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, load(&s.waiting) as f64);
     gauge("vllm:num_requests_running", "Requests in the running batch.", &m, load(&s.running) as f64);
     gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", &m, usage);
-    let info = format!("{m},block_size=\"{}\",num_gpu_blocks=\"{num_blocks}\"", load(&s.block_size));
+    let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\"");
     gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
     gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
     let mut counter = |name: &str, help: &str, v: u64| {

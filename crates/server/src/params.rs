@@ -45,9 +45,10 @@ pub struct StreamOptions {
 const DEFAULT_MAX_TOKENS: usize = usize::MAX;
 
 impl CommonParams {
-    /// Checks the request against this server and its limits; `prompt` is already tokenized.
-    /// `prompt_param` names the field the prompt came from, for errors.
-    pub fn to_engine_request(&self, state: &AppState, prompt: Vec<u32>, prompt_param: &str) -> Result<GenerateRequest, ApiError> {
+    /// The engine request for an already tokenized prompt. The engine checks the prompt, the token
+    /// count and the sampling values (`respond::generate` maps its refusals); here only what is OpenAI's:
+    /// the model name, `n`, and the temperature range.
+    pub fn to_engine_request(&self, state: &AppState, prompt: Vec<u32>) -> Result<GenerateRequest, ApiError> {
         if self.model != state.model_id {
             let msg = format!("the model '{}' does not exist; this server serves '{}'", self.model, state.model_id);
             return Err(ApiError::not_found(msg, Some("model"), "model_not_found"));
@@ -56,17 +57,6 @@ impl CommonParams {
             return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
         }
         let max_new_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
-        if max_new_tokens == 0 {
-            return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens")));
-        }
-        let max_len = state.engine.config().max_model_len;
-        if prompt.is_empty() {
-            return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
-        }
-        if prompt.len() >= max_len {
-            let msg = format!("this model's maximum context length is {max_len} tokens; the {prompt_param} have {} tokens", prompt.len());
-            return Err(ApiError::invalid(msg, Some(prompt_param)));
-        }
         Ok(GenerateRequest { prompt, sampling: self.sampling()?, max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: self.ignore_eos, logprobs: None })
     }
 
@@ -77,7 +67,7 @@ impl CommonParams {
             }
         }
         // OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p, no repetition penalty.
-        let p = SamplingParams {
+        Ok(SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
             top_k: 0,
             top_p: self.top_p.unwrap_or(1.0),
@@ -87,9 +77,7 @@ impl CommonParams {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             penalty_last_n: 0,
             seed: self.seed.unwrap_or_else(clock_seed),
-        };
-        p.validate().map_err(|e| ApiError::invalid(e.to_string(), None))?;
-        Ok(p)
+        })
     }
 
     pub fn stops(&self) -> Result<Vec<String>, ApiError> {

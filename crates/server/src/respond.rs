@@ -23,7 +23,8 @@ pub enum Api {
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
 pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateRequest) -> Result<Response, ApiError> {
     let stops = params.stops()?;
-    let (id, events) = state.engine.submit(req)?;
+    let prompt_param = if api == Api::Chat { "messages" } else { "prompt" };
+    let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_submit(e, prompt_param))?;
     if params.stream {
         Ok(stream_events(state, api, id, events, stops, params.include_usage()))
     } else {

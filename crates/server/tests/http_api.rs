@@ -176,7 +176,7 @@ fn chat_completions_streamed_and_not() {
     for i in 0..8 {
         let top = lp["top_logprobs"][i].as_object().unwrap();
         assert_eq!(top.len(), 2);
-        assert!(top.values().all(|v| v.as_f64().unwrap() <= lp["token_logprobs"][i].as_f64().unwrap()) || top.len() < 2);
+        assert!(top.values().all(|v| v.as_f64().unwrap() <= lp["token_logprobs"][i].as_f64().unwrap()), "{top:?}");
         assert_eq!(top.get(tokens[i]), Some(&lp["token_logprobs"][i]), "greedy picks the top alternative");
     }
     with_lp["logprobs"] = json!(6);

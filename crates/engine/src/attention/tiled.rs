@@ -90,7 +90,7 @@ struct TileGeom {
 
 impl TileJob<'_> {
     fn lo(&self, pos: usize) -> usize {
-        self.shape.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+        self.shape.first_pos(pos)
     }
 
     fn geom(&self) -> TileGeom {

@@ -53,12 +53,21 @@ impl Detokenizer for Tokenizer {
     }
 }
 
+/// Why a request was refused at submission. The engine is the one place requests are checked; the server
+/// maps each variant to its API's status and field.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SubmitError {
     #[error("{waiting} requests are already waiting (the limit); try again later")]
     QueueFull { waiting: usize },
+    /// The prompt can never run here: empty, unknown token ids, longer than the context, or needing more
+    /// KV blocks than the whole cache has.
     #[error("{0}")]
-    Invalid(String),
+    Prompt(String),
+    #[error("max_tokens must be at least 1")]
+    NoNewTokens,
+    /// Out-of-range sampling parameters.
+    #[error("{0}")]
+    Sampling(String),
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -66,8 +75,6 @@ pub enum SubmitError {
 /// Live figures for metrics, updated after every step and read without stopping the engine.
 #[derive(Debug, Default)]
 pub struct EngineStats {
-    pub num_blocks: AtomicUsize,
-    pub block_size: AtomicUsize,
     pub waiting: AtomicUsize,
     pub running: AtomicUsize,
     pub blocks_used: AtomicUsize,
@@ -128,21 +135,27 @@ impl EngineHandle {
     }
 
     fn validate(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
-        let invalid = |m: String| Err(SubmitError::Invalid(m));
-        let max_len = self.config.max_model_len;
-        if req.prompt.is_empty() {
-            return invalid("the prompt is empty".into());
+        let refuse = |m: String| Err(SubmitError::Prompt(m));
+        let (max_len, n) = (self.config.max_model_len, req.prompt.len());
+        if n == 0 {
+            return refuse("the prompt is empty".into());
         }
-        if req.prompt.len() >= max_len {
-            return invalid(format!("this model's maximum context length is {max_len} tokens; the prompt has {} tokens", req.prompt.len()));
+        if n >= max_len {
+            return refuse(format!("this model's maximum context length is {max_len} tokens; the prompt has {n} tokens"));
         }
         if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab_size) {
-            return invalid(format!("token id {bad} is outside the vocabulary ({} tokens)", self.vocab_size));
+            return refuse(format!("token id {bad} is outside the vocabulary ({} tokens)", self.vocab_size));
+        }
+        // As the scheduler's admission check: the prompt and one generated token must fit the whole pool.
+        let blocks_needed = (n + 1).div_ceil(self.config.block_size);
+        if blocks_needed > self.config.num_blocks {
+            let cache_tokens = self.config.num_blocks * self.config.block_size;
+            return refuse(format!("the prompt has {n} tokens; the KV cache holds {cache_tokens} tokens in all (raise --kv-memory)"));
         }
         if req.max_new_tokens == 0 {
-            return invalid("max_tokens must be at least 1".into());
+            return Err(SubmitError::NoNewTokens);
         }
-        req.sampling.validate().or_else(|e| invalid(e.to_string()))
+        req.sampling.validate().map_err(|e| SubmitError::Sampling(e.to_string()))
     }
 }
 
@@ -150,8 +163,6 @@ impl EngineHandle {
 pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig) -> EngineHandle {
     let (commands, rx) = mpsc::unbounded_channel();
     let stats = Arc::new(EngineStats::default());
-    stats.num_blocks.store(config.num_blocks, Ordering::Relaxed);
-    stats.block_size.store(config.block_size, Ordering::Relaxed);
     let vocab_size = model.config.vocab_size;
     let sched_config = SchedulerConfig {
         block_size: config.block_size,
@@ -222,9 +233,11 @@ impl EngineLoop {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { id, req, events, arrived } => {
+            Command::Submit { id, mut req, events, arrived } => {
                 self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
-                match self.sched.add(id, req.prompt.clone(), req.max_new_tokens) {
+                // The scheduler keeps the token ids; the request keeps its settings.
+                let prompt = std::mem::take(&mut req.prompt);
+                match self.sched.add(id, prompt, req.max_new_tokens) {
                     Ok(()) => {
                         let sampler = Sampler::new(req.sampling.clone());
                         let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None };
@@ -264,7 +277,7 @@ impl EngineLoop {
                 return;
             }
         };
-        let tokens: Vec<(RequestId, u32)> = sampled.iter().map(|s| (s.0, s.1)).collect();
+        let tokens: Vec<u32> = sampled.iter().map(|s| s.1).collect();
         self.sched.complete_step(&plan, &tokens);
         for (id, token, logprobs) in sampled {
             self.emit(id, token, logprobs);
@@ -334,7 +347,6 @@ impl EngineLoop {
             queue: since(active.first_scheduled),
             time_to_first_token: since(active.first_token),
             end_to_end: now.duration_since(active.arrived),
-            num_preemptions: seq.num_preemptions,
         };
         let _ = active.events.send(Event::Finished { reason, usage, timings });
         self.stats.prompt_tokens.fetch_add(seq.num_prompt_tokens as u64, Ordering::Relaxed);
@@ -358,6 +370,9 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
     let lse = max as f64 + sum.ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
+    if k == 0 {
+        return TokenLogprobs { logprob: lp(logits[token as usize]), top: Vec::new() };
+    }
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(order.len());
     let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));

@@ -27,7 +27,8 @@ impl GenerateRequest {
     }
 }
 
-/// Log-probabilities of one generated token (natural log, after penalties, before temperature).
+/// Log-probabilities of one generated token under the model's own distribution (natural log of the
+/// softmax of the raw logits: before penalties, temperature and truncation, as vLLM's default).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprobs {
     pub logprob: f32,
@@ -61,7 +62,6 @@ pub struct Timings {
     pub time_to_first_token: Duration,
     /// Arrival to the end.
     pub end_to_end: Duration,
-    pub num_preemptions: u32,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -129,6 +129,11 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+
+    /// KV-cache bytes one token takes: keys and values of every layer, f16.
+    pub fn kv_f16_bytes_per_token(&self) -> usize {
+        2 * self.n_layers * self.kv_dim() * 2
+    }
     /// The sliding window of layer `il`, or None for a global layer.
     pub fn layer_window(&self, il: usize) -> Option<usize> {
         self.sliding_window.filter(|_| il % self.swa_period < self.swa_period - 1)

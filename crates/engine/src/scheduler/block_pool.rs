@@ -29,14 +29,6 @@ impl BlockPool {
         self.free.len()
     }
 
-    /// Fraction of blocks in use, 0..=1 (`vllm:kv_cache_usage_perc`).
-    pub fn usage(&self) -> f64 {
-        match self.num_blocks() {
-            0 => 0.0,
-            n => (n - self.num_free()) as f64 / n as f64,
-        }
-    }
-
     /// `n` blocks from the front of the free queue, or `None` (and nothing taken) if fewer are free.
     pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if n > self.free.len() {

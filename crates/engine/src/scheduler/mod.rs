@@ -78,10 +78,6 @@ pub struct StepPlan {
 }
 
 impl StepPlan {
-    pub fn num_tokens(&self) -> usize {
-        self.chunks.iter().map(|c| c.len).sum()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.chunks.is_empty()
     }
@@ -299,17 +295,17 @@ impl Scheduler {
     }
 
     /// Records a finished step: each chunk's tokens are now computed, and every chunk that `samples`
-    /// gets its sampled token appended (`sampled`, in any order, one per such chunk). Chunks of sequences
-    /// removed meanwhile (aborted) are skipped.
-    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[(SeqId, u32)]) {
+    /// gets its sampled token appended: `sampled` holds one token per such chunk, in plan order. Chunks of
+    /// sequences removed meanwhile (aborted) are skipped.
+    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[u32]) {
+        let mut sampled = sampled.iter();
         for chunk in &plan.chunks {
+            let token = if chunk.samples { Some(*sampled.next().expect("one sampled token per sampling chunk")) } else { None };
             let Some(seq) = self.seqs.get_mut(&chunk.id) else { continue };
             assert_eq!(seq.num_computed_tokens, chunk.start, "sequence {} changed between plan and step", chunk.id);
             seq.num_computed_tokens += chunk.len;
-            if chunk.samples {
-                let token = sampled.iter().find(|(id, _)| *id == chunk.id).map(|&(_, t)| t);
-                seq.tokens.push(token.unwrap_or_else(|| panic!("no sampled token for sequence {}", chunk.id)));
-            }
+            seq.tokens.extend(token);
         }
+        assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");
     }
 }
