@@ -5,7 +5,7 @@
 //! each output element is one `vec_dot`, computed by exactly one thread in a fixed order: results are
 //! bit-identical whatever the thread count or the other tokens in the batch.
 
-use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, transpose_act_sums, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
+use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, tile_dot_kernel, transpose_act_sums, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
 use crate::pool;
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
@@ -20,6 +20,12 @@ pub struct QMatrix<'a> {
 /// Parallel tasks per thread: enough that dynamic claiming balances uneven progress, few enough that the
 /// claims (one atomic each) stay negligible.
 const TASKS_PER_THREAD: usize = 8;
+
+/// Most tokens a matmul runs through the tile kernels (decode batches); more take the multi-token
+/// kernels, whose per-weight-row staging pays off over many tokens. (`examples/matmul_bench.rs`, Q4_1
+/// and Q8_0 576-column rows, 3 interleaved runs: the tile kernels were ahead at 5, 6 and 8 tokens, even
+/// at 12, behind at 16.)
+const TILE_MAX_TOKENS: usize = 12;
 
 /// Weight rows whose multi-token results are buffered before they are stored (one cache line of f32).
 const SCATTER_ROWS: usize = 16;
@@ -55,12 +61,13 @@ impl QMatrix<'_> {
         assert_eq!(out.len(), n_tokens * self.rows, "matmul output is not [n, {}]", self.rows);
         let act_type = self.dtype.dot_activation_type();
         let act_bytes = activation_row_bytes(act_type, self.cols);
-        let multi = if n_tokens >= MULTI { multi_dot_kernel(self.dtype, self.cols) } else { None };
+        let tile = if (2..=TILE_MAX_TOKENS).contains(&n_tokens) { tile_dot_kernel(self.dtype, self.cols) } else { None };
+        let multi = if n_tokens >= MULTI && tile.is_none() { multi_dot_kernel(self.dtype, self.cols) } else { None };
         let n_multi = if multi.is_some() { n_tokens / MULTI * MULTI } else { 0 };
-        // Multi-token kernels for Q8_0/Q8_1 activations read them in their expanded layout, stored after
-        // the plain rows; the K-quant ones read the plain rows.
+        // Tile and multi-token kernels for Q8_0/Q8_1 activations read them in their expanded layout, stored
+        // after the plain rows; the K-quant ones read the plain rows.
         let expanded = wants_expanded_acts(self.dtype);
-        let n_wide = if expanded { n_multi } else { 0 };
+        let n_wide = if tile.is_some() { n_tokens } else if expanded { n_multi } else { 0 };
         let wide_bytes = expanded_act_row_bytes(self.cols);
         xq.resize(n_tokens * act_bytes + n_wide * wide_bytes, 0);
         let (plain, wide) = xq.split_at_mut(n_tokens * act_bytes);
@@ -90,8 +97,8 @@ impl QMatrix<'_> {
         }
         let (xq, wide): (&[u8], &[u8]) = (plain, wide);
         let mut s_by_block = Vec::new();
-        if multi.is_some() && act_type == GgmlType::Q8_1 {
-            transpose_act_sums(self.cols, wide, wide_bytes, n_multi, &mut s_by_block);
+        if (multi.is_some() || tile.is_some()) && act_type == GgmlType::Q8_1 {
+            transpose_act_sums(self.cols, wide, wide_bytes, n_wide, &mut s_by_block);
         }
         let s_by_block = &s_by_block[..];
         let w_row_bytes = self.row_bytes();
@@ -112,6 +119,24 @@ impl QMatrix<'_> {
                 unsafe { *out_ptr.0.add(t * self.rows + r) = v };
             };
             let mut first = first;
+            if let Some(tile) = tile {
+                // MULTI rows × up to MULTI tokens per call; the rows stay in L1 across the token groups.
+                let mut tile_out = [0.0f32; MULTI * MULTI];
+                while first + MULTI <= last {
+                    let w = &self.bytes[first * w_row_bytes..(first + MULTI) * w_row_bytes];
+                    for t0 in (0..n_tokens).step_by(MULTI) {
+                        let n_tok = (n_tokens - t0).min(MULTI);
+                        let s = s_by_block.get(t0..).unwrap_or(&[]);
+                        tile(self.cols, w, w_row_bytes, &wide[t0 * wide_bytes..], wide_bytes, s, n_tokens, n_tok, &mut tile_out);
+                        for r in 0..MULTI {
+                            for k in 0..n_tok {
+                                store(t0 + k, first + r, tile_out[r * MULTI + k]);
+                            }
+                        }
+                    }
+                    first += MULTI;
+                }
+            }
             if let Some(rows_kernel) = rows_kernel {
                 while first + MULTI <= last {
                     let v = rows_kernel(self.cols, &self.bytes[first * w_row_bytes..(first + MULTI) * w_row_bytes], w_row_bytes, xq);

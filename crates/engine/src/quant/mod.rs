@@ -26,6 +26,8 @@ mod dot_avx512;
 mod dot_avx512_multi;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_multi_k;
+#[cfg(target_arch = "x86_64")]
+mod dot_avx512_tile;
 mod dot_scalar;
 mod quantize;
 #[cfg(test)]
@@ -348,6 +350,27 @@ pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
     #[cfg(target_arch = "x86_64")]
     if simd_level() >= SimdLevel::Avx512 && n / QK <= dot_avx512_multi::MAX_BLOCKS {
         return dot_avx512_multi::kernel(t);
+    }
+    let _ = (t, n);
+    None
+}
+
+/// `(n, weight_rows, weight_row_bytes, acts, act_stride, s_by_block, s_stride, n_tok, out)`: `MULTI`
+/// weight rows (`weight_row_bytes` apart) against `n_tok` (1..=MULTI) expanded activation rows
+/// (`act_stride` apart, see `expand_act_row`); `out[r * MULTI + t]` gets row r · token t, bit-identical
+/// to the one-row kernel on the plain rows. For Q8_1 activations (Q4_1 weights) `s_by_block[k * s_stride
+/// + t]` is token t's block-k sum (`transpose_act_sums`, sliced at the tile's first token). Safe to call
+/// (checks lengths).
+pub type TileDotFn = fn(usize, &[u8], usize, &[u8], usize, &[f32], usize, usize, &mut [f32; MULTI * MULTI]);
+
+
+/// The tile kernel (`MULTI` weight rows × up to `MULTI` tokens, for decode batches) for weight type `t`
+/// and rows of `n` elements at the current SIMD level, where there is one. It reads expanded activation
+/// rows, as the multi-token kernels of the same types.
+pub fn tile_dot_kernel(t: GgmlType, n: usize) -> Option<TileDotFn> {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() >= SimdLevel::Avx512 && n / QK <= dot_avx512_multi::MAX_BLOCKS {
+        return dot_avx512_tile::kernel(t);
     }
     let _ = (t, n);
     None

@@ -242,3 +242,51 @@ fn multi_weight_row_kernels_equal_one_row_kernel() {
         }
     }
 }
+
+/// The tile kernels (MULTI weight rows × 1-4 tokens, decode batches) give exactly the one-row kernel's
+/// bits for every (row, token), for every token count and a tile that starts inside the batch.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn tile_kernels_equal_one_row_kernel() {
+    let mut rng = Rng::new(79);
+    let mut tested = 0;
+    for t in WEIGHT_TYPES {
+        let Some(tile) = tile_dot_kernel(t, 4864) else { continue };
+        tested += 1;
+        let one = vec_dot_kernel(t);
+        for &n in lengths(t) {
+            let stride = t.row_bytes(n).unwrap();
+            let mut w = Vec::new();
+            for _ in 0..MULTI {
+                w.extend(random_weights(t, n, &mut rng));
+            }
+            let at = t.dot_activation_type();
+            let (plain, wide) = (at.row_bytes(n).unwrap(), expanded_act_row_bytes(n));
+            let batch = 7;
+            let (mut acts, mut expanded) = (Vec::new(), vec![0u8; batch * wide]);
+            for r in 0..batch {
+                let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
+                let q = quant(at, &x);
+                expand_act_row(at, n, &q, &mut expanded[r * wide..]);
+                acts.extend(q);
+            }
+            let mut s_by_block = Vec::new();
+            if at == GgmlType::Q8_1 {
+                transpose_act_sums(n, &expanded, wide, batch, &mut s_by_block);
+            }
+            for (t0, n_tok) in [(0, 4), (3, 4), (1, 1), (4, 2), (4, 3)] {
+                let mut got = [f32::NAN; MULTI * MULTI];
+                let s = if s_by_block.is_empty() { &[][..] } else { &s_by_block[t0..] };
+                tile(n, &w, stride, &expanded[t0 * wide..], wide, s, batch, n_tok, &mut got);
+                for r in 0..MULTI {
+                    for k in 0..n_tok {
+                        let want = one(n, &w[r * stride..(r + 1) * stride], &acts[(t0 + k) * plain..(t0 + k + 1) * plain]);
+                        let g = got[r * MULTI + k];
+                        assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r} token {}: {g} vs {want}", t0 + k);
+                    }
+                }
+            }
+        }
+    }
+    assert!(tested == 4 || simd_level() < SimdLevel::Avx512, "Q4_0, Q4_1, Q5_0 and Q8_0 have tile kernels on AVX-512");
+}
