@@ -34,6 +34,12 @@ pub struct ServeArgs {
     /// Requests allowed to wait; more get HTTP 429.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
+    /// Reuse the KV blocks of earlier prompts' common prefixes (automatic prefix caching; the default).
+    #[arg(long = "prefix-cache", overrides_with = "no_prefix_cache")]
+    pub prefix_cache: bool,
+    /// Compute every prompt from scratch.
+    #[arg(long = "no-prefix-cache")]
+    pub no_prefix_cache: bool,
     /// Longest sequence (prompt and output), default the model's context up to 8192.
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
@@ -68,6 +74,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_running: args.max_running.max(1),
         max_waiting: args.max_waiting,
         max_model_len,
+        prefix_caching: !args.no_prefix_cache,
     };
     let model_id = args.model.model.clone();
     let tokenizer = Arc::new(loaded.tokenizer);

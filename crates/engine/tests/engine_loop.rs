@@ -5,7 +5,7 @@
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
-use reckon_engine::engine::{spawn, Detokenizer, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError};
+use reckon_engine::engine::{spawn, Detokenizer, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
 use reckon_engine::quant::GgmlType;
@@ -30,7 +30,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256 }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -39,7 +39,12 @@ fn prompt(seed: u64, n: usize) -> Vec<u32> {
 }
 
 /// Collects a request's tokens and how it ended.
-fn drain(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason) {
+fn drain(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason) {
+    let (ids, text, reason, _) = drain_usage(rx);
+    (ids, text, reason)
+}
+
+fn drain_usage(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason, Usage) {
     let (mut ids, mut text) = (Vec::new(), String::new());
     while let Some(ev) = rx.blocking_recv() {
         match ev {
@@ -49,7 +54,7 @@ fn drain(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, Stri
             }
             Event::Finished { reason, usage, .. } => {
                 assert_eq!(usage.completion_tokens, ids.len());
-                return (ids, text, reason);
+                return (ids, text, reason, usage);
             }
             Event::Error(e) => panic!("request failed: {e}"),
         }
@@ -162,4 +167,52 @@ fn bad_requests_are_refused_with_a_reason() {
         Err(e) => Some(e),
     });
     assert!(matches!(refused, Some(SubmitError::QueueFull { .. })), "{refused:?}");
+}
+
+/// Requests sharing a 37-token system prefix (9 blocks of 4 and one token), some repeated exactly, one
+/// seeded sample.
+fn shared_prefix_requests() -> Vec<GenerateRequest> {
+    let system = prompt(77, 37);
+    (0..10u64)
+        .map(|i| {
+            let tail = prompt(200 + i % 6, 1 + (i as usize * 5) % 13);
+            let mut r = GenerateRequest::greedy([system.clone(), tail].concat(), 10);
+            if i == 4 || i == 9 {
+                r.sampling = SamplingParams { temperature: 0.9, seed: 5, ..SamplingParams::default() };
+            }
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn a_prefix_cache_hit_gives_the_tokens_of_a_cold_prefill() {
+    let model = model();
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
+    let reference: Vec<Vec<u32>> = shared_prefix_requests()
+        .into_iter()
+        .map(|r| drain(spawn(model.clone(), Arc::new(Names), cold).submit(r).unwrap().1).0)
+        .collect();
+    // one after another (each later request hits the blocks of the earlier ones), with two step budgets
+    for budget in [64, 7] {
+        let engine = spawn(model.clone(), Arc::new(Names), config(64, budget));
+        let mut cached = Vec::new();
+        for (i, r) in shared_prefix_requests().into_iter().enumerate() {
+            let (ids, _, _, usage) = drain_usage(engine.submit(r).unwrap().1);
+            assert_eq!(ids, reference[i], "request {i}, step budget {budget}");
+            cached.push(usage.cached_tokens);
+        }
+        assert_eq!(cached[0], 0);
+        assert!(cached[1..].iter().all(|&c| c >= 36), "the system prompt's 9 blocks are reused: {cached:?}");
+        wait_idle(&engine);
+        let hits = engine.stats().prefix_cache_hit_tokens.load(Ordering::Relaxed);
+        assert_eq!(hits, cached.iter().sum::<usize>() as u64);
+    }
+    // all at once, under memory pressure (evictions and preemptions), after a warm-up
+    let engine = spawn(model.clone(), Arc::new(Names), config(30, 64));
+    drain(engine.submit(shared_prefix_requests().remove(0)).unwrap().1);
+    let rxs: Vec<_> = shared_prefix_requests().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+    let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+    assert_eq!(got, reference, "concurrent, with a small pool");
+    wait_idle(&engine);
 }

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// Longest sequence, prompt and output together.
     pub max_model_len: usize,
+    /// Reuse the KV blocks of earlier requests' common prefixes.
+    pub prefix_caching: bool,
 }
 
 /// How a token id turns into text, and whether it ends a generation: the tokenizer, or a stand-in in
@@ -83,6 +85,11 @@ pub struct EngineStats {
     pub generated_tokens: AtomicU64,
     pub finished_requests: AtomicU64,
     pub aborted_requests: AtomicU64,
+    /// Prompt tokens of admitted requests, and of those the ones found in the prefix cache.
+    pub prefix_cache_queried_tokens: AtomicU64,
+    pub prefix_cache_hit_tokens: AtomicU64,
+    /// Blocks holding a cached prefix (held by a request or not).
+    pub prefix_cache_blocks: AtomicUsize,
     /// Submitted but not yet seen by the engine (counts toward the waiting limit).
     unseen: AtomicUsize,
 }
@@ -169,6 +176,7 @@ pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfi
         max_batch_tokens: config.max_batch_tokens,
         max_running: config.max_running,
         max_model_len: config.max_model_len,
+        prefix_caching: config.prefix_caching,
     };
     let engine = EngineLoop {
         kv: model.new_kv(config.block_size, config.num_blocks),
@@ -341,7 +349,7 @@ impl EngineLoop {
         let Some(active) = self.requests.remove(&id) else { return };
         let Some(seq) = self.sched.remove(id) else { return };
         let now = Instant::now();
-        let usage = Usage { prompt_tokens: seq.num_prompt_tokens, completion_tokens: seq.num_generated(), cached_tokens: 0 };
+        let usage = Usage { prompt_tokens: seq.num_prompt_tokens, completion_tokens: seq.num_generated(), cached_tokens: seq.num_cached_tokens };
         let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(active.arrived);
         let timings = Timings {
             queue: since(active.first_scheduled),
@@ -361,6 +369,10 @@ impl EngineLoop {
         let pool = self.sched.pool();
         s.blocks_used.store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
         s.preemptions.store(self.sched.num_preemptions(), Ordering::Relaxed);
+        let prefix = self.sched.prefix_stats();
+        s.prefix_cache_queried_tokens.store(prefix.queried_tokens, Ordering::Relaxed);
+        s.prefix_cache_hit_tokens.store(prefix.hit_tokens, Ordering::Relaxed);
+        s.prefix_cache_blocks.store(pool.num_cached(), Ordering::Relaxed);
     }
 }
 

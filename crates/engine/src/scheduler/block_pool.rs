@@ -1,59 +1,220 @@
-//! The fixed set of KV blocks, by id: which are free, and how many sequences hold each one.
+//! The fixed set of KV blocks, by id: which are free, how many sequences hold each one, and which hold a
+//! cached prefix that a later request may reuse.
 //!
 //! Holds no tensors: a block id indexes `KvStorage`'s blocks, which the model reads and writes. The
-//! number of blocks is fixed at start-up (from the KV memory budget), so admission and preemption are
-//! decisions about ids, testable without a model.
+//! number of blocks is fixed at start-up (from the KV memory budget), so admission, preemption and
+//! caching are decisions about ids, testable without a model.
+//!
+//! Prefix cache (as vLLM's block pool): a full block, once computed, is registered under a key chained
+//! from its parent's key and its own token ids. When no sequence holds it any more it stays cached in the
+//! free queue and is either found again (taken back out of the queue) or evicted when the queue's front
+//! reaches it. A lookup never trusts the key alone: the stored token ids must be equal and the stored
+//! parent must be the very block (id and generation) matched for the previous position, so a hash
+//! collision can never serve another prefix's keys and values.
 
-use std::collections::VecDeque;
+use super::free_queue::FreeQueue;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+
+/// A full block's key: chained from the parent block's key (or the pool's root key for the first block)
+/// and the block's token ids.
+pub type BlockHash = u128;
+
+/// Computes a block's key from its parent's key and its token ids.
+pub type BlockHasher = fn(BlockHash, &[u32]) -> BlockHash;
+
+/// SHA-256 of the parent key and the token ids (little-endian), first 128 bits: stable across processes
+/// (the disk tier relies on it) and not collidable on purpose by a client.
+pub fn sha256_block_hash(parent: BlockHash, tokens: &[u32]) -> BlockHash {
+    let mut h = Sha256::new();
+    h.update(parent.to_le_bytes());
+    for t in tokens {
+        h.update(t.to_le_bytes());
+    }
+    let digest = h.finalize();
+    u128::from_le_bytes(digest[..16].try_into().expect("SHA-256 has 32 bytes"))
+}
+
+/// What a cached block holds, to check a lookup against.
+#[derive(Clone, Debug)]
+struct CacheEntry {
+    hash: BlockHash,
+    parent_hash: BlockHash,
+    /// The block (id, generation) before this one in the sequence that computed it; `None` for the first.
+    parent: Option<(u32, u32)>,
+    tokens: Box<[u32]>,
+}
+
+/// A cached block whose id was just handed out again: its keys and values are about to be overwritten.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictedBlock {
+    pub block: u32,
+    pub hash: BlockHash,
+    pub parent_hash: BlockHash,
+    pub tokens: Box<[u32]>,
+}
 
 #[derive(Debug)]
 pub struct BlockPool {
-    /// Free block ids, next to hand out at the front. Freed blocks join at the back, so the blocks freed
-    /// longest ago are reused first (the order the prefix cache will evict in).
-    free: VecDeque<u32>,
+    /// Blocks nobody holds, next to hand out at the front. Uncached blocks go to the front, cached ones to
+    /// the back (least recently used first, a sequence's later blocks before its earlier ones).
+    free: FreeQueue,
     /// Sequences holding each block.
     ref_counts: Vec<u32>,
+    /// Bumped each time a cached block is evicted, so a child entry never matches its parent's successor.
+    generations: Vec<u32>,
+    entries: Vec<Option<CacheEntry>>,
+    /// Key -> cached blocks with that key (more than one only if two sequences computed the same prefix
+    /// at once, or keys collide).
+    by_hash: HashMap<BlockHash, Vec<u32>>,
+    num_cached: usize,
+    hasher: BlockHasher,
+    /// The parent key of a sequence's first block (a model fingerprint: other models never match).
+    root: BlockHash,
+    evicted: Vec<EvictedBlock>,
 }
 
 impl BlockPool {
     pub fn new(num_blocks: usize) -> Self {
-        let num_blocks = u32::try_from(num_blocks).expect("block ids are u32");
-        BlockPool { free: (0..num_blocks).collect(), ref_counts: vec![0; num_blocks as usize] }
+        Self::with_hasher(num_blocks, sha256_block_hash, 0)
+    }
+
+    pub fn with_hasher(num_blocks: usize, hasher: BlockHasher, root: BlockHash) -> Self {
+        let n = u32::try_from(num_blocks).expect("block ids are u32");
+        BlockPool {
+            free: FreeQueue::new(n),
+            ref_counts: vec![0; num_blocks],
+            generations: vec![0; num_blocks],
+            entries: vec![None; num_blocks],
+            by_hash: HashMap::new(),
+            num_cached: 0,
+            hasher,
+            root,
+            evicted: Vec::new(),
+        }
     }
 
     pub fn num_blocks(&self) -> usize {
         self.ref_counts.len()
     }
 
+    /// Blocks nobody holds (cached ones included: they are reclaimable).
     pub fn num_free(&self) -> usize {
         self.free.len()
     }
 
+    /// Blocks holding a registered prefix, held or not.
+    pub fn num_cached(&self) -> usize {
+        self.num_cached
+    }
+
+    /// The key of the block after `parent` (the root key for a sequence's first block) holding `tokens`.
+    pub fn hash(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+        (self.hasher)(parent.unwrap_or(self.root), tokens)
+    }
+
     /// `n` blocks from the front of the free queue, or `None` (and nothing taken) if fewer are free.
+    /// Cached blocks among them are evicted (see `take_evicted`).
     pub fn allocate(&mut self, n: usize) -> Option<Vec<u32>> {
         if n > self.free.len() {
             return None;
         }
-        let blocks: Vec<u32> = self.free.drain(..n).collect();
+        let blocks: Vec<u32> = (0..n).map(|_| self.free.pop_front().expect("counted")).collect();
         for &b in &blocks {
             debug_assert_eq!(self.ref_counts[b as usize], 0, "block {b} was free and held");
             self.ref_counts[b as usize] = 1;
+            self.evict(b);
         }
         Some(blocks)
     }
 
+    fn evict(&mut self, b: u32) {
+        let Some(entry) = self.entries[b as usize].take() else { return };
+        let same_key = self.by_hash.get_mut(&entry.hash).expect("cached blocks are indexed");
+        same_key.retain(|&x| x != b);
+        if same_key.is_empty() {
+            self.by_hash.remove(&entry.hash);
+        }
+        self.num_cached -= 1;
+        self.generations[b as usize] = self.generations[b as usize].wrapping_add(1);
+        let CacheEntry { hash, parent_hash, tokens, .. } = entry;
+        self.evicted.push(EvictedBlock { block: b, hash, parent_hash, tokens });
+    }
+
+    /// Cached blocks evicted since the last call, in eviction order.
+    pub fn take_evicted(&mut self) -> Vec<EvictedBlock> {
+        std::mem::take(&mut self.evicted)
+    }
+
     /// Releases one hold on each block of a sequence's table. Blocks nobody holds any more join the free
-    /// queue tail first (last block first), so that a sequence's later blocks are reused before its
-    /// earlier ones: a shared prefix outlives the suffixes built on it.
+    /// queue: uncached ones at the front (reused first, they hold nothing worth keeping), cached ones at
+    /// the back, last block first, so a shared prefix outlives the suffixes built on it.
     pub fn release(&mut self, block_table: &[u32]) {
         for &b in block_table.iter().rev() {
             let count = &mut self.ref_counts[b as usize];
             assert!(*count > 0, "block {b} released more often than it was held");
             *count -= 1;
             if *count == 0 {
-                self.free.push_back(b);
+                if self.entries[b as usize].is_some() {
+                    self.free.push_back(b);
+                } else {
+                    self.free.push_front(b);
+                }
             }
         }
+    }
+
+    /// The longest run of cached blocks holding a sequence's first full blocks: `hashes[i]` is the key of
+    /// block `i`, `tokens` the sequence's tokens (at least `hashes.len()` blocks of them). Takes nothing.
+    pub fn lookup(&self, hashes: &[BlockHash], tokens: &[u32], block_size: usize) -> Vec<u32> {
+        let mut hit: Vec<u32> = Vec::new();
+        for (i, hash) in hashes.iter().enumerate() {
+            let want = &tokens[i * block_size..(i + 1) * block_size];
+            let parent = hit.last().map(|&p| (p, self.generations[p as usize]));
+            let found = self.by_hash.get(hash).and_then(|blocks| {
+                blocks.iter().copied().find(|&b| {
+                    let e = self.entries[b as usize].as_ref().expect("indexed blocks are cached");
+                    e.parent == parent && &*e.tokens == want
+                })
+            });
+            match found {
+                Some(b) => hit.push(b),
+                None => break,
+            }
+        }
+        hit
+    }
+
+    /// Of these blocks, how many nobody holds (taking them shrinks the free queue).
+    pub fn num_unheld(&self, blocks: &[u32]) -> usize {
+        blocks.iter().filter(|&&b| self.ref_counts[b as usize] == 0).count()
+    }
+
+    /// Adds one hold on each block (found by `lookup`), taking unheld ones out of the free queue.
+    pub fn acquire(&mut self, blocks: &[u32]) {
+        for &b in blocks {
+            if self.ref_counts[b as usize] == 0 {
+                self.free.remove(b);
+            }
+            self.ref_counts[b as usize] += 1;
+        }
+    }
+
+    /// Registers a full, computed block: `hash` is its key, `parent` the block before it in the same
+    /// sequence. A block already cached (found by a lookup) keeps its entry.
+    pub fn register(&mut self, block: u32, hash: BlockHash, parent: Option<(u32, BlockHash)>, tokens: &[u32]) {
+        if self.entries[block as usize].is_some() {
+            return;
+        }
+        let entry = CacheEntry {
+            hash,
+            parent_hash: parent.map_or(self.root, |p| p.1),
+            parent: parent.map(|(p, _)| (p, self.generations[p as usize])),
+            tokens: tokens.into(),
+        };
+        self.entries[block as usize] = Some(entry);
+        self.by_hash.entry(hash).or_default().push(block);
+        self.num_cached += 1;
     }
 
     /// How many sequences hold block `b`.
@@ -61,8 +222,12 @@ impl BlockPool {
         self.ref_counts[b as usize]
     }
 
+    pub fn is_cached(&self, b: u32) -> bool {
+        self.entries[b as usize].is_some()
+    }
+
     /// The free queue, front first (for tests and metrics).
     pub fn free_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.free.iter().copied()
+        self.free.iter()
     }
 }

@@ -14,12 +14,20 @@
 //! - When a running sequence needs a block and none is free, the newest running sequence is preempted:
 //!   its blocks are released, `num_computed_tokens` returns to 0, and it goes back to the front of the
 //!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
+//! - Prefix caching: every full block a sequence computes is registered in the pool under its chained
+//!   key. A sequence being admitted (new, or preempted and back) first takes the longest run of cached
+//!   blocks equal to its leading full blocks, capped so that at least its last token is computed (its
+//!   logits are needed), and starts computing after them. Hits are whole blocks, so no sequence ever
+//!   writes into a block another one holds.
 
 mod block_pool;
+mod free_queue;
+#[cfg(test)]
+mod prefix_tests;
 #[cfg(test)]
 mod tests;
 
-pub use block_pool::BlockPool;
+pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
 
 use std::collections::{HashMap, VecDeque};
 
@@ -35,6 +43,8 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     /// Longest sequence (prompt plus generated tokens) the model may see.
     pub max_model_len: usize,
+    /// Reuse cached blocks of earlier sequences' prefixes (automatic prefix caching).
+    pub prefix_caching: bool,
 }
 
 /// One request's tokens and where its KV state is.
@@ -50,6 +60,12 @@ pub struct Sequence {
     /// Generated tokens allowed (prompt + this fits `max_model_len`).
     pub max_new_tokens: usize,
     pub num_preemptions: u32,
+    /// Prompt tokens found in the prefix cache at first admission (not computed for this request).
+    pub num_cached_tokens: usize,
+    /// Keys of the sequence's full blocks so far, each computed once.
+    block_hashes: Vec<BlockHash>,
+    /// Leading blocks of `block_table` registered in the prefix cache.
+    num_registered_blocks: usize,
 }
 
 impl Sequence {
@@ -75,6 +91,8 @@ pub struct StepPlan {
     pub chunks: Vec<ScheduledChunk>,
     /// Sequences preempted while planning (now waiting, their blocks released).
     pub preempted: Vec<SeqId>,
+    /// Cached blocks handed out again while planning: their contents are overwritten by this step.
+    pub evicted: Vec<EvictedBlock>,
 }
 
 impl StepPlan {
@@ -121,19 +139,39 @@ pub struct Scheduler {
     /// Oldest admitted first; the last one is preempted first.
     running: Vec<SeqId>,
     num_preemptions: u64,
+    prefix_stats: PrefixCacheStats,
+}
+
+/// Prefix cache counters, in prompt tokens, over first admissions (as vLLM's queries and hits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    /// Prompt tokens of admitted requests.
+    pub queried_tokens: u64,
+    /// Of those, tokens found in the cache.
+    pub hit_tokens: u64,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, num_blocks: usize) -> Self {
+        Self::with_pool(config, BlockPool::new(num_blocks))
+    }
+
+    /// A scheduler over a given pool (its hash function and root key).
+    pub fn with_pool(config: SchedulerConfig, pool: BlockPool) -> Self {
         assert!(config.block_size > 0 && config.max_batch_tokens > 0 && config.max_running > 0, "scheduler limits must be positive");
         Scheduler {
             config,
-            pool: BlockPool::new(num_blocks),
+            pool,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             num_preemptions: 0,
+            prefix_stats: PrefixCacheStats::default(),
         }
+    }
+
+    pub fn prefix_stats(&self) -> PrefixCacheStats {
+        self.prefix_stats
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -185,6 +223,9 @@ impl Scheduler {
             num_computed_tokens: 0,
             block_table: Vec::new(),
             num_preemptions: 0,
+            num_cached_tokens: 0,
+            block_hashes: Vec::new(),
+            num_registered_blocks: 0,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -235,6 +276,7 @@ impl Scheduler {
         if plan.preempted.is_empty() {
             self.admit_waiting(&mut plan, budget);
         }
+        plan.evicted = self.pool.take_evicted();
         plan
     }
 
@@ -245,15 +287,58 @@ impl Scheduler {
             if budget == 0 || self.running.len() >= self.config.max_running {
                 break;
             }
-            let n_new = self.chunk_len(id, budget);
-            if !self.allocate_for(id, n_new) {
+            let hit = self.cached_prefix(id);
+            let bs = self.config.block_size;
+            let computed = hit.len() * bs;
+            let seq = &self.seqs[&id];
+            let n_new = (seq.tokens.len() - computed).min(budget);
+            let blocks_needed = (computed + n_new).div_ceil(bs) - hit.len();
+            if self.pool.num_free() < blocks_needed + self.pool.num_unheld(&hit) {
                 break;
             }
+            self.pool.acquire(&hit);
+            let seq = self.seqs.get_mut(&id).expect("waiting ids are known");
+            debug_assert!(seq.block_table.is_empty() && seq.num_computed_tokens == 0, "waiting sequences hold nothing");
+            if seq.num_preemptions == 0 {
+                seq.num_cached_tokens = computed;
+                self.prefix_stats.queried_tokens += seq.num_prompt_tokens as u64;
+                self.prefix_stats.hit_tokens += computed as u64;
+            }
+            seq.num_registered_blocks = hit.len();
+            seq.block_table = hit;
+            seq.num_computed_tokens = computed;
+            assert!(self.allocate_for(id, n_new), "the free blocks were counted");
             self.waiting.pop_front();
             self.running.push(id);
             plan.chunks.push(self.chunk(id, n_new));
             budget -= n_new;
         }
+    }
+
+    /// The cached blocks holding `id`'s leading full blocks (none with caching off), leaving at least
+    /// its last token to compute.
+    fn cached_prefix(&mut self, id: SeqId) -> Vec<u32> {
+        if !self.config.prefix_caching {
+            return Vec::new();
+        }
+        let bs = self.config.block_size;
+        let seq = self.seqs.get_mut(&id).expect("waiting ids are known");
+        let max_blocks = (seq.tokens.len() - 1) / bs;
+        extend_hashes(seq, max_blocks, bs, &self.pool);
+        self.pool.lookup(&seq.block_hashes[..max_blocks], &seq.tokens, bs)
+    }
+
+    /// Registers `id`'s newly computed full blocks in the prefix cache.
+    fn register_full_blocks(&mut self, id: SeqId) {
+        let bs = self.config.block_size;
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        let full = seq.num_computed_tokens / bs;
+        extend_hashes(seq, full, bs, &self.pool);
+        for j in seq.num_registered_blocks..full {
+            let parent = j.checked_sub(1).map(|p| (seq.block_table[p], seq.block_hashes[p]));
+            self.pool.register(seq.block_table[j], seq.block_hashes[j], parent, &seq.tokens[j * bs..(j + 1) * bs]);
+        }
+        seq.num_registered_blocks = seq.num_registered_blocks.max(full);
     }
 
     /// Tokens of `id` not yet computed, capped by the budget.
@@ -289,6 +374,7 @@ impl Scheduler {
         self.pool.release(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed_tokens = 0;
+        seq.num_registered_blocks = 0;
         seq.num_preemptions += 1;
         self.num_preemptions += 1;
         self.waiting.push_front(id);
@@ -305,7 +391,19 @@ impl Scheduler {
             assert_eq!(seq.num_computed_tokens, chunk.start, "sequence {} changed between plan and step", chunk.id);
             seq.num_computed_tokens += chunk.len;
             seq.tokens.extend(token);
+            if self.config.prefix_caching {
+                self.register_full_blocks(chunk.id);
+            }
         }
         assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");
+    }
+}
+
+/// Computes the keys of `seq`'s first `n_blocks` full blocks that it does not have yet.
+fn extend_hashes(seq: &mut Sequence, n_blocks: usize, block_size: usize, pool: &BlockPool) {
+    for j in seq.block_hashes.len()..n_blocks {
+        let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]);
+        let hash = pool.hash(parent, &seq.tokens[j * block_size..(j + 1) * block_size]);
+        seq.block_hashes.push(hash);
     }
 }

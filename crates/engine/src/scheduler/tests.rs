@@ -3,7 +3,7 @@
 use super::*;
 
 fn config(block_size: usize, max_batch_tokens: usize) -> SchedulerConfig {
-    SchedulerConfig { block_size, max_batch_tokens, max_running: 16, max_model_len: 1000 }
+    SchedulerConfig { block_size, max_batch_tokens, max_running: 16, max_model_len: 1000, prefix_caching: false }
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -28,9 +28,10 @@ fn pool_hands_out_ids_in_order_and_frees_tail_first() {
     assert_eq!(pool.allocate(3), Some(vec![0, 1, 2]));
     assert_eq!(pool.allocate(4), None, "all or nothing");
     assert_eq!(pool.num_free(), 3);
+    // blocks that hold no cached prefix go back to the front, in table order
     pool.release(&[0, 1, 2]);
-    assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![3, 4, 5, 2, 1, 0]);
-    assert_eq!(pool.allocate(4), Some(vec![3, 4, 5, 2]));
+    assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(pool.allocate(4), Some(vec![0, 1, 2, 3]));
     assert_eq!(pool.num_free(), 2);
 }
 
@@ -80,9 +81,9 @@ fn admission_is_first_come_first_served_and_waits_for_blocks() {
     s.remove(1);
     assert_eq!(s.pool().num_free(), 6);
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]);
-    // seq 1's blocks were freed tail first: 2, 1, 0 follow 3, 4, 5
-    assert_eq!(s.seq(2).unwrap().block_table, vec![3, 4, 5, 2]);
-    assert_eq!(s.seq(3).unwrap().block_table, vec![1]);
+    // seq 1's blocks (no prefix caching) went back to the front of the queue
+    assert_eq!(s.seq(2).unwrap().block_table, vec![0, 1, 2, 3]);
+    assert_eq!(s.seq(3).unwrap().block_table, vec![4]);
 }
 
 #[test]
@@ -100,11 +101,11 @@ fn the_newest_sequence_is_preempted_and_recomputed_later() {
     let seq2 = s.seq(2).unwrap();
     assert_eq!((seq2.num_computed_tokens, seq2.block_table.len(), seq2.num_preemptions), (0, 0, 1));
     assert_eq!(seq2.tokens.len(), 9, "generated tokens are kept");
-    assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![3, 2]);
-    // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 3
+    assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![2, 3]);
+    // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 2
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 8, 1, true)], "seq 2's 9 tokens need 3 blocks; only 1 is free");
-    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 3]);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 2]);
     assert_eq!(s.num_preemptions(), 1);
     // when seq 1 finishes, seq 2 recomputes prompt and generated tokens in one chunk and samples
     s.remove(1);
@@ -122,12 +123,12 @@ fn preemption_takes_the_newest_running_sequence_first() {
     step(&mut s); // token 4 fits the 2 blocks; 5 tokens each
     assert_eq!(s.pool().num_free(), 0);
     // token 5 needs a third block everywhere: seq 3 (the newest) is preempted, seqs 1 and 2 take its
-    // blocks (released tail first: 5, then 4)
+    // blocks (4, then 5)
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]);
     assert_eq!(plan.preempted, vec![3]);
-    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 5]);
-    assert_eq!(s.seq(2).unwrap().block_table, vec![2, 3, 4]);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 4]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![2, 3, 5]);
     assert_eq!(s.num_waiting(), 1);
 }
 
@@ -154,7 +155,7 @@ fn removing_sequences_returns_every_block() {
 
 #[test]
 fn requests_that_can_never_run_are_refused() {
-    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 8, max_running: 4, max_model_len: 32 }, 5);
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 8, max_running: 4, max_model_len: 32, prefix_caching: false }, 5);
     assert_eq!(s.add(1, vec![], 4), Err(AddError::EmptyPrompt));
     assert_eq!(s.add(1, prompt(32), 4), Err(AddError::TooLong { prompt: 32, max_model_len: 32 }));
     assert_eq!(s.add(1, prompt(20), 4), Err(AddError::TooLargeForPool { blocks_needed: 6, num_blocks: 5 }));
@@ -165,7 +166,7 @@ fn requests_that_can_never_run_are_refused() {
 
 #[test]
 fn the_running_limit_holds_back_admission() {
-    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, max_model_len: 100 }, 20);
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, max_model_len: 100, prefix_caching: false }, 20);
     for id in 1..=3 {
         s.add(id, prompt(4), 10).unwrap();
     }

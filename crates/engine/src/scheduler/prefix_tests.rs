@@ -1,0 +1,191 @@
+//! Model-free prefix cache tests: exact block ids reused, reference counts, eviction order, collisions
+//! and leaks.
+
+use super::*;
+
+fn cached_config(block_size: usize) -> SchedulerConfig {
+    SchedulerConfig { block_size, max_batch_tokens: 1000, max_running: 16, max_model_len: 1000, prefix_caching: true }
+}
+
+/// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.
+fn step(s: &mut Scheduler) -> StepPlan {
+    let plan = s.schedule();
+    let sampled: Vec<u32> = plan.chunks.iter().filter(|c| c.samples).map(|c| 100 + c.id as u32).collect();
+    s.complete_step(&plan, &sampled);
+    plan
+}
+
+fn chunk(id: SeqId, start: usize, len: usize) -> ScheduledChunk {
+    ScheduledChunk { id, start, len, samples: true }
+}
+
+fn free(s: &Scheduler) -> Vec<u32> {
+    s.pool().free_ids().collect()
+}
+
+#[test]
+fn a_repeated_prompt_reuses_its_full_blocks() {
+    let mut s = Scheduler::new(cached_config(4), 8);
+    let prompt: Vec<u32> = (0..10).collect();
+    s.add(1, prompt.clone(), 5).unwrap();
+    step(&mut s);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 1, 2]);
+    assert_eq!(s.pool().num_cached(), 2, "two full blocks computed");
+    s.remove(1);
+    // the partial block 2 holds nothing reusable: front; cached blocks at the back, tail first
+    assert_eq!(free(&s), vec![2, 3, 4, 5, 6, 7, 1, 0]);
+    s.add(2, prompt, 5).unwrap();
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 2)]);
+    let seq = s.seq(2).unwrap();
+    assert_eq!((seq.block_table.clone(), seq.num_cached_tokens), (vec![0, 1, 2], 8));
+    assert_eq!(s.prefix_stats(), PrefixCacheStats { queried_tokens: 20, hit_tokens: 8 });
+}
+
+#[test]
+fn a_hit_leaves_the_last_prompt_token_to_compute() {
+    let mut s = Scheduler::new(cached_config(4), 8);
+    let prompt: Vec<u32> = (0..8).collect();
+    s.add(1, prompt.clone(), 5).unwrap();
+    step(&mut s);
+    s.remove(1);
+    s.add(2, prompt, 5).unwrap();
+    // both blocks are cached, but only the first is used: the prompt's last token needs its logits
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 4, 4)]);
+    assert_eq!(s.seq(2).unwrap().block_table[0], 0);
+    assert_ne!(s.seq(2).unwrap().block_table[1], 1, "a cached block is never written into");
+}
+
+#[test]
+fn concurrent_requests_share_blocks_by_reference() {
+    let mut s = Scheduler::new(cached_config(4), 8);
+    let system: Vec<u32> = (0..8).collect();
+    s.add(1, [system.clone(), vec![50, 51]].concat(), 5).unwrap();
+    step(&mut s);
+    s.add(2, [system, vec![60, 61, 62]].concat(), 5).unwrap();
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true }, chunk(2, 8, 3)]);
+    assert_eq!(s.seq(2).unwrap().block_table, vec![0, 1, 3]);
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (2, 2));
+    s.remove(1);
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().ref_count(2)), (1, 1, 0));
+    s.remove(2);
+    assert_eq!(s.pool().num_free(), 8);
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_blocks_tail_first() {
+    let mut s = Scheduler::new(cached_config(2), 8);
+    s.add(1, vec![1, 2, 3, 4, 5], 1).unwrap(); // blocks 0 [1 2], 1 [3 4], 2 [5 ..]
+    step(&mut s);
+    s.remove(1);
+    s.add(2, vec![7, 8, 9, 10, 11], 1).unwrap(); // blocks 2 [7 8], 3 [9 10], 4 [11 ..]
+    step(&mut s);
+    s.remove(2);
+    assert_eq!(free(&s), vec![4, 5, 6, 7, 1, 0, 3, 2]);
+    // 6 blocks for a new prompt: the four uncached, then seq 1's tail block, then its first
+    s.add(3, (20..31).collect(), 1).unwrap();
+    let plan = step(&mut s);
+    assert_eq!(s.seq(3).unwrap().block_table, vec![4, 5, 6, 7, 1, 0]);
+    let evicted: Vec<(u32, Vec<u32>)> = plan.evicted.iter().map(|e| (e.block, e.tokens.to_vec())).collect();
+    assert_eq!(evicted, vec![(1, vec![3, 4]), (0, vec![1, 2])]);
+    // seq 2's prefix survived
+    s.remove(3);
+    s.add(4, vec![7, 8, 9, 10, 99], 1).unwrap();
+    step(&mut s);
+    assert_eq!(s.seq(4).unwrap().num_cached_tokens, 4);
+    assert_eq!(&s.seq(4).unwrap().block_table[..2], &[2, 3]);
+}
+
+/// Every block gets the same key.
+fn colliding_hash(_: BlockHash, _: &[u32]) -> BlockHash {
+    7
+}
+
+#[test]
+fn a_hash_collision_never_serves_another_prefix() {
+    let mut s = Scheduler::with_pool(cached_config(2), BlockPool::with_hasher(16, colliding_hash, 0));
+    s.add(1, vec![1, 2, 3, 4, 5], 1).unwrap(); // blocks [1 2] [3 4]
+    s.add(2, vec![6, 7, 8, 9, 10], 1).unwrap(); // blocks [6 7] [8 9]
+    step(&mut s);
+    s.remove(1);
+    s.remove(2);
+    // same key everywhere: only equal tokens after the very same parent block match
+    s.add(3, vec![6, 7, 8, 9, 0], 1).unwrap();
+    s.add(4, vec![1, 2, 8, 9, 0], 1).unwrap(); // first block of seq 1, second of seq 2
+    s.add(5, vec![3, 4, 1, 2, 0], 1).unwrap(); // blocks of seq 1, wrong order
+    step(&mut s);
+    assert_eq!(s.seq(3).unwrap().num_cached_tokens, 4);
+    assert_eq!(&s.seq(3).unwrap().block_table[..2], &[3, 4]);
+    assert_eq!(s.seq(4).unwrap().num_cached_tokens, 2);
+    assert_eq!(s.seq(4).unwrap().block_table[0], 0);
+    assert_eq!(s.seq(5).unwrap().num_cached_tokens, 0);
+}
+
+#[test]
+fn a_block_whose_parent_was_evicted_is_never_served() {
+    let mut pool = BlockPool::with_hasher(3, colliding_hash, 0);
+    assert_eq!(pool.allocate(2), Some(vec![0, 1]));
+    pool.register(0, 7, None, &[1, 2]);
+    pool.register(1, 7, Some((0, 7)), &[3, 4]);
+    pool.release(&[0]);
+    pool.release(&[1]);
+    assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![2, 0, 1]);
+    assert_eq!(pool.lookup(&[7, 7], &[1, 2, 3, 4], 2), vec![0, 1]);
+    // block 0 is evicted and computed again for the same tokens: its old child must not follow it
+    assert_eq!(pool.allocate(2), Some(vec![2, 0]));
+    pool.register(0, 7, None, &[1, 2]);
+    assert_eq!(pool.lookup(&[7, 7], &[1, 2, 3, 4], 2), vec![0]);
+}
+
+#[test]
+fn a_preempted_sequence_resumes_from_its_cached_blocks() {
+    let mut s = Scheduler::new(cached_config(4), 4);
+    s.add(1, (0..7).collect(), 100).unwrap();
+    s.add(2, (10..18).collect(), 100).unwrap();
+    step(&mut s); // 1: [0, 1], 8 tokens; 2: [2, 3], 9 tokens
+    let plan = step(&mut s); // seq 2 needs a third block: preempted
+    assert_eq!(plan.preempted, vec![2]);
+    s.remove(1);
+    // seq 2 comes back: its two full blocks are still cached, only its 9th token is recomputed
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(2, 8, 1)]);
+    assert_eq!(&s.seq(2).unwrap().block_table[..2], &[2, 3]);
+    assert_eq!(s.seq(2).unwrap().num_cached_tokens, 0, "cached_tokens counts the first admission only");
+}
+
+#[test]
+fn no_block_is_leaked_after_aborts() {
+    let mut s = Scheduler::new(cached_config(4), 24);
+    let system: Vec<u32> = (0..12).collect();
+    let mut next_id = 0;
+    for round in 0..30u32 {
+        for k in 0..3 {
+            let tail: Vec<u32> = (0..(round % 7 + k)).map(|t| 1000 + t * 3 + round).collect();
+            s.add(next_id, [system.clone(), tail].concat(), 6).unwrap();
+            next_id += 1;
+        }
+        step(&mut s);
+        step(&mut s);
+        // abort some mid-way, finish others at 6 tokens
+        let ids: Vec<SeqId> = s.seqs.keys().copied().collect();
+        for id in ids {
+            if (id % 2 == 0 && s.running.contains(&id)) || s.seqs[&id].num_generated() >= 6 {
+                s.remove(id);
+            }
+        }
+    }
+    while s.has_work() {
+        let plan = step(&mut s);
+        for c in plan.chunks {
+            if s.seq(c.id).is_some_and(|q| q.num_generated() >= 6) {
+                s.remove(c.id);
+            }
+        }
+    }
+    assert_eq!(s.pool().num_free(), 24);
+    assert!((0..24).all(|b| s.pool().ref_count(b) == 0));
+    let mut ids: Vec<u32> = free(&s);
+    ids.sort_unstable();
+    assert_eq!(ids, (0..24).collect::<Vec<_>>(), "each block once in the free queue");
+    assert!(s.prefix_stats().hit_tokens > 0, "the shared system prompt was reused");
+}

@@ -1,0 +1,98 @@
+//! Determinism across prefix cache states on the three real models: at temperature 0, a request whose
+//! prompt starts with cached blocks gives exactly the tokens of a cold prefill of the same prompt (the
+//! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
+//! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
+
+use reckon_engine::engine::{spawn, EngineConfig, Event, GenerateRequest};
+use reckon_engine::gguf::GgufFile;
+use reckon_engine::model::Model;
+use reckon_engine::registry::known_model_path;
+use reckon_engine::tokenizer::Tokenizer;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const NEW_TOKENS: usize = 16;
+
+fn open(name: &str) -> Option<GgufFile> {
+    let path = known_model_path(name).expect("known model");
+    if !path.exists() {
+        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
+        eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
+        return None;
+    }
+    Some(GgufFile::open(&path).expect("open model"))
+}
+
+/// The parity fixture's ~2,000-token text (real prose, the model's own tokenization).
+fn text_tokens(name: &str) -> Vec<u32> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    fx["teacher_forced"]["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
+}
+
+/// Token ids and cached prompt tokens of one greedy request.
+fn run(engine: &reckon_engine::engine::EngineHandle, prompt: &[u32]) -> (Vec<u32>, usize) {
+    let mut req = GenerateRequest::greedy(prompt.to_vec(), NEW_TOKENS);
+    req.ignore_eos = true;
+    let mut rx = engine.submit(req).unwrap().1;
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            Event::Token { id, .. } => ids.push(id),
+            Event::Finished { usage, .. } => return (ids, usage.cached_tokens),
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    panic!("no Finished event")
+}
+
+fn check_model(name: &str) {
+    let Some(file) = open(name) else { return };
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+    let model = Arc::new(Model::load(file).unwrap());
+    let text = text_tokens(name);
+    // a 403-token shared prefix (25 blocks and 3 tokens), three continuations, and exact repeats
+    let prefix = &text[..403];
+    let prompts: Vec<Vec<u32>> = vec![
+        [prefix, &text[500..537]].concat(),
+        [prefix, &text[600..611]].concat(),
+        text[..416].to_vec(), // exactly 26 blocks: the last block is recomputed
+        [prefix, &text[500..537]].concat(),
+        [prefix, &text[700..701]].concat(),
+    ];
+    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true };
+    let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
+    let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
+    let warm = spawn(model.clone(), tokenizer.clone(), config);
+    let mut cached = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let (ids, c) = run(&warm, p);
+        assert_eq!(ids, reference[i], "{name}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill");
+        cached.push(c);
+    }
+    assert_eq!(cached, vec![0, 400, 400, 432, 400], "{name}: cached tokens per request");
+    // concurrently, with small prefill chunks (hits land in the middle of other sequences' steps)
+    let busy = spawn(model, tokenizer, EngineConfig { max_batch_tokens: 48, ..config });
+    let got: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| run(&busy, p).0)).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, reference, "{name}: concurrent requests with shared blocks");
+    eprintln!("{name}: {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_smollm2() {
+    check_model("smollm2-135m");
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_gemma3() {
+    check_model("gemma3-270m");
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_qwen2() {
+    check_model("qwen2.5-coder-0.5b");
+}
