@@ -24,6 +24,8 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions,
     /// /v1/models, /health, /metrics.
     Serve(cmd::serve::ServeArgs),
+    /// Experiments: what an optimization buys on this machine (`reckon lab prefix`).
+    Lab(cmd::lab::LabArgs),
 }
 
 fn main() {
@@ -40,6 +42,7 @@ fn main() {
         Command::Info(a) => cmd::info::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Lab(a) => cmd::lab::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

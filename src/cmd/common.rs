@@ -78,6 +78,19 @@ pub fn model_path(spec: &str) -> Result<PathBuf> {
     Ok(resolve_model(spec)?)
 }
 
+/// `--kv-memory` in tokens, given the KV bytes one token takes.
+pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
+    let s = spec.trim();
+    let units = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
+    for (unit, scale) in units {
+        if let Some(n) = s.strip_suffix(unit) {
+            let n: f64 = n.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is not a number of {unit}"))?;
+            return Ok((n * scale as f64) as usize / bytes_per_token);
+        }
+    }
+    s.parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count"))
+}
+
 /// Everything needed to turn text into tokens and back around a model.
 pub struct Loaded {
     pub model: Model,

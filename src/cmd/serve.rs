@@ -1,6 +1,6 @@
 //! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
-use crate::cmd::common::{init_threads, load, ModelArgs};
+use crate::cmd::common::{init_threads, kv_tokens, load, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn, EngineConfig};
@@ -43,19 +43,6 @@ pub struct ServeArgs {
     /// Longest sequence (prompt and output), default the model's context up to 8192.
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
-}
-
-/// `--kv-memory` in tokens, given the KV bytes one token takes.
-fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
-    let s = spec.trim();
-    let units = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
-    for (unit, scale) in units {
-        if let Some(n) = s.strip_suffix(unit) {
-            let n: f64 = n.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is not a number of {unit}"))?;
-            return Ok((n * scale as f64) as usize / bytes_per_token);
-        }
-    }
-    s.parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count"))
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {

@@ -1,4 +1,17 @@
 //! reckon's lab: benchmarks and the statistics behind every figure reckon reports.
 
 pub mod bench;
+pub mod prefix;
 pub mod stats;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error(transparent)]
+    Engine(#[from] reckon_engine::Error),
+    #[error("request failed: {0}")]
+    Request(String),
+    #[error("plot: {0}")]
+    Plot(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
