@@ -51,6 +51,41 @@ impl KvStorage {
         dst_v.iter_mut().zip(v).for_each(|(o, &x)| *o = f16::from_f32(x));
     }
 
+    /// Bytes of one block: keys and values of every layer.
+    pub fn block_bytes(&self) -> usize {
+        2 * self.shape.num_layers * self.shape.block_size * self.shape.kv_dim * 2
+    }
+
+    /// Range of block `b`'s elements in a layer's keys (or values).
+    fn block_range(&self, b: u32) -> std::ops::Range<usize> {
+        let n = self.shape.block_size * self.shape.kv_dim;
+        b as usize * n..(b as usize + 1) * n
+    }
+
+    /// Block `b`'s keys and values: per layer its keys then its values, f16 little-endian.
+    pub fn read_block(&self, b: u32) -> Vec<u8> {
+        let r = self.block_range(b);
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for (k, v) in self.keys.iter().zip(&self.values) {
+            for x in k[r.clone()].iter().chain(&v[r.clone()]) {
+                out.extend_from_slice(&x.to_bits().to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
+    pub fn write_block(&mut self, b: u32, data: &[u8]) {
+        assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
+        let r = self.block_range(b);
+        let mut src = data.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])));
+        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            for x in k[r.clone()].iter_mut().chain(v[r.clone()].iter_mut()) {
+                *x = src.next().expect("length checked");
+            }
+        }
+    }
+
     /// All keys and values of one layer, indexed by slot.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.keys[layer], &self.values[layer])

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
-use reckon_engine::engine::{spawn, Detokenizer, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
+use reckon_engine::engine::{spawn, spawn_with, Detokenizer, DiskTierConfig, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
 use reckon_engine::quant::GgmlType;
@@ -215,4 +215,93 @@ fn a_prefix_cache_hit_gives_the_tokens_of_a_cold_prefill() {
     let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
     assert_eq!(got, reference, "concurrent, with a small pool");
     wait_idle(&engine);
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("reckon-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "kvb")).collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
+    let model = model();
+    let dir = temp_dir("disk-restart");
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
+    let first = shared_prefix_requests().remove(1);
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
+    let reference = drain(spawn(model.clone(), Arc::new(Names), cold).submit(first.clone()).unwrap().1).0;
+    // first life: compute it, shut down (every cached block is written)
+    let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
+    assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
+    engine.shutdown();
+    assert!(matches!(engine.submit(first.clone()), Err(SubmitError::Stopped)));
+    let files = block_files(&dir);
+    assert!(files.len() >= 9, "the prompt's full blocks are on disk: {files:?}");
+    // second life: the same prompt is read back, not computed, and gives the same tokens
+    let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
+    let (ids, _, _, usage) = drain_usage(engine.submit(first.clone()).unwrap().1);
+    assert_eq!(ids, reference);
+    assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
+    assert_eq!(engine.stats().prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), usage.cached_tokens as u64);
+    engine.shutdown();
+    // another model with the same directory finds nothing
+    let other = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 12)).unwrap()).unwrap());
+    let engine = spawn_with(other, Arc::new(Names), config(64, 64), disk.clone()).unwrap();
+    assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
+    engine.shutdown();
+    // damaged files: a flipped data byte in the first block, a truncated second one; nothing wrong is
+    // served (the prefix up to the damage is all a cache could use) and the tokens stay right
+    for f in block_files(&dir) {
+        std::fs::remove_file(f).unwrap();
+    }
+    let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
+    drain(engine.submit(first.clone()).unwrap().1);
+    engine.shutdown();
+    for f in block_files(&dir) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        std::fs::write(&f, &bytes).unwrap();
+    }
+    let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk).unwrap();
+    let (ids, _, _, usage) = drain_usage(engine.submit(first).unwrap().1);
+    assert_eq!((ids, usage.cached_tokens), (reference, 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn blocks_evicted_from_memory_are_read_back_from_disk() {
+    let model = model();
+    let dir = temp_dir("disk-evict");
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
+    let requests = shared_prefix_requests();
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
+    let reference = drain(spawn(model.clone(), Arc::new(Names), cold).submit(requests[0].clone()).unwrap().1).0;
+    // 16 blocks of 4 tokens: other prompts push the first one's blocks out of memory
+    let engine = spawn_with(model.clone(), Arc::new(Names), config(16, 64), disk).unwrap();
+    drain(engine.submit(requests[0].clone()).unwrap().1);
+    for seed in 0..4 {
+        drain(engine.submit(GenerateRequest::greedy(prompt(900 + seed, 40), 4)).unwrap().1);
+    }
+    // the writer runs in the background: wait for its files (then a moment for its index)
+    for _ in 0..500 {
+        if block_files(&dir).len() >= 9 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let stats = engine.stats();
+    let (ids, _, _, usage) = drain_usage(engine.submit(requests[0].clone()).unwrap().1);
+    assert_eq!(ids, reference);
+    assert!(stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed) >= 36, "cached {} ({stats:?})", usage.cached_tokens);
+    engine.shutdown();
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,14 +5,17 @@
 //! A request whose event receiver is dropped is treated as aborted at its next token; an explicit abort
 //! is handled before the next step. Either way its blocks are released within one step.
 
+mod disk_tier;
 mod request;
 
+pub use disk_tier::{DiskTierConfig, KvFormat};
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
 
 use crate::kv::KvStorage;
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use crate::sampler::Sampler;
-use crate::scheduler::{Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{sha256_block_hash, BlockPool, EvictedBlock, Restore, Scheduler, SchedulerConfig, StepPlan};
+use disk_tier::{BlockFile, DiskTier};
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -90,6 +93,9 @@ pub struct EngineStats {
     pub prefix_cache_hit_tokens: AtomicU64,
     /// Blocks holding a cached prefix (held by a request or not).
     pub prefix_cache_blocks: AtomicUsize,
+    /// Of the hit tokens, those read back from the disk tier; block files there.
+    pub prefix_cache_disk_hit_tokens: AtomicU64,
+    pub prefix_cache_disk_blocks: AtomicUsize,
     /// Submitted but not yet seen by the engine (counts toward the waiting limit).
     unseen: AtomicUsize,
 }
@@ -97,6 +103,8 @@ pub struct EngineStats {
 enum Command {
     Submit { id: RequestId, req: GenerateRequest, events: UnboundedSender<Event>, arrived: Instant },
     Abort(RequestId),
+    /// Abort everything, save the prefix cache to disk, acknowledge, stop.
+    Shutdown(std::sync::mpsc::Sender<()>),
 }
 
 /// The client side of the engine; cheap to clone, usable from any thread or task.
@@ -131,6 +139,15 @@ impl EngineHandle {
     /// Stops a request; its receiver gets `Finished { reason: Abort, .. }` unless it already finished.
     pub fn abort(&self, id: RequestId) {
         let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Stops the engine: requests still running or waiting end as aborted, every cached block not yet in
+    /// the disk tier (if any) is written there, and then this returns. Later submits are refused.
+    pub fn shutdown(&self) {
+        let (ack, done) = std::sync::mpsc::channel();
+        if self.commands.send(Command::Shutdown(ack)).is_ok() {
+            let _ = done.recv();
+        }
     }
 
     pub fn stats(&self) -> &EngineStats {
@@ -168,6 +185,23 @@ impl EngineHandle {
 
 /// Starts the engine thread. It stops when every handle is dropped and no request is left.
 pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig) -> EngineHandle {
+    spawn_with(model, detok, config, None).expect("no disk tier to open")
+}
+
+/// `spawn`, with the prefix cache's disk tier in `disk` (ignored when prefix caching is off). Fails if
+/// the directory cannot be created or read.
+pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
+    let kv = model.new_kv(config.block_size, config.num_blocks);
+    // With a disk tier, chain keys start from the model's fingerprint: files of other models never match.
+    let disk = match disk.filter(|_| config.prefix_caching) {
+        Some(d) => {
+            let (shape, fingerprint) = (kv.shape, model.fingerprint());
+            let format = KvFormat { model: fingerprint, num_layers: shape.num_layers as u32, kv_dim: shape.kv_dim as u32, block_size: shape.block_size as u32, dtype: 0 };
+            Some(DiskTier::open(&d, format)?)
+        }
+        None => None,
+    };
+    let root = disk.as_ref().map_or(0, |d| d.format().model);
     let (commands, rx) = mpsc::unbounded_channel();
     let stats = Arc::new(EngineStats::default());
     let vocab_size = model.config.vocab_size;
@@ -179,8 +213,9 @@ pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfi
         prefix_caching: config.prefix_caching,
     };
     let engine = EngineLoop {
-        kv: model.new_kv(config.block_size, config.num_blocks),
-        sched: Scheduler::new(sched_config, config.num_blocks),
+        kv,
+        sched: Scheduler::with_pool(sched_config, BlockPool::with_hasher(config.num_blocks, sha256_block_hash, root)),
+        disk,
         scratch: Scratch::default(),
         requests: HashMap::new(),
         model,
@@ -188,8 +223,8 @@ pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfi
         commands: rx,
         stats: stats.clone(),
     };
-    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || engine.run()).expect("spawn the engine thread");
-    EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, vocab_size }
+    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || engine.run())?;
+    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, vocab_size })
 }
 
 /// A request the engine is working on.
@@ -201,6 +236,8 @@ struct Active {
     arrived: Instant,
     first_scheduled: Option<Instant>,
     first_token: Option<Instant>,
+    /// Keys and values of prompt blocks read from the disk tier, until the first admission uses them.
+    restored: Vec<Vec<u8>>,
 }
 
 struct EngineLoop {
@@ -208,6 +245,7 @@ struct EngineLoop {
     detok: Arc<dyn Detokenizer>,
     kv: KvStorage,
     sched: Scheduler,
+    disk: Option<DiskTier>,
     scratch: Scratch,
     requests: HashMap<RequestId, Active>,
     commands: UnboundedReceiver<Command>,
@@ -220,16 +258,18 @@ impl EngineLoop {
             if !self.sched.has_work() {
                 // Idle: sleep until a command comes; every handle gone means shut down.
                 match self.commands.blocking_recv() {
+                    Some(Command::Shutdown(ack)) => return self.stop(Some(ack)),
                     Some(cmd) => self.handle(cmd),
-                    None => return,
+                    None => return self.stop(None),
                 }
             }
             loop {
                 match self.commands.try_recv() {
+                    Ok(Command::Shutdown(ack)) => return self.stop(Some(ack)),
                     Ok(cmd) => self.handle(cmd),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) if self.sched.has_work() => break,
-                    Err(TryRecvError::Disconnected) => return,
+                    Err(TryRecvError::Disconnected) => return self.stop(None),
                 }
             }
             if self.sched.has_work() {
@@ -248,7 +288,8 @@ impl EngineLoop {
                 match self.sched.add(id, prompt, req.max_new_tokens) {
                     Ok(()) => {
                         let sampler = Sampler::new(req.sampling.clone());
-                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None };
+                        let restored = self.restore_from_disk(id);
+                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored };
                         self.requests.insert(id, active);
                     }
                     Err(e) => {
@@ -257,19 +298,91 @@ impl EngineLoop {
                 }
             }
             Command::Abort(id) => self.finish(id, FinishReason::Abort),
+            Command::Shutdown(_) => unreachable!("handled by the loop"),
+        }
+    }
+
+    /// Ends every request as aborted and saves the prefix cache to the disk tier.
+    fn stop(&mut self, ack: Option<std::sync::mpsc::Sender<()>>) {
+        let ids: Vec<RequestId> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.finish(id, FinishReason::Abort);
+        }
+        self.publish_stats();
+        if let Some(disk) = self.disk.take() {
+            for e in self.sched.pool().cached_blocks() {
+                if !disk.contains(e.hash) {
+                    disk.store(self.block_file(e), true);
+                }
+            }
+            disk.close();
+        }
+        if let Some(ack) = ack {
+            let _ = ack.send(());
+        }
+    }
+
+    fn block_file(&self, e: EvictedBlock) -> BlockFile {
+        BlockFile { hash: e.hash, parent_hash: e.parent_hash, data: self.kv.read_block(e.block), tokens: e.tokens }
+    }
+
+    /// Reads the prompt's next cached blocks from the disk tier (after those in memory now) and offers
+    /// them to the scheduler; returns their keys and values.
+    fn restore_from_disk(&mut self, id: RequestId) -> Vec<Vec<u8>> {
+        let Some(disk) = &self.disk else { return Vec::new() };
+        let tokens = self.sched.seq(id).expect("just added").tokens.clone();
+        let (hashes, in_memory) = self.sched.probe(&tokens);
+        let (bs, root) = (self.kv.shape.block_size, self.sched.pool().root());
+        let mut blocks = Vec::new();
+        for i in in_memory..hashes.len() {
+            let parent = if i == 0 { root } else { hashes[i - 1] };
+            match disk.load(hashes[i], parent, &tokens[i * bs..(i + 1) * bs]) {
+                Some(data) if data.len() == self.kv.block_bytes() => blocks.push(data),
+                _ => break,
+            }
+        }
+        self.sched.offer_restored(id, in_memory, blocks.len());
+        blocks
+    }
+
+    /// Writes cached blocks about to be overwritten to the disk tier (in the background).
+    fn save_evicted(&mut self, evicted: Vec<EvictedBlock>) {
+        if let Some(disk) = &self.disk {
+            for e in evicted {
+                if !disk.contains(e.hash) {
+                    disk.store(self.block_file(e), false);
+                }
+            }
+        }
+    }
+
+    /// Fills the blocks the scheduler assigned to restored prompt blocks.
+    fn write_restores(&mut self, restores: &[Restore]) {
+        for r in restores {
+            let Some(active) = self.requests.get_mut(&r.id) else { continue };
+            let data = std::mem::take(&mut active.restored);
+            for (i, &b) in r.blocks.iter().enumerate() {
+                self.kv.write_block(b, &data[r.skip + i]);
+            }
         }
     }
 
     /// One model step over everything the scheduler planned.
     fn step(&mut self) {
-        let plan = self.sched.schedule();
+        let mut plan = self.sched.schedule();
+        // evicted blocks are saved before restores or this step overwrite them
+        self.save_evicted(std::mem::take(&mut plan.evicted));
+        self.write_restores(&plan.restores);
         if plan.is_empty() {
             return;
         }
         let now = Instant::now();
         for c in &plan.chunks {
             if let Some(a) = self.requests.get_mut(&c.id) {
-                a.first_scheduled.get_or_insert(now);
+                if a.first_scheduled.is_none() {
+                    a.first_scheduled = Some(now);
+                    a.restored = Vec::new();
+                }
             }
         }
         let sampled = match self.forward_and_sample(&plan) {
@@ -373,6 +486,8 @@ impl EngineLoop {
         s.prefix_cache_queried_tokens.store(prefix.queried_tokens, Ordering::Relaxed);
         s.prefix_cache_hit_tokens.store(prefix.hit_tokens, Ordering::Relaxed);
         s.prefix_cache_blocks.store(pool.num_cached(), Ordering::Relaxed);
+        s.prefix_cache_disk_hit_tokens.store(prefix.disk_hit_tokens, Ordering::Relaxed);
+        s.prefix_cache_disk_blocks.store(self.disk.as_ref().map_or(0, |d| d.usage().0), Ordering::Relaxed);
     }
 }
 

@@ -82,6 +82,23 @@ impl Model {
         &self.file
     }
 
+    /// A 128-bit fingerprint of the model file: its size, its first 4 MiB (metadata, tokenizer and tensor
+    /// table) and 64 KiB samples at 64 points of the tensor data. Files of the prefix cache's disk tier
+    /// name the model they were computed with by it.
+    pub fn fingerprint(&self) -> u128 {
+        use sha2::{Digest, Sha256};
+        let raw = self.file.raw();
+        let mut h = Sha256::new();
+        h.update((raw.len() as u64).to_le_bytes());
+        h.update(&raw[..raw.len().min(4 << 20)]);
+        let sample = 64 << 10;
+        for i in 0..64 {
+            let at = (raw.len() / 64 * i).min(raw.len().saturating_sub(sample));
+            h.update(&raw[at..(at + sample).min(raw.len())]);
+        }
+        u128::from_le_bytes(h.finalize()[..16].try_into().expect("SHA-256 has 32 bytes"))
+    }
+
     /// A KV storage shaped for this model.
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> KvStorage {
         KvStorage::new(KvShape { num_layers: self.config.n_layers, kv_dim: self.config.kv_dim(), block_size, num_blocks })

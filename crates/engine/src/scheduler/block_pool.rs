@@ -217,6 +217,19 @@ impl BlockPool {
         self.num_cached += 1;
     }
 
+    /// The parent key of every sequence's first block.
+    pub fn root(&self) -> BlockHash {
+        self.root
+    }
+
+    /// Every cached block, as it would be described on eviction (to save them all at shutdown).
+    pub fn cached_blocks(&self) -> Vec<EvictedBlock> {
+        let entries = self.entries.iter().enumerate();
+        entries
+            .filter_map(|(b, e)| e.as_ref().map(|e| EvictedBlock { block: b as u32, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone() }))
+            .collect()
+    }
+
     /// How many sequences hold block `b`.
     pub fn ref_count(&self, b: u32) -> u32 {
         self.ref_counts[b as usize]

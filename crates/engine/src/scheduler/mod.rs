@@ -66,6 +66,9 @@ pub struct Sequence {
     block_hashes: Vec<BlockHash>,
     /// Leading blocks of `block_table` registered in the prefix cache.
     num_registered_blocks: usize,
+    /// Blocks `first..first + n` of the prompt whose keys and values the engine holds (read from the disk
+    /// tier), usable at first admission if the memory hit reaches `first`.
+    restorable: Option<(usize, usize)>,
 }
 
 impl Sequence {
@@ -93,6 +96,17 @@ pub struct StepPlan {
     pub preempted: Vec<SeqId>,
     /// Cached blocks handed out again while planning: their contents are overwritten by this step.
     pub evicted: Vec<EvictedBlock>,
+    /// Blocks to fill with restored keys and values before this step runs.
+    pub restores: Vec<Restore>,
+}
+
+/// Restored blocks of a sequence admitted in this step: `blocks[i]` gets the engine's restorable block
+/// `skip + i` (counted from the offer's first block).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    pub id: SeqId,
+    pub skip: usize,
+    pub blocks: Vec<u32>,
 }
 
 impl StepPlan {
@@ -147,8 +161,10 @@ pub struct Scheduler {
 pub struct PrefixCacheStats {
     /// Prompt tokens of admitted requests.
     pub queried_tokens: u64,
-    /// Of those, tokens found in the cache.
+    /// Of those, tokens found in the cache (memory or disk).
     pub hit_tokens: u64,
+    /// Of the hits, tokens restored from the disk tier.
+    pub disk_hit_tokens: u64,
 }
 
 impl Scheduler {
@@ -226,6 +242,7 @@ impl Scheduler {
             num_cached_tokens: 0,
             block_hashes: Vec::new(),
             num_registered_blocks: 0,
+            restorable: None,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -288,11 +305,15 @@ impl Scheduler {
                 break;
             }
             let hit = self.cached_prefix(id);
-            let bs = self.config.block_size;
-            let computed = hit.len() * bs;
+            let (bs, m) = (self.config.block_size, hit.len());
             let seq = &self.seqs[&id];
+            let (restore, skip) = match seq.restorable {
+                Some((first, n)) if m >= first && m < first + n => (first + n - m, m - first),
+                _ => (0, 0),
+            };
+            let computed = (m + restore) * bs;
             let n_new = (seq.tokens.len() - computed).min(budget);
-            let blocks_needed = (computed + n_new).div_ceil(bs) - hit.len();
+            let blocks_needed = (computed + n_new).div_ceil(bs) - m;
             if self.pool.num_free() < blocks_needed + self.pool.num_unheld(&hit) {
                 break;
             }
@@ -303,15 +324,44 @@ impl Scheduler {
                 seq.num_cached_tokens = computed;
                 self.prefix_stats.queried_tokens += seq.num_prompt_tokens as u64;
                 self.prefix_stats.hit_tokens += computed as u64;
+                self.prefix_stats.disk_hit_tokens += (restore * bs) as u64;
             }
-            seq.num_registered_blocks = hit.len();
+            seq.restorable = None;
+            seq.num_registered_blocks = m;
             seq.block_table = hit;
             seq.num_computed_tokens = computed;
             assert!(self.allocate_for(id, n_new), "the free blocks were counted");
+            if restore > 0 {
+                plan.restores.push(Restore { id, skip, blocks: self.seqs[&id].block_table[m..m + restore].to_vec() });
+            }
             self.waiting.pop_front();
             self.running.push(id);
             plan.chunks.push(self.chunk(id, n_new));
             budget -= n_new;
+        }
+    }
+
+    /// Keys of the blocks of `tokens` a cache hit may cover (all full blocks but the one holding the last
+    /// token), and how many of them are cached in memory now. Takes nothing.
+    pub fn probe(&self, tokens: &[u32]) -> (Vec<BlockHash>, usize) {
+        let bs = self.config.block_size;
+        let max_blocks = tokens.len().saturating_sub(1) / bs;
+        let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_blocks);
+        for j in 0..max_blocks {
+            let hash = self.pool.hash(hashes.last().copied(), &tokens[j * bs..(j + 1) * bs]);
+            hashes.push(hash);
+        }
+        let in_memory = if self.config.prefix_caching { self.pool.lookup(&hashes, tokens, bs).len() } else { 0 };
+        (hashes, in_memory)
+    }
+
+    /// Tells the scheduler the engine holds the keys and values of blocks `first..first + n` of a
+    /// waiting sequence's prompt (see `Restore`).
+    pub fn offer_restored(&mut self, id: SeqId, first: usize, n: usize) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            if seq.num_computed_tokens == 0 && n > 0 {
+                seq.restorable = Some((first, n));
+            }
         }
     }
 
