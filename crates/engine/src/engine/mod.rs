@@ -304,6 +304,14 @@ impl EngineLoop {
 
     /// Ends every request as aborted and saves the prefix cache to the disk tier.
     fn stop(&mut self, ack: Option<std::sync::mpsc::Sender<()>>) {
+        // refuse what is still queued, and everything from now on (submit then says Stopped)
+        self.commands.close();
+        while let Ok(cmd) = self.commands.try_recv() {
+            if let Command::Submit { events, .. } = cmd {
+                self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
+                let _ = events.send(Event::Error(SubmitError::Stopped.to_string()));
+            }
+        }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
         for id in ids {
             self.finish(id, FinishReason::Abort);
