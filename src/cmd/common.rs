@@ -78,17 +78,26 @@ pub fn model_path(spec: &str) -> Result<PathBuf> {
     Ok(resolve_model(spec)?)
 }
 
-/// `--kv-memory` in tokens, given the KV bytes one token takes.
-pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
+/// A byte size with a unit (`512MiB`, `2GiB`, `1GB`, `100B`); `None` without a unit.
+pub fn byte_size(spec: &str, flag: &str) -> Result<Option<usize>> {
     let s = spec.trim();
     let units = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
     for (unit, scale) in units {
         if let Some(n) = s.strip_suffix(unit) {
-            let n: f64 = n.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is not a number of {unit}"))?;
-            return Ok((n * scale as f64) as usize / bytes_per_token);
+            let n: f64 = n.trim().parse().with_context(|| format!("{flag}: '{spec}' is not a number of {unit}"))?;
+            anyhow::ensure!(n >= 0.0, "{flag}: '{spec}' is negative");
+            return Ok(Some((n * scale as f64) as usize));
         }
     }
-    s.parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count"))
+    Ok(None)
+}
+
+/// `--kv-memory` in tokens, given the KV bytes one token takes.
+pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
+    match byte_size(spec, "--kv-memory")? {
+        Some(bytes) => Ok(bytes / bytes_per_token),
+        None => spec.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count")),
+    }
 }
 
 /// Everything needed to turn text into tokens and back around a model.

@@ -1,10 +1,11 @@
 //! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
-use crate::cmd::common::{init_threads, kv_tokens, load, ModelArgs};
+use crate::cmd::common::{byte_size, init_threads, kv_tokens, load, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{spawn, EngineConfig};
+use reckon_engine::engine::{spawn_with, DiskTierConfig, EngineConfig, EngineHandle};
 use reckon_server::{router, AppState};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Args)]
@@ -40,6 +41,13 @@ pub struct ServeArgs {
     /// Compute every prompt from scratch.
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
+    /// Also keep prefix-cache blocks on disk here: blocks evicted from memory (and all cached blocks at
+    /// shutdown) are written to it and read back on a hit, also after a restart with the same model.
+    #[arg(long)]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Size bound of --prefix-cache-dir; the least recently used block files go first.
+    #[arg(long, default_value = "4GiB")]
+    pub prefix_cache_dir_size: String,
     /// Longest sequence (prompt and output), default the model's context up to 8192.
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
@@ -65,15 +73,48 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let model_id = args.model.model.clone();
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = spawn(Arc::new(loaded.model), tokenizer.clone(), config);
+    let disk = match &args.prefix_cache_dir {
+        Some(dir) => {
+            let max_bytes = byte_size(&args.prefix_cache_dir_size, "--prefix-cache-dir-size")?.context("--prefix-cache-dir-size needs a unit (4GiB, 500MB)")?;
+            anyhow::ensure!(!args.no_prefix_cache, "--prefix-cache-dir needs the prefix cache; drop --no-prefix-cache");
+            Some(DiskTierConfig { dir: dir.clone(), max_bytes: max_bytes as u64 })
+        }
+        None => None,
+    };
+    let engine = spawn_with(Arc::new(loaded.model), tokenizer.clone(), config, disk)
+        .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
     let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone(), metrics: Default::default() };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.block_size);
-        axum::serve(listener, router(state)).await.context("server failed")
+        let engine = state.engine.clone();
+        axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine)).await.context("server failed")
     })
+}
+
+/// Resolves on SIGINT or SIGTERM, once the engine has stopped: running requests end (aborted), the
+/// prefix cache is saved to its disk tier, and then the server stops.
+async fn stop_on_signal(engine: EngineHandle) {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
+    eprintln!("reckon: stopping (saving the prefix cache if it has a disk tier)");
+    let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
 }
 
 #[cfg(test)]

@@ -92,6 +92,7 @@ pub fn render(state: &AppState) -> String {
     let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\"");
     gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
     gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
+    gauge("reckon_prefix_cache_disk_blocks", "Block files in the prefix cache's disk tier.", &m, load(&s.prefix_cache_disk_blocks) as f64);
     gauge("reckon_prefix_cache_blocks", "KV-cache blocks holding a cached prefix (in use or reclaimable).", &m, load(&s.prefix_cache_blocks) as f64);
     let mut counter = |name: &str, help: &str, v: u64| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}");
@@ -100,6 +101,7 @@ pub fn render(state: &AppState) -> String {
     counter("reckon_generation_tokens_total", "Generated tokens.", count(&s.generated_tokens));
     counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", count(&s.prefix_cache_queried_tokens));
     counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).", count(&s.prefix_cache_hit_tokens));
+    counter("reckon_prefix_cache_disk_hits_total", "Prompt tokens read back from the prefix cache's disk tier.", count(&s.prefix_cache_disk_hit_tokens));
     counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
     counter("reckon_request_success_total", "Requests finished (stop or length).", count(&s.finished_requests));
     counter("reckon_request_aborted_total", "Requests aborted (client gone or stop string).", count(&s.aborted_requests));
