@@ -90,7 +90,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.block_size);
         let engine = state.engine.clone();
-        axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine)).await.context("server failed")
+        let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone())).await;
+        // also after a server error: the engine saves its prefix cache before the process ends
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        served.context("server failed")
     })
 }
 
@@ -113,7 +116,12 @@ async fn stop_on_signal(engine: EngineHandle) {
         _ = interrupt => {}
         _ = terminate => {}
     }
-    eprintln!("reckon: stopping (saving the prefix cache if it has a disk tier)");
+    eprintln!("reckon: stopping (saving the prefix cache if it has a disk tier; interrupt again to quit now)");
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
     let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
 }
 

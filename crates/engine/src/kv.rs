@@ -67,8 +67,8 @@ impl KvStorage {
         let r = self.block_range(b);
         let mut out = Vec::with_capacity(self.block_bytes());
         for (k, v) in self.keys.iter().zip(&self.values) {
-            for x in k[r.clone()].iter().chain(&v[r.clone()]) {
-                out.extend_from_slice(&x.to_bits().to_le_bytes());
+            for part in [&k[r.clone()], &v[r.clone()]] {
+                extend_le_bytes(&mut out, part);
             }
         }
         out
@@ -89,5 +89,20 @@ impl KvStorage {
     /// All keys and values of one layer, indexed by slot.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.keys[layer], &self.values[layer])
+    }
+}
+
+/// Appends f16 values as little-endian bytes (one copy on little-endian machines).
+fn extend_le_bytes(out: &mut Vec<u8>, values: &[f16]) {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: f16 is a plain 2-byte value with no padding; its in-memory bytes are its bits in
+        // little-endian order on this target.
+        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+        out.extend_from_slice(bytes);
+    }
+    #[cfg(not(target_endian = "little"))]
+    for x in values {
+        out.extend_from_slice(&x.to_bits().to_le_bytes());
     }
 }

@@ -8,7 +8,7 @@
 mod disk_tier;
 mod request;
 
-pub use disk_tier::{DiskTierConfig, KvFormat};
+pub use disk_tier::{DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
 
 use crate::kv::KvStorage;
@@ -22,6 +22,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+
+/// Keys and values read back from the disk tier and held by one waiting request, at most.
+const RESTORE_MAX_BYTES: usize = 256 << 20;
 
 #[derive(Clone, Copy, Debug)]
 pub struct EngineConfig {
@@ -100,11 +103,13 @@ pub struct EngineStats {
     unseen: AtomicUsize,
 }
 
+type Ack = std::sync::mpsc::Sender<()>;
+
 enum Command {
     Submit { id: RequestId, req: GenerateRequest, events: UnboundedSender<Event>, arrived: Instant },
     Abort(RequestId),
     /// Abort everything, save the prefix cache to disk, acknowledge, stop.
-    Shutdown(std::sync::mpsc::Sender<()>),
+    Shutdown(Ack),
 }
 
 /// The client side of the engine; cheap to clone, usable from any thread or task.
@@ -196,12 +201,19 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
     let disk = match disk.filter(|_| config.prefix_caching) {
         Some(d) => {
             let (shape, fingerprint) = (kv.shape, model.fingerprint());
-            let format = KvFormat { model: fingerprint, num_layers: shape.num_layers as u32, kv_dim: shape.kv_dim as u32, block_size: shape.block_size as u32, dtype: 0 };
+            let format = KvFormat {
+                model: fingerprint,
+                num_layers: shape.num_layers as u32,
+                kv_dim: shape.kv_dim as u32,
+                block_size: shape.block_size as u32,
+                dtype: 0,
+                version: KV_NUMERICS_VERSION,
+            };
             Some(DiskTier::open(&d, format)?)
         }
         None => None,
     };
-    let root = disk.as_ref().map_or(0, |d| d.format().model);
+    let root = disk.as_ref().map_or(0, |d| sha256_block_hash(d.format().model, &[KV_NUMERICS_VERSION]));
     let (commands, rx) = mpsc::unbounded_channel();
     let stats = Arc::new(EngineStats::default());
     let vocab_size = model.config.vocab_size;
@@ -303,13 +315,19 @@ impl EngineLoop {
     }
 
     /// Ends every request as aborted and saves the prefix cache to the disk tier.
-    fn stop(&mut self, ack: Option<std::sync::mpsc::Sender<()>>) {
-        // refuse what is still queued, and everything from now on (submit then says Stopped)
+    fn stop(&mut self, ack: Option<Ack>) {
+        // refuse what is still queued, and everything from now on (submit then says Stopped); other
+        // shutdown callers are answered when the save is done
+        let mut acks: Vec<Ack> = ack.into_iter().collect();
         self.commands.close();
         while let Ok(cmd) = self.commands.try_recv() {
-            if let Command::Submit { events, .. } = cmd {
-                self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
-                let _ = events.send(Event::Error(SubmitError::Stopped.to_string()));
+            match cmd {
+                Command::Submit { events, .. } => {
+                    self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
+                    let _ = events.send(Event::Error(SubmitError::Stopped.to_string()));
+                }
+                Command::Shutdown(ack) => acks.push(ack),
+                Command::Abort(_) => {}
             }
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
@@ -318,14 +336,17 @@ impl EngineLoop {
         }
         self.publish_stats();
         if let Some(disk) = self.disk.take() {
+            // in eviction order, so the disk's size bound drops what memory would have dropped first
             for e in self.sched.pool().cached_blocks() {
-                if !disk.contains(e.hash) {
+                if disk.contains(e.hash) {
+                    disk.touch_chain(&[e.hash]);
+                } else {
                     disk.store(self.block_file(e), true);
                 }
             }
             disk.close();
         }
-        if let Some(ack) = ack {
+        for ack in acks {
             let _ = ack.send(());
         }
     }
@@ -341,23 +362,30 @@ impl EngineLoop {
         let tokens = self.sched.seq(id).expect("just added").tokens.clone();
         let (hashes, in_memory) = self.sched.probe(&tokens);
         let (bs, root) = (self.kv.shape.block_size, self.sched.pool().root());
+        // bounded: at most half the pool, and RESTORE_MAX_BYTES held per waiting request
+        let max_blocks = (self.kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / self.kv.block_bytes().max(1));
+        let end = hashes.len().min(in_memory + max_blocks);
         let mut blocks = Vec::new();
-        for i in in_memory..hashes.len() {
+        for i in in_memory..end {
             let parent = if i == 0 { root } else { hashes[i - 1] };
             match disk.load(hashes[i], parent, &tokens[i * bs..(i + 1) * bs]) {
                 Some(data) if data.len() == self.kv.block_bytes() => blocks.push(data),
                 _ => break,
             }
         }
+        disk.touch_chain(&hashes[in_memory..in_memory + blocks.len()]);
         self.sched.offer_restored(id, in_memory, blocks.len());
         blocks
     }
 
-    /// Writes cached blocks about to be overwritten to the disk tier (in the background).
+    /// Writes cached blocks about to be overwritten to the disk tier (in the background; dropped, not
+    /// copied, when the writer is behind).
     fn save_evicted(&mut self, evicted: Vec<EvictedBlock>) {
         if let Some(disk) = &self.disk {
             for e in evicted {
-                if !disk.contains(e.hash) {
+                if disk.contains(e.hash) {
+                    disk.touch_chain(&[e.hash]);
+                } else if disk.has_room() {
                     disk.store(self.block_file(e), false);
                 }
             }

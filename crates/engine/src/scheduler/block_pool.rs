@@ -222,12 +222,15 @@ impl BlockPool {
         self.root
     }
 
-    /// Every cached block, as it would be described on eviction (to save them all at shutdown).
+    /// Every cached block, as it would be described on eviction (to save them all at shutdown): free
+    /// ones in eviction order, then held ones.
     pub fn cached_blocks(&self) -> Vec<EvictedBlock> {
-        let entries = self.entries.iter().enumerate();
-        entries
-            .filter_map(|(b, e)| e.as_ref().map(|e| EvictedBlock { block: b as u32, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone() }))
-            .collect()
+        let held = (0..self.num_blocks() as u32).filter(|&b| self.ref_counts[b as usize] > 0);
+        let describe = |b: u32| {
+            let e = self.entries[b as usize].as_ref()?;
+            Some(EvictedBlock { block: b, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone() })
+        };
+        self.free.iter().chain(held).filter_map(describe).collect()
     }
 
     /// How many sequences hold block `b`.

@@ -307,16 +307,26 @@ impl Scheduler {
             let hit = self.cached_prefix(id);
             let (bs, m) = (self.config.block_size, hit.len());
             let seq = &self.seqs[&id];
-            let (restore, skip) = match seq.restorable {
+            let (mut restore, skip) = match seq.restorable {
                 Some((first, n)) if m >= first && m < first + n => (first + n - m, m - first),
                 _ => (0, 0),
             };
-            let computed = (m + restore) * bs;
-            let n_new = (seq.tokens.len() - computed).min(budget);
-            let blocks_needed = (computed + n_new).div_ceil(bs) - m;
-            if self.pool.num_free() < blocks_needed + self.pool.num_unheld(&hit) {
+            // Free blocks this admission needs with `r` restored blocks (those need blocks too): when the
+            // pool is short, restore fewer rather than wait, down to none.
+            // (unheld hit blocks are in the free queue: taking them leaves the rest for new blocks)
+            let (len, free) = (seq.tokens.len(), self.pool.num_free() - self.pool.num_unheld(&hit));
+            let needed = |r: usize| {
+                let computed = (m + r) * bs;
+                (computed + (len - computed).min(budget)).div_ceil(bs) - m
+            };
+            while restore > 0 && needed(restore) > free {
+                restore -= 1;
+            }
+            if needed(restore) > free {
                 break;
             }
+            let computed = (m + restore) * bs;
+            let n_new = (len - computed).min(budget);
             self.pool.acquire(&hit);
             let seq = self.seqs.get_mut(&id).expect("waiting ids are known");
             debug_assert!(seq.block_table.is_empty() && seq.num_computed_tokens == 0, "waiting sequences hold nothing");

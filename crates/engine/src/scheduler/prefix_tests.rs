@@ -38,7 +38,7 @@ fn a_repeated_prompt_reuses_its_full_blocks() {
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 2)]);
     let seq = s.seq(2).unwrap();
     assert_eq!((seq.block_table.clone(), seq.num_cached_tokens), (vec![0, 1, 2], 8));
-    assert_eq!(s.prefix_stats(), PrefixCacheStats { queried_tokens: 20, hit_tokens: 8 });
+    assert_eq!(s.prefix_stats(), PrefixCacheStats { queried_tokens: 20, hit_tokens: 8, disk_hit_tokens: 0 });
 }
 
 #[test]
@@ -188,4 +188,59 @@ fn no_block_is_leaked_after_aborts() {
     ids.sort_unstable();
     assert_eq!(ids, (0..24).collect::<Vec<_>>(), "each block once in the free queue");
     assert!(s.prefix_stats().hit_tokens > 0, "the shared system prompt was reused");
+}
+
+#[test]
+fn restored_blocks_continue_the_memory_hit() {
+    let mut s = Scheduler::new(cached_config(4), 10);
+    let prompt: Vec<u32> = (0..21).collect(); // 5 full blocks and a token
+    s.add(1, prompt[..9].to_vec(), 1).unwrap();
+    step(&mut s); // blocks 0 and 1 cached
+    s.remove(1);
+    s.add(2, prompt.clone(), 1).unwrap();
+    let (hashes, in_memory) = s.probe(&prompt);
+    assert_eq!((hashes.len(), in_memory), (5, 2));
+    // the engine read blocks 1-4 from disk; block 1 is in memory anyway, so 2-4 are restored
+    s.offer_restored(2, 1, 4);
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(2, 20, 1)]);
+    let table = s.seq(2).unwrap().block_table.clone();
+    assert_eq!(&table[..2], &[0, 1]);
+    assert_eq!(plan.restores, vec![Restore { id: 2, skip: 1, blocks: table[2..5].to_vec() }]);
+    assert_eq!(s.seq(2).unwrap().num_cached_tokens, 20);
+    assert_eq!(s.prefix_stats().disk_hit_tokens, 12);
+    // restored blocks are registered like computed ones
+    s.remove(2);
+    s.add(3, prompt, 1).unwrap();
+    step(&mut s);
+    assert_eq!(s.seq(3).unwrap().num_cached_tokens, 20);
+}
+
+#[test]
+fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
+    let config = SchedulerConfig { max_batch_tokens: 6, ..cached_config(4) };
+    let mut s = Scheduler::new(config, 7);
+    let prompt: Vec<u32> = (0..21).collect();
+    s.add(1, prompt[..9].to_vec(), 1).unwrap();
+    step(&mut s);
+    step(&mut s); // 9 tokens in two chunks: blocks 0 and 1 cached
+    s.remove(1);
+    s.add(3, (200..206).collect(), 100).unwrap();
+    step(&mut s); // seq 3 holds two blocks from now on: 5 free, 2 of them seq 2's hit
+    s.add(2, prompt.clone(), 1).unwrap();
+    s.offer_restored(2, 1, 4);
+    let plan = step(&mut s);
+    // 5 budget tokens after seq 3's decode, 3 free blocks: restoring 1 block (then 5 tokens) fits
+    assert_eq!(plan.chunks[1], ScheduledChunk { id: 2, start: 12, len: 5, samples: false });
+    assert_eq!(plan.restores.len(), 1);
+    assert_eq!((plan.restores[0].skip, plan.restores[0].blocks.len()), (1, 1));
+    assert_eq!(s.seq(2).unwrap().num_cached_tokens, 12);
+    // a restorable run that starts after the memory hit cannot be used
+    s.remove(2);
+    s.remove(3);
+    s.add(4, [&prompt[..8], &[77; 13][..]].concat(), 1).unwrap();
+    s.offer_restored(4, 3, 2);
+    let plan = step(&mut s);
+    assert!(plan.restores.is_empty());
+    assert_eq!(s.seq(4).unwrap().num_cached_tokens, 8);
 }
