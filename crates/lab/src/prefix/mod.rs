@@ -133,10 +133,11 @@ impl Replay<'_> {
         let Some(best) = self.seen.iter().max_by_key(|s| common(s)) else { return (0, String::new()) };
         let n = common(best);
         let text = |ids: &[u32]| {
-            let bytes: Vec<u8> = ids.iter().take(4).flat_map(|&t| self.tok.token_bytes(t, false)).collect();
+            let bytes: Vec<u8> = ids.iter().flat_map(|&t| self.tok.token_bytes(t, false)).collect();
             String::from_utf8_lossy(&bytes).replace('\n', "\\n")
         };
-        (n, format!("'{}' where an earlier request had '{}'", text(&prompt[n.min(prompt.len())..]), text(&best[n.min(best.len())..])))
+        let (before, new, old) = (&prompt[n.saturating_sub(4)..n], &prompt[n..(n + 4).min(prompt.len())], &best[n.min(best.len())..(n + 4).min(best.len())]);
+        (n, format!("after '{}' comes '{}' where an earlier request had '{}'", text(before), text(new), text(old)))
     }
 }
 

@@ -138,7 +138,9 @@ pub fn markdown(rows: &[TurnRow], f: &Findings, block_size: usize) -> String {
     let _ = writeln!(out);
     let _ = writeln!(out, "- prefix cache hit rate: {:.1}% of prompt tokens", 100.0 * f.hit_rate);
     let _ = writeln!(out, "- prefilled = new suffix + at most one block ({block_size} tokens): {} of {} requests", f.within_one_block, f.requests);
-    let _ = writeln!(out, "- TTFT growth, last 3 turns over turns 2-4: {:.2}x with the cache, {:.2}x without", f.ttft_growth_with_cache, f.ttft_growth_without);
+    if f.ttft_growth_with_cache.is_finite() && f.ttft_growth_without.is_finite() {
+        let _ = writeln!(out, "- TTFT growth, last 3 turns over turns 2-4: {:.2}x with the cache, {:.2}x without", f.ttft_growth_with_cache, f.ttft_growth_without);
+    }
     let _ = writeln!(out, "- replies identical with the cache on and off (greedy): {}", if f.replies_identical { "yes, every request of every pass" } else { "NO" });
     if !f.low_hits.is_empty() {
         let _ = writeln!(out, "- low cache hits ({} requests reused under half their prompt):", f.low_hits.len());
