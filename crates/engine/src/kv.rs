@@ -78,10 +78,11 @@ impl KvStorage {
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
         let r = self.block_range(b);
-        let mut src = data.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])));
+        let part = r.len() * 2;
+        let mut src = data.chunks_exact(part);
         for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            for x in k[r.clone()].iter_mut().chain(v[r.clone()].iter_mut()) {
-                *x = src.next().expect("length checked");
+            for dst in [&mut k[r.clone()], &mut v[r.clone()]] {
+                copy_le_bytes(dst, src.next().expect("length checked"));
             }
         }
     }
@@ -104,5 +105,42 @@ fn extend_le_bytes(out: &mut Vec<u8>, values: &[f16]) {
     #[cfg(not(target_endian = "little"))]
     for x in values {
         out.extend_from_slice(&x.to_bits().to_le_bytes());
+    }
+}
+
+/// Overwrites f16 values from little-endian bytes (one copy on little-endian machines).
+fn copy_le_bytes(dst: &mut [f16], src: &[u8]) {
+    assert_eq!(src.len(), std::mem::size_of_val(dst));
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: lengths are equal (checked above), the regions cannot overlap (one is borrowed mutably),
+        // and every bit pattern is a valid f16.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len()) };
+    }
+    #[cfg(not(target_endian = "little"))]
+    for (x, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *x = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_read_writes_back_into_another_block() {
+        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, block_size: 2, num_blocks: 3 });
+        for layer in 0..2 {
+            for slot in 0..6 {
+                let x = (layer * 10 + slot) as f32;
+                kv.write(layer, slot, &[x, x + 0.5, -x], &[x * 2.0, 1.0, 0.25]);
+            }
+        }
+        let block1 = kv.read_block(1);
+        assert_eq!(block1.len(), kv.block_bytes());
+        kv.write_block(2, &block1);
+        assert_eq!(kv.read_block(2), block1);
+        let (k, v) = kv.layer(1);
+        assert_eq!((k[4 * 3..6 * 3].to_vec(), v[4 * 3..6 * 3].to_vec()), (k[2 * 3..4 * 3].to_vec(), v[2 * 3..4 * 3].to_vec()));
     }
 }
