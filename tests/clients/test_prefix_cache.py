@@ -91,6 +91,24 @@ class PrefixCache(unittest.TestCase):
         hits = float(re.search(r'^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)', metrics, re.M).group(1))
         self.assertGreater(hits, 0)
 
+    def test_a_cache_salt_shares_blocks_only_with_the_same_salt(self):
+        messages = [{"role": "system", "content": long_system("salt")}, {"role": "user", "content": "hi"}]
+        c = client(self.cached)
+
+        def ask_salted(salt):
+            extra = {"extra_body": {"cache_salt": salt}} if salt is not None else {}
+            r = c.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=3, **extra)
+            return r.usage.prompt_tokens_details.cached_tokens, r.choices[0].message.content
+
+        a, b = "tenant-a-" + "k" * 32, "tenant-b-" + "k" * 32
+        first, other, again, unsalted = ask_salted(a), ask_salted(b), ask_salted(a), ask_salted(None)
+        self.assertEqual((first[0], other[0], unsalted[0]), (0, 0, 0), "other salts (and none) never see tenant a's blocks")
+        self.assertGreater(again[0], 0)
+        self.assertEqual({first[1], other[1], again[1], unsalted[1]}, {first[1]}, "the salt changes reuse, not replies")
+        with self.assertRaises(openai.BadRequestError) as e:
+            ask_salted("")
+        self.assertEqual(e.exception.body.get("param"), "cache_salt")
+
 
 class DiskTier(unittest.TestCase):
     def test_a_restarted_server_reuses_the_disk_tier(self):

@@ -26,6 +26,9 @@ pub struct CommonParams {
     /// vLLM's and llama-server's extension: keep generating past end-of-generation tokens (benchmarks).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// vLLM's extension: requests share prefix-cache blocks only with requests of the same salt (so a
+    /// tenant cannot learn another's prompts from cache-hit timing).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,8 +59,19 @@ impl CommonParams {
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
         }
+        if self.cache_salt.as_deref() == Some("") {
+            return Err(ApiError::invalid("cache_salt must not be empty", Some("cache_salt")));
+        }
         let max_new_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
-        Ok(GenerateRequest { prompt, sampling: self.sampling()?, max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: self.ignore_eos, logprobs: None })
+        Ok(GenerateRequest {
+            prompt,
+            sampling: self.sampling()?,
+            max_new_tokens,
+            stop_token_ids: Vec::new(),
+            ignore_eos: self.ignore_eos,
+            logprobs: None,
+            cache_salt: self.cache_salt.clone(),
+        })
     }
 
     fn sampling(&self) -> Result<SamplingParams, ApiError> {

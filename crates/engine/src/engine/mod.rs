@@ -299,6 +299,9 @@ impl EngineLoop {
                 let prompt = std::mem::take(&mut req.prompt);
                 match self.sched.add(id, prompt, req.max_new_tokens) {
                     Ok(()) => {
+                        if let Some(salt) = &req.cache_salt {
+                            self.sched.set_cache_salt(id, salt.as_bytes());
+                        }
                         let sampler = Sampler::new(req.sampling.clone());
                         let restored = self.restore_from_disk(id);
                         let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored };
@@ -360,8 +363,8 @@ impl EngineLoop {
     fn restore_from_disk(&mut self, id: RequestId) -> Vec<Vec<u8>> {
         let Some(disk) = &self.disk else { return Vec::new() };
         let tokens = self.sched.seq(id).expect("just added").tokens.clone();
-        let (hashes, in_memory) = self.sched.probe(&tokens);
-        let (bs, root) = (self.kv.shape.block_size, self.sched.pool().root());
+        let (root, hashes, in_memory) = self.sched.probe(id).expect("just added");
+        let bs = self.kv.shape.block_size;
         // bounded: at most half the pool, and RESTORE_MAX_BYTES held per waiting request
         let max_blocks = (self.kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / self.kv.block_bytes().max(1));
         let end = hashes.len().min(in_memory + max_blocks);

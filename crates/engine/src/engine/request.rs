@@ -19,11 +19,13 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Return the chosen token's log-probability and this many alternatives per token (`None`: none).
     pub logprobs: Option<usize>,
+    /// Share prefix-cache blocks only with requests carrying the same salt (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
 }
 
 impl GenerateRequest {
     pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> Self {
-        GenerateRequest { prompt, sampling: SamplingParams::greedy(), max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: false, logprobs: None }
+        GenerateRequest { prompt, sampling: SamplingParams::greedy(), max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: false, logprobs: None, cache_salt: None }
     }
 }
 

@@ -108,6 +108,16 @@ impl BlockPool {
         self.num_cached
     }
 
+    /// The root key for requests carrying this cache salt: their blocks never match other requests'
+    /// (vLLM's `cache_salt`, for tenants that must not observe each other's prefixes through timing).
+    pub fn salted_root(&self, salt: &[u8]) -> BlockHash {
+        let mut h = Sha256::new();
+        h.update(self.root.to_le_bytes());
+        h.update(b"cache_salt");
+        h.update(salt);
+        u128::from_le_bytes(h.finalize()[..16].try_into().expect("SHA-256 has 32 bytes"))
+    }
+
     /// The key of the block after `parent` (the root key for a sequence's first block) holding `tokens`.
     pub fn hash(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
         (self.hasher)(parent.unwrap_or(self.root), tokens)
@@ -164,17 +174,19 @@ impl BlockPool {
         }
     }
 
-    /// The longest run of cached blocks holding a sequence's first full blocks: `hashes[i]` is the key of
-    /// block `i`, `tokens` the sequence's tokens (at least `hashes.len()` blocks of them). Takes nothing.
-    pub fn lookup(&self, hashes: &[BlockHash], tokens: &[u32], block_size: usize) -> Vec<u32> {
+    /// The longest run of cached blocks holding a sequence's first full blocks: `root` is the parent key of
+    /// its first block, `hashes[i]` the key of block `i`, `tokens` the sequence's tokens (at least
+    /// `hashes.len()` blocks of them). Takes nothing.
+    pub fn lookup(&self, root: BlockHash, hashes: &[BlockHash], tokens: &[u32], block_size: usize) -> Vec<u32> {
         let mut hit: Vec<u32> = Vec::new();
         for (i, hash) in hashes.iter().enumerate() {
             let want = &tokens[i * block_size..(i + 1) * block_size];
             let parent = hit.last().map(|&p| (p, self.generations[p as usize]));
+            let parent_hash = if i == 0 { root } else { hashes[i - 1] };
             let found = self.by_hash.get(hash).and_then(|blocks| {
                 blocks.iter().copied().find(|&b| {
                     let e = self.entries[b as usize].as_ref().expect("indexed blocks are cached");
-                    e.parent == parent && &*e.tokens == want
+                    e.parent == parent && e.parent_hash == parent_hash && &*e.tokens == want
                 })
             });
             match found {
@@ -200,18 +212,14 @@ impl BlockPool {
         }
     }
 
-    /// Registers a full, computed block: `hash` is its key, `parent` the block before it in the same
-    /// sequence. A block already cached (found by a lookup) keeps its entry.
-    pub fn register(&mut self, block: u32, hash: BlockHash, parent: Option<(u32, BlockHash)>, tokens: &[u32]) {
+    /// Registers a full, computed block: `hash` is its key, `parent_hash` its parent's key (the sequence's
+    /// root key for a first block), `parent` the block before it in the same sequence. A block already
+    /// cached (found by a lookup) keeps its entry.
+    pub fn register(&mut self, block: u32, hash: BlockHash, parent_hash: BlockHash, parent: Option<u32>, tokens: &[u32]) {
         if self.entries[block as usize].is_some() {
             return;
         }
-        let entry = CacheEntry {
-            hash,
-            parent_hash: parent.map_or(self.root, |p| p.1),
-            parent: parent.map(|(p, _)| (p, self.generations[p as usize])),
-            tokens: tokens.into(),
-        };
+        let entry = CacheEntry { hash, parent_hash, parent: parent.map(|p| (p, self.generations[p as usize])), tokens: tokens.into() };
         self.entries[block as usize] = Some(entry);
         self.by_hash.entry(hash).or_default().push(block);
         self.num_cached += 1;

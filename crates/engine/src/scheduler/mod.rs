@@ -62,6 +62,8 @@ pub struct Sequence {
     pub num_preemptions: u32,
     /// Prompt tokens found in the prefix cache at first admission (not computed for this request).
     pub num_cached_tokens: usize,
+    /// The parent key of the first block: the pool's root, or a salted one (`set_cache_salt`).
+    root: BlockHash,
     /// Keys of the sequence's full blocks so far, each computed once.
     block_hashes: Vec<BlockHash>,
     /// Leading blocks of `block_table` registered in the prefix cache.
@@ -240,6 +242,7 @@ impl Scheduler {
             block_table: Vec::new(),
             num_preemptions: 0,
             num_cached_tokens: 0,
+            root: self.pool.root(),
             block_hashes: Vec::new(),
             num_registered_blocks: 0,
             restorable: None,
@@ -351,18 +354,30 @@ impl Scheduler {
         }
     }
 
-    /// Keys of the blocks of `tokens` a cache hit may cover (all full blocks but the one holding the last
-    /// token), and how many of them are cached in memory now. Takes nothing.
-    pub fn probe(&self, tokens: &[u32]) -> (Vec<BlockHash>, usize) {
-        let bs = self.config.block_size;
+    /// Gives a waiting sequence's blocks keys of their own: it shares cached blocks only with sequences
+    /// of the same salt. Call right after `add`.
+    pub fn set_cache_salt(&mut self, id: SeqId, salt: &[u8]) {
+        let root = self.pool.salted_root(salt);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            assert!(seq.block_hashes.is_empty() && seq.num_computed_tokens == 0, "salt a sequence before it runs");
+            seq.root = root;
+        }
+    }
+
+    /// For a waiting sequence: the parent key of its first block, the keys of the blocks a cache hit may
+    /// cover (all full blocks but the one holding the last token), and how many of them are cached in
+    /// memory now. Takes nothing.
+    pub fn probe(&self, id: SeqId) -> Option<(BlockHash, Vec<BlockHash>, usize)> {
+        let seq = self.seqs.get(&id)?;
+        let (bs, tokens) = (self.config.block_size, &seq.tokens);
         let max_blocks = tokens.len().saturating_sub(1) / bs;
         let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_blocks);
         for j in 0..max_blocks {
-            let hash = self.pool.hash(hashes.last().copied(), &tokens[j * bs..(j + 1) * bs]);
+            let hash = self.pool.hash(Some(hashes.last().copied().unwrap_or(seq.root)), &tokens[j * bs..(j + 1) * bs]);
             hashes.push(hash);
         }
-        let in_memory = if self.config.prefix_caching { self.pool.lookup(&hashes, tokens, bs).len() } else { 0 };
-        (hashes, in_memory)
+        let in_memory = if self.config.prefix_caching { self.pool.lookup(seq.root, &hashes, tokens, bs).len() } else { 0 };
+        Some((seq.root, hashes, in_memory))
     }
 
     /// Tells the scheduler the engine holds the keys and values of blocks `first..first + n` of a
@@ -385,7 +400,7 @@ impl Scheduler {
         let seq = self.seqs.get_mut(&id).expect("waiting ids are known");
         let max_blocks = (seq.tokens.len() - 1) / bs;
         extend_hashes(seq, max_blocks, bs, &self.pool);
-        self.pool.lookup(&seq.block_hashes[..max_blocks], &seq.tokens, bs)
+        self.pool.lookup(seq.root, &seq.block_hashes[..max_blocks], &seq.tokens, bs)
     }
 
     /// Registers `id`'s newly computed full blocks in the prefix cache.
@@ -395,8 +410,11 @@ impl Scheduler {
         let full = seq.num_computed_tokens / bs;
         extend_hashes(seq, full, bs, &self.pool);
         for j in seq.num_registered_blocks..full {
-            let parent = j.checked_sub(1).map(|p| (seq.block_table[p], seq.block_hashes[p]));
-            self.pool.register(seq.block_table[j], seq.block_hashes[j], parent, &seq.tokens[j * bs..(j + 1) * bs]);
+            let (parent_hash, parent) = match j.checked_sub(1) {
+                Some(p) => (seq.block_hashes[p], Some(seq.block_table[p])),
+                None => (seq.root, None),
+            };
+            self.pool.register(seq.block_table[j], seq.block_hashes[j], parent_hash, parent, &seq.tokens[j * bs..(j + 1) * bs]);
         }
         seq.num_registered_blocks = seq.num_registered_blocks.max(full);
     }
@@ -462,8 +480,8 @@ impl Scheduler {
 /// Computes the keys of `seq`'s first `n_blocks` full blocks that it does not have yet.
 fn extend_hashes(seq: &mut Sequence, n_blocks: usize, block_size: usize, pool: &BlockPool) {
     for j in seq.block_hashes.len()..n_blocks {
-        let parent = j.checked_sub(1).map(|p| seq.block_hashes[p]);
-        let hash = pool.hash(parent, &seq.tokens[j * block_size..(j + 1) * block_size]);
+        let parent = j.checked_sub(1).map_or(seq.root, |p| seq.block_hashes[p]);
+        let hash = pool.hash(Some(parent), &seq.tokens[j * block_size..(j + 1) * block_size]);
         seq.block_hashes.push(hash);
     }
 }

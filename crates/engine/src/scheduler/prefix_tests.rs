@@ -125,16 +125,16 @@ fn a_hash_collision_never_serves_another_prefix() {
 fn a_block_whose_parent_was_evicted_is_never_served() {
     let mut pool = BlockPool::with_hasher(3, colliding_hash, 0);
     assert_eq!(pool.allocate(2), Some(vec![0, 1]));
-    pool.register(0, 7, None, &[1, 2]);
-    pool.register(1, 7, Some((0, 7)), &[3, 4]);
+    pool.register(0, 7, 0, None, &[1, 2]);
+    pool.register(1, 7, 7, Some(0), &[3, 4]);
     pool.release(&[0]);
     pool.release(&[1]);
     assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![2, 0, 1]);
-    assert_eq!(pool.lookup(&[7, 7], &[1, 2, 3, 4], 2), vec![0, 1]);
+    assert_eq!(pool.lookup(0, &[7, 7], &[1, 2, 3, 4], 2), vec![0, 1]);
     // block 0 is evicted and computed again for the same tokens: its old child must not follow it
     assert_eq!(pool.allocate(2), Some(vec![2, 0]));
-    pool.register(0, 7, None, &[1, 2]);
-    assert_eq!(pool.lookup(&[7, 7], &[1, 2, 3, 4], 2), vec![0]);
+    pool.register(0, 7, 0, None, &[1, 2]);
+    assert_eq!(pool.lookup(0, &[7, 7], &[1, 2, 3, 4], 2), vec![0]);
 }
 
 #[test]
@@ -198,7 +198,7 @@ fn restored_blocks_continue_the_memory_hit() {
     step(&mut s); // blocks 0 and 1 cached
     s.remove(1);
     s.add(2, prompt.clone(), 1).unwrap();
-    let (hashes, in_memory) = s.probe(&prompt);
+    let (_, hashes, in_memory) = s.probe(2).unwrap();
     assert_eq!((hashes.len(), in_memory), (5, 2));
     // the engine read blocks 1-4 from disk; block 1 is in memory anyway, so 2-4 are restored
     s.offer_restored(2, 1, 4);
@@ -243,4 +243,24 @@ fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
     let plan = step(&mut s);
     assert!(plan.restores.is_empty());
     assert_eq!(s.seq(4).unwrap().num_cached_tokens, 8);
+}
+
+#[test]
+fn a_cache_salt_separates_prefixes_even_when_keys_collide() {
+    let mut s = Scheduler::with_pool(cached_config(2), BlockPool::with_hasher(16, colliding_hash, 0));
+    let prompt = vec![1, 2, 3, 4, 5];
+    s.add(1, prompt.clone(), 1).unwrap();
+    s.set_cache_salt(1, b"tenant-a");
+    step(&mut s);
+    s.remove(1);
+    for (id, salt) in [(2, Some(&b"tenant-b"[..])), (3, None), (4, Some(&b"tenant-a"[..]))] {
+        s.add(id, prompt.clone(), 1).unwrap();
+        if let Some(salt) = salt {
+            s.set_cache_salt(id, salt);
+        }
+        step(&mut s);
+        s.remove(id);
+    }
+    // tenant b and the unsalted request computed their own blocks; tenant a's second request reused its first
+    assert_eq!(s.prefix_stats().hit_tokens, 4);
 }
