@@ -4,44 +4,39 @@
 use crate::AppState;
 use reckon_engine::engine::Timings;
 use std::fmt::Write;
-use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Latency bucket bounds in seconds (vLLM-like spread, from interactive to batch).
 const LATENCY_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0];
 
-#[derive(Clone, Debug)]
+/// Lock-free (every streamed token observes one): cumulative bucket counts, the sum in nanoseconds.
+#[derive(Debug, Default)]
 struct Histogram {
-    counts: [u64; LATENCY_BOUNDS.len()],
-    sum: f64,
-    count: u64,
-}
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram { counts: [0; LATENCY_BOUNDS.len()], sum: 0.0, count: 0 }
-    }
+    counts: [AtomicU64; LATENCY_BOUNDS.len()],
+    sum_nanos: AtomicU64,
+    count: AtomicU64,
 }
 
 impl Histogram {
-    fn observe(&mut self, d: Duration) {
+    fn observe(&self, d: Duration) {
         let v = d.as_secs_f64();
-        for (c, &b) in self.counts.iter_mut().zip(&LATENCY_BOUNDS) {
+        for (c, &b) in self.counts.iter().zip(&LATENCY_BOUNDS) {
             if v <= b {
-                *c += 1;
+                c.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.sum += v;
-        self.count += 1;
+        self.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
     }
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         for (c, b) in self.counts.iter().zip(&LATENCY_BOUNDS) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}", self.count, self.sum, self.count);
+        let (count, sum) = (self.count.load(Ordering::Relaxed), self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}");
     }
 }
 
@@ -56,17 +51,17 @@ struct Latencies {
 /// Latency observations from the request handlers.
 #[derive(Default)]
 pub struct Metrics {
-    latencies: Mutex<Latencies>,
+    latencies: Latencies,
 }
 
 impl Metrics {
     pub fn inter_token(&self, d: Duration) {
-        self.latencies.lock().unwrap_or_else(|e| e.into_inner()).itl.observe(d);
+        self.latencies.itl.observe(d);
     }
 
     /// A finished request's engine timings.
     pub fn finished(&self, t: &Timings) {
-        let mut l = self.latencies.lock().unwrap_or_else(|e| e.into_inner());
+        let l = &self.latencies;
         l.ttft.observe(t.time_to_first_token);
         l.e2e.observe(t.end_to_end);
         l.queue.observe(t.queue);
@@ -105,7 +100,7 @@ pub fn render(state: &AppState) -> String {
     counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
     counter("reckon_request_success_total", "Requests finished (stop or length).", count(&s.finished_requests));
     counter("reckon_request_aborted_total", "Requests aborted (client gone or stop string).", count(&s.aborted_requests));
-    let l = state.metrics.latencies.lock().unwrap_or_else(|e| e.into_inner());
+    let l = &state.metrics.latencies;
     l.ttft.render("reckon_time_to_first_token_seconds", "Arrival to first generated token.", &mut out);
     l.itl.render("reckon_inter_token_latency_seconds", "Time between streamed tokens.", &mut out);
     l.e2e.render("reckon_e2e_request_latency_seconds", "Arrival to the end of the request.", &mut out);
