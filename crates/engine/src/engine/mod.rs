@@ -14,14 +14,14 @@ pub use request::{Event, FinishReason, GenerateRequest, RequestId, Timings, Toke
 use crate::kv::KvStorage;
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use crate::sampler::Sampler;
-use crate::scheduler::{sha256_block_hash, BlockPool, EvictedBlock, Restore, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{sha256_block_hash, BlockHash, BlockPool, EvictedBlock, Restore, Scheduler, SchedulerConfig, StepPlan};
 use disk_tier::{BlockFile, DiskTier};
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
 
 /// Keys and values read back from the disk tier and held by one waiting request, at most.
 const RESTORE_MAX_BYTES: usize = 256 << 20;
@@ -110,6 +110,36 @@ enum Command {
     Abort(RequestId),
     /// Abort everything, save the prefix cache to disk, acknowledge, stop.
     Shutdown(Ack),
+    /// From the disk reader: a held request's prompt blocks `first..first + blocks.len()`.
+    Restored { id: RequestId, first: usize, blocks: Vec<Vec<u8>> },
+}
+
+/// Prompt blocks for the disk reader to load: keys `hashes` of blocks `first..`, their token ids, and the
+/// key of the block before `first` (the sequence's root key if `first` is 0).
+struct ReadJob {
+    id: RequestId,
+    first: usize,
+    parent: BlockHash,
+    hashes: Vec<BlockHash>,
+    tokens: Vec<u32>,
+}
+
+/// The disk reader thread: loads each job's blocks in order while they verify, then hands them to the
+/// engine as a command (a weak sender: the reader never keeps a stopped engine's channel open).
+fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, replies: WeakUnboundedSender<Command>, block_size: usize) {
+    for job in jobs {
+        let mut blocks = Vec::new();
+        for (k, &hash) in job.hashes.iter().enumerate() {
+            let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
+            match disk.load(hash, parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
+                Some(data) => blocks.push(data),
+                None => break,
+            }
+        }
+        disk.touch_chain(&job.hashes[..blocks.len()]);
+        let Some(engine) = replies.upgrade() else { return };
+        let _ = engine.send(Command::Restored { id: job.id, first: job.first, blocks });
+    }
 }
 
 /// The client side of the engine; cheap to clone, usable from any thread or task.
@@ -215,6 +245,16 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
     };
     let root = disk.as_ref().map_or(0, |d| sha256_block_hash(d.format().model, &[KV_NUMERICS_VERSION]));
     let (commands, rx) = mpsc::unbounded_channel();
+    let disk = disk.map(Arc::new);
+    let reader = match &disk {
+        Some(d) => {
+            let (jobs, queue) = std::sync::mpsc::channel::<ReadJob>();
+            let (d, replies, bs) = (d.clone(), commands.downgrade(), config.block_size);
+            let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, replies, bs))?;
+            Some((jobs, thread))
+        }
+        None => None,
+    };
     let stats = Arc::new(EngineStats::default());
     let vocab_size = model.config.vocab_size;
     let sched_config = SchedulerConfig {
@@ -228,6 +268,7 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
         kv,
         sched: Scheduler::with_pool(sched_config, BlockPool::with_hasher(config.num_blocks, sha256_block_hash, root)),
         disk,
+        reader,
         scratch: Scratch::default(),
         requests: HashMap::new(),
         model,
@@ -257,7 +298,9 @@ struct EngineLoop {
     detok: Arc<dyn Detokenizer>,
     kv: KvStorage,
     sched: Scheduler,
-    disk: Option<DiskTier>,
+    disk: Option<Arc<DiskTier>>,
+    /// The disk reader's job queue and thread.
+    reader: Option<(std::sync::mpsc::Sender<ReadJob>, std::thread::JoinHandle<()>)>,
     scratch: Scratch,
     requests: HashMap<RequestId, Active>,
     commands: UnboundedReceiver<Command>,
@@ -267,8 +310,9 @@ struct EngineLoop {
 impl EngineLoop {
     fn run(mut self) {
         loop {
-            if !self.sched.has_work() {
-                // Idle: sleep until a command comes; every handle gone means shut down.
+            if !self.sched.has_runnable_work() {
+                // Idle (or waiting only for disk reads): sleep until a command comes; every handle gone
+                // means shut down.
                 match self.commands.blocking_recv() {
                     Some(Command::Shutdown(ack)) => return self.stop(Some(ack)),
                     Some(cmd) => self.handle(cmd),
@@ -303,9 +347,9 @@ impl EngineLoop {
                             self.sched.set_cache_salt(id, salt.as_bytes());
                         }
                         let sampler = Sampler::new(req.sampling.clone());
-                        let restored = self.restore_from_disk(id);
-                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored };
+                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored: Vec::new() };
                         self.requests.insert(id, active);
+                        self.request_restore(id);
                     }
                     Err(e) => {
                         let _ = events.send(Event::Error(e.to_string()));
@@ -314,6 +358,14 @@ impl EngineLoop {
             }
             Command::Abort(id) => self.finish(id, FinishReason::Abort),
             Command::Shutdown(_) => unreachable!("handled by the loop"),
+            Command::Restored { id, first, blocks } => {
+                // a request aborted meanwhile is gone: its blocks are dropped
+                if let Some(active) = self.requests.get_mut(&id) {
+                    let n = blocks.len();
+                    active.restored = blocks;
+                    self.sched.offer_restored(id, first, n);
+                }
+            }
         }
     }
 
@@ -330,7 +382,7 @@ impl EngineLoop {
                     let _ = events.send(Event::Error(SubmitError::Stopped.to_string()));
                 }
                 Command::Shutdown(ack) => acks.push(ack),
-                Command::Abort(_) => {}
+                Command::Abort(_) | Command::Restored { .. } => {}
             }
         }
         let ids: Vec<RequestId> = self.requests.keys().copied().collect();
@@ -338,6 +390,10 @@ impl EngineLoop {
             self.finish(id, FinishReason::Abort);
         }
         self.publish_stats();
+        if let Some((jobs, reader)) = self.reader.take() {
+            drop(jobs);
+            let _ = reader.join();
+        }
         if let Some(disk) = self.disk.take() {
             // in eviction order, so the disk's size bound drops what memory would have dropped first
             for e in self.sched.pool().cached_blocks() {
@@ -347,7 +403,9 @@ impl EngineLoop {
                     disk.store(self.block_file(e), true);
                 }
             }
-            disk.close();
+            if let Ok(disk) = Arc::try_unwrap(disk) {
+                disk.close();
+            }
         }
         for ack in acks {
             let _ = ack.send(());
@@ -358,27 +416,24 @@ impl EngineLoop {
         BlockFile { hash: e.hash, parent_hash: e.parent_hash, data: self.kv.read_block(e.block), tokens: e.tokens }
     }
 
-    /// Reads the prompt's next cached blocks from the disk tier (after those in memory now) and offers
-    /// them to the scheduler; returns their keys and values.
-    fn restore_from_disk(&mut self, id: RequestId) -> Vec<Vec<u8>> {
-        let Some(disk) = &self.disk else { return Vec::new() };
-        let tokens = self.sched.seq(id).expect("just added").tokens.clone();
+    /// If the prompt's next blocks after those cached in memory are in the disk tier, holds the request
+    /// and has the reader load them (`Command::Restored` brings them back).
+    fn request_restore(&mut self, id: RequestId) {
+        let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else { return };
         let (root, hashes, in_memory) = self.sched.probe(id).expect("just added");
-        let bs = self.kv.shape.block_size;
         // bounded: at most half the pool, and RESTORE_MAX_BYTES held per waiting request
         let max_blocks = (self.kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / self.kv.block_bytes().max(1));
         let end = hashes.len().min(in_memory + max_blocks);
-        let mut blocks = Vec::new();
-        for i in in_memory..end {
-            let parent = if i == 0 { root } else { hashes[i - 1] };
-            match disk.load(hashes[i], parent, &tokens[i * bs..(i + 1) * bs]) {
-                Some(data) if data.len() == self.kv.block_bytes() => blocks.push(data),
-                _ => break,
-            }
+        if in_memory >= end || !disk.contains(hashes[in_memory]) {
+            return;
         }
-        disk.touch_chain(&hashes[in_memory..in_memory + blocks.len()]);
-        self.sched.offer_restored(id, in_memory, blocks.len());
-        blocks
+        let bs = self.kv.shape.block_size;
+        let tokens = self.sched.seq(id).expect("just added").tokens[in_memory * bs..end * bs].to_vec();
+        let parent = if in_memory == 0 { root } else { hashes[in_memory - 1] };
+        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens };
+        if jobs.send(job).is_ok() {
+            self.sched.hold(id);
+        }
     }
 
     /// Writes cached blocks about to be overwritten to the disk tier (in the background; dropped, not

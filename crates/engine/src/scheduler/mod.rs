@@ -71,6 +71,8 @@ pub struct Sequence {
     /// Blocks `first..first + n` of the prompt whose keys and values the engine holds (read from the disk
     /// tier), usable at first admission if the memory hit reaches `first`.
     restorable: Option<(usize, usize)>,
+    /// Not admitted until the engine has read its blocks from the disk tier (`hold`, `offer_restored`).
+    held: bool,
 }
 
 impl Sequence {
@@ -217,6 +219,11 @@ impl Scheduler {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
+    /// Whether a step could do anything: something runs, or waits without being held.
+    pub fn has_runnable_work(&self) -> bool {
+        !self.running.is_empty() || self.waiting.iter().any(|id| !self.seqs[id].held)
+    }
+
     /// Queues a request; `max_new_tokens` is capped so prompt plus output fits `max_model_len`.
     pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new_tokens: usize) -> Result<(), AddError> {
         if self.seqs.contains_key(&id) {
@@ -246,6 +253,7 @@ impl Scheduler {
             block_hashes: Vec::new(),
             num_registered_blocks: 0,
             restorable: None,
+            held: false,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -303,7 +311,13 @@ impl Scheduler {
     /// Waiting sequences, first come first served, while the budget, the running limit and free blocks
     /// allow; the first one that does not fit stops admission.
     fn admit_waiting(&mut self, plan: &mut StepPlan, mut budget: usize) {
-        while let Some(&id) = self.waiting.front() {
+        let mut i = 0;
+        while let Some(&id) = self.waiting.get(i) {
+            if self.seqs[&id].held {
+                // its blocks are being read from disk; the ones behind it do not wait for that
+                i += 1;
+                continue;
+            }
             if budget == 0 || self.running.len() >= self.config.max_running {
                 break;
             }
@@ -347,7 +361,7 @@ impl Scheduler {
             if restore > 0 {
                 plan.restores.push(Restore { id, skip, blocks: self.seqs[&id].block_table[m..m + restore].to_vec() });
             }
-            self.waiting.pop_front();
+            self.waiting.remove(i);
             self.running.push(id);
             plan.chunks.push(self.chunk(id, n_new));
             budget -= n_new;
@@ -382,10 +396,22 @@ impl Scheduler {
 
     /// Tells the scheduler the engine holds the keys and values of blocks `first..first + n` of a
     /// waiting sequence's prompt (see `Restore`).
+    /// Ends a `hold`.
     pub fn offer_restored(&mut self, id: SeqId, first: usize, n: usize) {
         if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.held = false;
             if seq.num_computed_tokens == 0 && n > 0 {
                 seq.restorable = Some((first, n));
+            }
+        }
+    }
+
+    /// Keeps a waiting sequence (before its first admission) out of admission until `offer_restored`,
+    /// while the engine reads its blocks from the disk tier; sequences behind it are admitted meanwhile.
+    pub fn hold(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            if seq.num_computed_tokens == 0 && seq.num_preemptions == 0 {
+                seq.held = true;
             }
         }
     }

@@ -264,3 +264,18 @@ fn a_cache_salt_separates_prefixes_even_when_keys_collide() {
     // tenant b and the unsalted request computed their own blocks; tenant a's second request reused its first
     assert_eq!(s.prefix_stats().hit_tokens, 4);
 }
+
+#[test]
+fn a_held_sequence_waits_for_its_disk_read_and_others_pass_it() {
+    let mut s = Scheduler::new(cached_config(4), 10);
+    s.add(1, (0..9).collect(), 1).unwrap();
+    s.hold(1);
+    s.add(2, (50..55).collect(), 1).unwrap();
+    assert!(s.has_runnable_work());
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 5)]);
+    s.remove(2);
+    assert!(s.has_work() && !s.has_runnable_work(), "only a held sequence is left");
+    assert!(step(&mut s).is_empty());
+    s.offer_restored(1, 0, 0); // nothing was on disk after all
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 9)]);
+}
