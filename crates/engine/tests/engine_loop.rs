@@ -251,6 +251,11 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
     assert_eq!(engine.stats().prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), usage.cached_tokens as u64);
     engine.shutdown();
+    // a client that drops its engine handle at once still gets the disk read and every token
+    let rx = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap().submit(first.clone()).unwrap().1;
+    let (ids, _, reason, usage) = drain_usage(rx);
+    assert_eq!((ids, reason), (reference.clone(), FinishReason::Length));
+    assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
     // another model with the same directory finds nothing
     let other = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 12)).unwrap()).unwrap());
     let engine = spawn_with(other, Arc::new(Names), config(64, 64), disk.clone()).unwrap();

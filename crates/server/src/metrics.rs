@@ -32,10 +32,13 @@ impl Histogram {
 
     fn render(&self, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        // observations land bucket by bucket while this reads: keep the series cumulative (monotone)
+        let mut running = 0;
         for (c, b) in self.counts.iter().zip(&LATENCY_BOUNDS) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
+            running = c.load(Ordering::Relaxed).max(running);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {running}");
         }
-        let (count, sum) = (self.count.load(Ordering::Relaxed), self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
+        let (count, sum) = (self.count.load(Ordering::Relaxed).max(running), self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}");
     }
 }

@@ -7,7 +7,7 @@
 //! its parent's, and the block's token ids; a file of another model or format, a truncated one, or one
 //! whose checksum fails is ignored with a warning, never served.
 //!
-//! File layout (little-endian): magic `RKNKV001`, fingerprint u128, num_layers u32, kv_dim u32,
+//! File layout (little-endian): magic `RKNKV002`, fingerprint u128, num_layers u32, kv_dim u32,
 //! block_size u32, dtype u32 (0 = f16), numerics version u32, hash u128, parent_hash u128,
 //! tokens [u32; block_size], data_len u64, checksum u64, then the data (`KvStorage::read_block`).
 //!
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-const MAGIC: &[u8; 8] = b"RKNKV001";
+const MAGIC: &[u8; 8] = b"RKNKV002";
 const EXTENSION: &str = "kvb";
 /// Blocks queued for writing at most; more are dropped (the engine never waits on the disk).
 const QUEUE_LEN: usize = 64;
@@ -291,11 +291,8 @@ impl DiskTier {
         let path = file_name(&self.dir, hash);
         match self.read_verified(&path, hash, parent_hash, tokens) {
             Ok(found) => found,
-            Err(None) => {
-                // deleted meanwhile by the size bound: a plain miss
-                self.index().remove(hash);
-                None
-            }
+            // deleted meanwhile by the size bound (which also dropped it from the index): a plain miss
+            Err(None) => None,
             Err(Some(reason)) => {
                 tracing::warn!("prefix cache dir: ignoring {}: {reason}", path.display());
                 self.index().remove(hash);

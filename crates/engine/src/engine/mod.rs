@@ -18,10 +18,10 @@ use crate::scheduler::{sha256_block_hash, BlockHash, BlockPool, EvictedBlock, Re
 use disk_tier::{BlockFile, DiskTier};
 use crate::tokenizer::{Tokenizer, Utf8Stream};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
+use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
 
 /// Keys and values read back from the disk tier and held by one waiting request, at most.
 const RESTORE_MAX_BYTES: usize = 256 << 20;
@@ -106,7 +106,9 @@ pub struct EngineStats {
 type Ack = std::sync::mpsc::Sender<()>;
 
 enum Command {
-    Submit { id: RequestId, req: GenerateRequest, events: UnboundedSender<Event>, arrived: Instant },
+    /// `engine`: a sender into this channel, for work the request starts elsewhere (a disk read) to answer
+    /// on; it keeps the engine running until that answer, even if every handle is dropped meanwhile.
+    Submit { id: RequestId, req: GenerateRequest, events: UnboundedSender<Event>, arrived: Instant, engine: UnboundedSender<Command> },
     Abort(RequestId),
     /// Abort everything, save the prefix cache to disk, acknowledge, stop.
     Shutdown(Ack),
@@ -122,23 +124,35 @@ struct ReadJob {
     parent: BlockHash,
     hashes: Vec<BlockHash>,
     tokens: Vec<u32>,
+    /// Set when the request ends (aborted, or the engine stops): the rest of the read is skipped.
+    cancelled: Arc<AtomicBool>,
+    /// Where the blocks go. A strong sender: the engine keeps running while a read is outstanding, even
+    /// if every handle is gone; once the engine has stopped, the send just fails.
+    reply: UnboundedSender<Command>,
 }
 
 /// The disk reader thread: loads each job's blocks in order while they verify, then hands them to the
-/// engine as a command (a weak sender: the reader never keeps a stopped engine's channel open).
-fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, replies: WeakUnboundedSender<Command>, block_size: usize) {
+/// engine. Every job gets its answer (no blocks if cancelled or if loading panicked), so a held request
+/// is always released.
+fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_size: usize) {
     for job in jobs {
-        let mut blocks = Vec::new();
-        for (k, &hash) in job.hashes.iter().enumerate() {
-            let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
-            match disk.load(hash, parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
-                Some(data) => blocks.push(data),
-                None => break,
+        let load = || {
+            let mut blocks = Vec::new();
+            for (k, &hash) in job.hashes.iter().enumerate() {
+                if job.cancelled.load(Ordering::Relaxed) {
+                    return Vec::new();
+                }
+                let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
+                match disk.load(hash, parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
+                    Some(data) => blocks.push(data),
+                    None => break,
+                }
             }
-        }
-        disk.touch_chain(&job.hashes[..blocks.len()]);
-        let Some(engine) = replies.upgrade() else { return };
-        let _ = engine.send(Command::Restored { id: job.id, first: job.first, blocks });
+            disk.touch_chain(&job.hashes[..blocks.len()]);
+            blocks
+        };
+        let blocks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_default();
+        let _ = job.reply.send(Command::Restored { id: job.id, first: job.first, blocks });
     }
 }
 
@@ -163,7 +177,7 @@ impl EngineHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = mpsc::unbounded_channel();
         self.stats.unseen.fetch_add(1, Ordering::Relaxed);
-        let cmd = Command::Submit { id, req, events, arrived: Instant::now() };
+        let cmd = Command::Submit { id, req, events, arrived: Instant::now(), engine: self.commands.clone() };
         if self.commands.send(cmd).is_err() {
             self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
             return Err(SubmitError::Stopped);
@@ -249,8 +263,8 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
     let reader = match &disk {
         Some(d) => {
             let (jobs, queue) = std::sync::mpsc::channel::<ReadJob>();
-            let (d, replies, bs) = (d.clone(), commands.downgrade(), config.block_size);
-            let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, replies, bs))?;
+            let (d, bs) = (d.clone(), config.block_size);
+            let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, bs))?;
             Some((jobs, thread))
         }
         None => None,
@@ -291,6 +305,8 @@ struct Active {
     first_token: Option<Instant>,
     /// Keys and values of prompt blocks read from the disk tier, until the first admission uses them.
     restored: Vec<Vec<u8>>,
+    /// Cancels an outstanding disk read when the request ends.
+    read_cancelled: Option<Arc<AtomicBool>>,
 }
 
 struct EngineLoop {
@@ -337,7 +353,7 @@ impl EngineLoop {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { id, mut req, events, arrived } => {
+            Command::Submit { id, mut req, events, arrived, engine } => {
                 self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
                 // The scheduler keeps the token ids; the request keeps its settings.
                 let prompt = std::mem::take(&mut req.prompt);
@@ -347,9 +363,9 @@ impl EngineLoop {
                             self.sched.set_cache_salt(id, salt.as_bytes());
                         }
                         let sampler = Sampler::new(req.sampling.clone());
-                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored: Vec::new() };
+                        let active = Active { req, events, sampler, text: Utf8Stream::default(), arrived, first_scheduled: None, first_token: None, restored: Vec::new(), read_cancelled: None };
                         self.requests.insert(id, active);
-                        self.request_restore(id);
+                        self.request_restore(id, engine);
                     }
                     Err(e) => {
                         let _ = events.send(Event::Error(e.to_string()));
@@ -403,8 +419,9 @@ impl EngineLoop {
                     disk.store(self.block_file(e), true);
                 }
             }
-            if let Ok(disk) = Arc::try_unwrap(disk) {
-                disk.close();
+            match Arc::try_unwrap(disk) {
+                Ok(disk) => disk.close(),
+                Err(_) => tracing::warn!("prefix cache dir: still shared at shutdown; queued writes may be lost"),
             }
         }
         for ack in acks {
@@ -418,7 +435,7 @@ impl EngineLoop {
 
     /// If the prompt's next blocks after those cached in memory are in the disk tier, holds the request
     /// and has the reader load them (`Command::Restored` brings them back).
-    fn request_restore(&mut self, id: RequestId) {
+    fn request_restore(&mut self, id: RequestId, reply: UnboundedSender<Command>) {
         let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else { return };
         let (root, hashes, in_memory) = self.sched.probe(id).expect("just added");
         // bounded: at most half the pool, and RESTORE_MAX_BYTES held per waiting request
@@ -430,9 +447,13 @@ impl EngineLoop {
         let bs = self.kv.shape.block_size;
         let tokens = self.sched.seq(id).expect("just added").tokens[in_memory * bs..end * bs].to_vec();
         let parent = if in_memory == 0 { root } else { hashes[in_memory - 1] };
-        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens };
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens, cancelled: cancelled.clone(), reply };
         if jobs.send(job).is_ok() {
             self.sched.hold(id);
+            if let Some(active) = self.requests.get_mut(&id) {
+                active.read_cancelled = Some(cancelled);
+            }
         }
     }
 
@@ -554,6 +575,9 @@ impl EngineLoop {
     /// Ends a request: its last event, its blocks back to the pool.
     fn finish(&mut self, id: RequestId, reason: FinishReason) {
         let Some(active) = self.requests.remove(&id) else { return };
+        if let Some(read) = &active.read_cancelled {
+            read.store(true, Ordering::Relaxed);
+        }
         let Some(seq) = self.sched.remove(id) else { return };
         let now = Instant::now();
         let usage = Usage { prompt_tokens: seq.num_prompt_tokens, completion_tokens: seq.num_generated(), cached_tokens: seq.num_cached_tokens };
