@@ -73,6 +73,9 @@ pub struct Sequence {
     restorable: Option<(usize, usize)>,
     /// Not admitted until the engine has read its blocks from the disk tier (`hold`, `offer_restored`).
     held: bool,
+    /// Cached blocks of its prefix held for it while `held`, so the disk read still continues them at
+    /// admission.
+    pinned: Vec<u32>,
 }
 
 impl Sequence {
@@ -254,6 +257,7 @@ impl Scheduler {
             num_registered_blocks: 0,
             restorable: None,
             held: false,
+            pinned: Vec::new(),
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -267,6 +271,7 @@ impl Scheduler {
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&w| w != id);
         self.pool.release(&seq.block_table);
+        self.pool.release(&seq.pinned);
         Some(seq)
     }
 
@@ -346,6 +351,7 @@ impl Scheduler {
             let n_new = (len - computed).min(budget);
             self.pool.acquire(&hit);
             let seq = self.seqs.get_mut(&id).expect("waiting ids are known");
+            self.pool.release(&std::mem::take(&mut seq.pinned));
             debug_assert!(seq.block_table.is_empty() && seq.num_computed_tokens == 0, "waiting sequences hold nothing");
             if seq.num_preemptions == 0 {
                 seq.num_cached_tokens = computed;
@@ -409,11 +415,16 @@ impl Scheduler {
     /// Keeps a waiting sequence (before its first admission) out of admission until `offer_restored`,
     /// while the engine reads its blocks from the disk tier; sequences behind it are admitted meanwhile.
     pub fn hold(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs.get_mut(&id) {
-            if seq.num_computed_tokens == 0 && seq.num_preemptions == 0 {
-                seq.held = true;
-            }
+        let Some(seq) = self.seqs.get(&id) else { return };
+        if seq.num_computed_tokens > 0 || seq.num_preemptions > 0 || seq.held {
+            return;
         }
+        // keep the prefix cached in memory now: the read continues it
+        let hit = self.cached_prefix(id);
+        self.pool.acquire(&hit);
+        let seq = self.seqs.get_mut(&id).expect("checked above");
+        seq.pinned = hit;
+        seq.held = true;
     }
 
     /// The cached blocks holding `id`'s leading full blocks (none with caching off), leaving at least

@@ -279,3 +279,29 @@ fn a_held_sequence_waits_for_its_disk_read_and_others_pass_it() {
     s.offer_restored(1, 0, 0); // nothing was on disk after all
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 9)]);
 }
+
+#[test]
+fn a_held_sequence_keeps_its_memory_prefix_until_admitted() {
+    let mut s = Scheduler::new(cached_config(4), 6);
+    let prompt: Vec<u32> = (0..9).collect();
+    s.add(1, prompt.clone(), 1).unwrap();
+    step(&mut s);
+    s.remove(1);
+    assert_eq!(free(&s), vec![2, 3, 4, 5, 1, 0]);
+    s.add(2, prompt.clone(), 1).unwrap();
+    s.hold(2);
+    // blocks 0 and 1 are pinned for seq 2: a 20-token prompt, which would evict them, must wait
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().num_free()), (1, 1, 4));
+    s.add(3, (100..120).collect(), 1).unwrap();
+    assert!(step(&mut s).is_empty());
+    s.offer_restored(2, 2, 0);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 1)]);
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (1, 1), "the pin became the sequence's own hold");
+    s.remove(2);
+    // a held sequence that is removed gives its pins back
+    s.add(4, prompt, 1).unwrap();
+    s.hold(4);
+    s.remove(4);
+    s.remove(3);
+    assert_eq!(s.pool().num_free(), 6);
+}
