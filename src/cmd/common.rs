@@ -100,6 +100,30 @@ pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
     }
 }
 
+/// The engine's KV cache and step budget (`serve`, `lab`).
+#[derive(Args, Clone)]
+pub struct KvArgs {
+    /// KV cache budget: bytes with a unit (`512MiB`, `2GiB`) or a token count (`32768`).
+    #[arg(long, default_value = "1GiB")]
+    pub kv_memory: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Token budget of one engine step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
+}
+
+impl KvArgs {
+    /// KV blocks the budget holds for a model whose tokens take `bytes_per_token` of KV each.
+    pub fn num_blocks(&self, bytes_per_token: usize) -> Result<usize> {
+        anyhow::ensure!(self.block_size > 0, "--block-size must be at least 1");
+        let blocks = kv_tokens(&self.kv_memory, bytes_per_token)? / self.block_size;
+        anyhow::ensure!(blocks > 0, "--kv-memory {} holds no block of {} tokens", self.kv_memory, self.block_size);
+        Ok(blocks)
+    }
+}
+
 /// Everything needed to turn text into tokens and back around a model.
 pub struct Loaded {
     pub model: Model,
@@ -115,4 +139,15 @@ pub fn load(spec: &str) -> Result<Loaded> {
     let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
     let model = Model::load(file).with_context(|| format!("loading {}", path.display()))?;
     Ok(Loaded { model, tokenizer, template })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kv_memory_takes_sizes_and_token_counts() {
+        assert_eq!(super::kv_tokens("1MiB", 1024).unwrap(), 1024);
+        assert_eq!(super::kv_tokens("2GiB", 1 << 20).unwrap(), 2048);
+        assert_eq!(super::kv_tokens("5000", 7).unwrap(), 5000);
+        assert!(super::kv_tokens("lots", 7).is_err());
+    }
 }

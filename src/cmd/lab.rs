@@ -1,6 +1,6 @@
 //! `reckon lab ...`: experiments that show what an optimization costs and buys, on this machine.
 
-use crate::cmd::common::{init_threads, kv_tokens, load, ModelArgs};
+use crate::cmd::common::{init_threads, load, KvArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use reckon_engine::engine::EngineConfig;
@@ -47,13 +47,9 @@ pub struct PrefixArgs {
     /// Start the system prompt with the current turn's time (defeats the cache, on purpose).
     #[arg(long)]
     pub timestamp: bool,
-    /// KV cache budget per arm.
-    #[arg(long, default_value = "1GiB")]
-    pub kv_memory: String,
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    #[arg(long, default_value_t = 512)]
-    pub max_batch_tokens: usize,
+    /// The engine of each arm.
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Where to write records.jsonl, table.md, ttft.svg and command.txt (default bench/out/prefix-<time>).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -77,17 +73,16 @@ fn turn_range(spec: &str) -> Result<(usize, usize)> {
 
 fn run_prefix(args: PrefixArgs) -> Result<()> {
     anyhow::ensure!(args.turns >= 1 && args.sessions >= 1 && args.passes >= 1, "--turns, --sessions and --passes must be at least 1");
-    anyhow::ensure!(args.block_size >= 1 && args.max_tokens >= 1, "--block-size and --max-tokens must be at least 1");
+    anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
     let turn_tokens = turn_range(&args.turn_tokens)?;
     init_threads(args.model.threads)?;
     let loaded = load(&args.model.model)?;
     let cfg = &loaded.model.config;
-    let num_blocks = kv_tokens(&args.kv_memory, cfg.kv_f16_bytes_per_token())? / args.block_size;
-    anyhow::ensure!(num_blocks > 0, "--kv-memory {} holds no block", args.kv_memory);
+    let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;
     let engine = EngineConfig {
-        block_size: args.block_size,
+        block_size: args.kv.block_size,
         num_blocks,
-        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_batch_tokens: args.kv.max_batch_tokens.max(1),
         max_running: 16,
         max_waiting: 16,
         max_model_len: cfg.context_length,
@@ -117,8 +112,8 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
         );
     })?;
     let rows = report::rows(&records);
-    let findings = report::findings(&records, &rows, args.block_size);
-    let table = report::markdown(&rows, &findings, args.block_size);
+    let findings = report::findings(&records, &rows, args.kv.block_size);
+    let table = report::markdown(&rows, &findings, args.kv.block_size);
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
     let title = format!("{name}: {} turns x {} session(s), {}-token system prompt{}", args.turns, args.sessions, args.prefix_tokens, if args.timestamp { ", timestamp first" } else { "" });
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;

@@ -1,6 +1,6 @@
 //! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
-use crate::cmd::common::{byte_size, init_threads, kv_tokens, load, ModelArgs};
+use crate::cmd::common::{byte_size, init_threads, load, KvArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn_with, DiskTierConfig, EngineConfig, EngineHandle};
@@ -20,15 +20,8 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on API requests.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// KV cache budget: bytes with a unit (`512MiB`, `2GiB`) or a token count (`32768`).
-    #[arg(long, default_value = "1GiB")]
-    pub kv_memory: String,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Token budget of one engine step (prefill chunks plus decodes).
-    #[arg(long, default_value_t = 512)]
-    pub max_batch_tokens: usize,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -58,14 +51,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = load(&args.model.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let tokens = kv_tokens(&args.kv_memory, cfg.kv_f16_bytes_per_token())?;
-    anyhow::ensure!(args.block_size > 0, "--block-size must be at least 1");
-    let num_blocks = tokens / args.block_size;
-    anyhow::ensure!(num_blocks > 0, "--kv-memory {} holds no block of {} tokens", args.kv_memory, args.block_size);
+    let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;
     let config = EngineConfig {
-        block_size: args.block_size,
+        block_size: args.kv.block_size,
         num_blocks,
-        max_batch_tokens: args.max_batch_tokens.max(1),
+        max_batch_tokens: args.kv.max_batch_tokens.max(1),
         max_running: args.max_running.max(1),
         max_waiting: args.max_waiting,
         max_model_len,
@@ -88,7 +78,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.block_size);
+        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size);
         let engine = state.engine.clone();
         let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone())).await;
         // also after a server error: the engine saves its prefix cache before the process ends
@@ -123,15 +113,4 @@ async fn stop_on_signal(engine: EngineHandle) {
         }
     });
     let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn kv_memory_takes_sizes_and_token_counts() {
-        assert_eq!(super::kv_tokens("1MiB", 1024).unwrap(), 1024);
-        assert_eq!(super::kv_tokens("2GiB", 1 << 20).unwrap(), 2048);
-        assert_eq!(super::kv_tokens("5000", 7).unwrap(), 5000);
-        assert!(super::kv_tokens("lots", 7).is_err());
-    }
 }

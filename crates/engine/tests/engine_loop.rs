@@ -5,7 +5,7 @@
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
-use reckon_engine::engine::{spawn, spawn_with, Detokenizer, DiskTierConfig, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
+use reckon_engine::engine::{spawn, spawn_with, Completion, Detokenizer, DiskTierConfig, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
 use reckon_engine::quant::GgmlType;
@@ -44,22 +44,10 @@ fn drain(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, 
     (ids, text, reason)
 }
 
-fn drain_usage(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason, Usage) {
-    let (mut ids, mut text) = (Vec::new(), String::new());
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            Event::Token { id, text: t, .. } => {
-                ids.push(id);
-                text.push_str(&t);
-            }
-            Event::Finished { reason, usage, .. } => {
-                assert_eq!(usage.completion_tokens, ids.len());
-                return (ids, text, reason, usage);
-            }
-            Event::Error(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("the event stream ended without Finished");
+fn drain_usage(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason, Usage) {
+    let c = Completion::wait(rx).unwrap_or_else(|e| panic!("request failed: {e}"));
+    assert_eq!(c.usage.completion_tokens, c.ids.len());
+    (c.ids, c.text, c.reason, c.usage)
 }
 
 fn requests() -> Vec<GenerateRequest> {

@@ -10,37 +10,21 @@
 //! the quant kernels, FMA-contracted RoPE and GELU table), so on this kind of CPU the logits are
 //! bit-identical and every check below holds with room to spare (100% top-1, 64/64 greedy tokens).
 
-use reckon_engine::gguf::GgufFile;
+mod common;
+
+use common::{open_real_model as open, parity_fixture as fixture};
 use reckon_engine::model::Model;
-use reckon_engine::registry::known_model_path;
 use reckon_engine::sampler::argmax;
 use reckon_engine::session::Session;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
 use serde_json::Value;
-use std::path::PathBuf;
 
 const MIN_GREEDY_MATCH: usize = 32;
 const MIN_TOP1_AGREEMENT: f64 = 0.99;
 
-fn fixture(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("fixture is JSON")
-}
-
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
-}
-
-fn open(name: &str) -> Option<GgufFile> {
-    let path = known_model_path(name).expect("known model");
-    if !path.exists() {
-        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
-        eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
-        return None;
-    }
-    Some(GgufFile::open(&path).expect("open model"))
 }
 
 /// The chat prompts of the fixture script, to check our template renders llama.cpp-side Jinja's text.

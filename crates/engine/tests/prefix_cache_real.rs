@@ -3,31 +3,19 @@
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
 //! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
 
-use reckon_engine::engine::{spawn, EngineConfig, Event, GenerateRequest};
-use reckon_engine::gguf::GgufFile;
+mod common;
+
+use common::{open_real_model as open, parity_fixture};
+use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateRequest};
 use reckon_engine::model::Model;
-use reckon_engine::registry::known_model_path;
 use reckon_engine::tokenizer::Tokenizer;
-use serde_json::Value;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 const NEW_TOKENS: usize = 16;
 
-fn open(name: &str) -> Option<GgufFile> {
-    let path = known_model_path(name).expect("known model");
-    if !path.exists() {
-        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
-        eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
-        return None;
-    }
-    Some(GgufFile::open(&path).expect("open model"))
-}
-
 /// The parity fixture's ~2,000-token text (real prose, the model's own tokenization).
 fn text_tokens(name: &str) -> Vec<u32> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
-    let fx: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let fx = parity_fixture(name);
     fx["teacher_forced"]["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
 }
 
@@ -35,16 +23,8 @@ fn text_tokens(name: &str) -> Vec<u32> {
 fn run(engine: &reckon_engine::engine::EngineHandle, prompt: &[u32]) -> (Vec<u32>, usize) {
     let mut req = GenerateRequest::greedy(prompt.to_vec(), NEW_TOKENS);
     req.ignore_eos = true;
-    let mut rx = engine.submit(req).unwrap().1;
-    let mut ids = Vec::new();
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            Event::Token { id, .. } => ids.push(id),
-            Event::Finished { usage, .. } => return (ids, usage.cached_tokens),
-            Event::Error(e) => panic!("{e}"),
-        }
-    }
-    panic!("no Finished event")
+    let c = Completion::wait(engine.submit(req).unwrap().1).unwrap();
+    (c.ids, c.usage.cached_tokens)
 }
 
 fn check_model(name: &str) {

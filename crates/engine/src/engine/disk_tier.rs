@@ -266,10 +266,9 @@ impl DiskTier {
         self.queued.load(Ordering::Relaxed) < QUEUE_LEN
     }
 
-    /// Block files indexed, and their bytes.
-    pub fn usage(&self) -> (usize, u64) {
-        let i = self.index();
-        (i.files.len(), i.total_bytes)
+    /// Block files indexed.
+    pub fn num_files(&self) -> usize {
+        self.index().files.len()
     }
 
     /// Queues a block for writing; dropped if the writer is behind (`wait` blocks instead, at shutdown).

@@ -9,7 +9,7 @@ mod disk_tier;
 mod request;
 
 pub use disk_tier::{DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
-pub use request::{Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
+pub use request::{Completion, Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
 
 use crate::kv::KvStorage;
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
@@ -605,7 +605,7 @@ impl EngineLoop {
         s.prefix_cache_hit_tokens.store(prefix.hit_tokens, Ordering::Relaxed);
         s.prefix_cache_blocks.store(pool.num_cached(), Ordering::Relaxed);
         s.prefix_cache_disk_hit_tokens.store(prefix.disk_hit_tokens, Ordering::Relaxed);
-        s.prefix_cache_disk_blocks.store(self.disk.as_ref().map_or(0, |d| d.usage().0), Ordering::Relaxed);
+        s.prefix_cache_disk_blocks.store(self.disk.as_ref().map_or(0, |d| d.num_files()), Ordering::Relaxed);
     }
 }
 

@@ -76,3 +76,32 @@ pub enum Event {
     /// The request failed; no more events follow.
     Error(String),
 }
+
+/// Everything one request produced, gathered from its events by `Completion::wait`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Completion {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+impl Completion {
+    /// Blocks until the request ends (for code outside an async runtime: benchmarks, tests). `Err` holds
+    /// the engine's error, or says the engine stopped without a last event.
+    pub fn wait(mut events: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Result<Completion, String> {
+        let (mut ids, mut text) = (Vec::new(), String::new());
+        while let Some(ev) = events.blocking_recv() {
+            match ev {
+                Event::Token { id, text: t, .. } => {
+                    ids.push(id);
+                    text.push_str(&t);
+                }
+                Event::Finished { reason, usage, timings } => return Ok(Completion { ids, text, reason, usage, timings }),
+                Event::Error(e) => return Err(e),
+            }
+        }
+        Err("the engine stopped before the request finished".into())
+    }
+}

@@ -118,9 +118,10 @@ impl BlockPool {
         u128::from_le_bytes(h.finalize()[..16].try_into().expect("SHA-256 has 32 bytes"))
     }
 
-    /// The key of the block after `parent` (the root key for a sequence's first block) holding `tokens`.
-    pub fn hash(&self, parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-        (self.hasher)(parent.unwrap_or(self.root), tokens)
+    /// The key of the block after the one keyed `parent` (a root key for a sequence's first block)
+    /// holding `tokens`.
+    pub fn hash(&self, parent: BlockHash, tokens: &[u32]) -> BlockHash {
+        (self.hasher)(parent, tokens)
     }
 
     /// `n` blocks from the front of the free queue, or `None` (and nothing taken) if fewer are free.
@@ -244,10 +245,6 @@ impl BlockPool {
     /// How many sequences hold block `b`.
     pub fn ref_count(&self, b: u32) -> u32 {
         self.ref_counts[b as usize]
-    }
-
-    pub fn is_cached(&self, b: u32) -> bool {
-        self.entries[b as usize].is_some()
     }
 
     /// The free queue, front first (for tests and metrics).

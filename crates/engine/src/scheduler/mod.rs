@@ -392,10 +392,7 @@ impl Scheduler {
         let (bs, tokens) = (self.config.block_size, &seq.tokens);
         let max_blocks = tokens.len().saturating_sub(1) / bs;
         let mut hashes: Vec<BlockHash> = Vec::with_capacity(max_blocks);
-        for j in 0..max_blocks {
-            let hash = self.pool.hash(Some(hashes.last().copied().unwrap_or(seq.root)), &tokens[j * bs..(j + 1) * bs]);
-            hashes.push(hash);
-        }
+        extend_chain(&self.pool, seq.root, &mut hashes, tokens, max_blocks, bs);
         let in_memory = if self.config.prefix_caching { self.pool.lookup(seq.root, &hashes, tokens, bs).len() } else { 0 };
         Some((seq.root, hashes, in_memory))
     }
@@ -516,9 +513,13 @@ impl Scheduler {
 
 /// Computes the keys of `seq`'s first `n_blocks` full blocks that it does not have yet.
 fn extend_hashes(seq: &mut Sequence, n_blocks: usize, block_size: usize, pool: &BlockPool) {
-    for j in seq.block_hashes.len()..n_blocks {
-        let parent = j.checked_sub(1).map_or(seq.root, |p| seq.block_hashes[p]);
-        let hash = pool.hash(Some(parent), &seq.tokens[j * block_size..(j + 1) * block_size]);
-        seq.block_hashes.push(hash);
+    extend_chain(pool, seq.root, &mut seq.block_hashes, &seq.tokens, n_blocks, block_size);
+}
+
+/// Extends `hashes` (the keys of `tokens`' first blocks, chained from `root`) to `n_blocks` keys.
+fn extend_chain(pool: &BlockPool, root: BlockHash, hashes: &mut Vec<BlockHash>, tokens: &[u32], n_blocks: usize, block_size: usize) {
+    for j in hashes.len()..n_blocks {
+        let parent = hashes.last().copied().unwrap_or(root);
+        hashes.push(pool.hash(parent, &tokens[j * block_size..(j + 1) * block_size]));
     }
 }

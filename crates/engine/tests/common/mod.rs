@@ -142,3 +142,22 @@ pub fn tiny_model(spec: &TinySpec, seed: u64) -> Vec<u8> {
     }
     w.to_bytes()
 }
+
+/// A fetched real model, or `None` with a note when it is missing; with RECKON_REQUIRE_MODELS set (CI)
+/// a missing model fails the test instead.
+pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
+    let path = reckon_engine::registry::known_model_path(name).expect("known model");
+    if !path.exists() {
+        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
+        eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
+        return None;
+    }
+    Some(reckon_engine::gguf::GgufFile::open(&path).expect("open model"))
+}
+
+/// A model's parity fixture (tests/fixtures/parity/NAME.json, recorded from llama.cpp).
+pub fn parity_fixture(name: &str) -> serde_json::Value {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("fixture is JSON")
+}

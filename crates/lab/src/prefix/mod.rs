@@ -12,7 +12,7 @@ mod conversation;
 pub mod report;
 
 use crate::LabError;
-use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, GenerateRequest};
+use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateRequest};
 use reckon_engine::model::Model;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
@@ -119,10 +119,10 @@ impl Replay<'_> {
             prompt_tokens: prompt.len(),
             first_difference,
             difference,
-            cached_tokens: out.cached_tokens,
-            prefilled_tokens: prompt.len() - out.cached_tokens,
-            ttft_ms: out.ttft_ms,
-            e2e_ms: out.e2e_ms,
+            cached_tokens: out.usage.cached_tokens,
+            prefilled_tokens: prompt.len() - out.usage.cached_tokens,
+            ttft_ms: out.timings.time_to_first_token.as_secs_f64() * 1e3,
+            e2e_ms: out.timings.end_to_end.as_secs_f64() * 1e3,
             reply_tokens: out.ids,
         })
     }
@@ -141,29 +141,7 @@ impl Replay<'_> {
     }
 }
 
-struct Generated {
-    ids: Vec<u32>,
-    text: String,
-    cached_tokens: usize,
-    ttft_ms: f64,
-    e2e_ms: f64,
-}
-
-fn generate(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<Generated, LabError> {
-    let (_, mut rx) = engine.submit(GenerateRequest::greedy(prompt, max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
-    let (mut ids, mut text) = (Vec::new(), String::new());
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            Event::Token { id, text: t, .. } => {
-                ids.push(id);
-                text.push_str(&t);
-            }
-            Event::Finished { usage, timings, .. } => {
-                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-                return Ok(Generated { ids, text, cached_tokens: usage.cached_tokens, ttft_ms: ms(timings.time_to_first_token), e2e_ms: ms(timings.end_to_end) });
-            }
-            Event::Error(e) => return Err(LabError::Request(e)),
-        }
-    }
-    Err(LabError::Request("the engine stopped mid-request".into()))
+fn generate(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<Completion, LabError> {
+    let (_, rx) = engine.submit(GenerateRequest::greedy(prompt, max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
+    Completion::wait(rx).map_err(LabError::Request)
 }

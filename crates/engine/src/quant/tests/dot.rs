@@ -219,6 +219,12 @@ fn multi_row_kernels_equal_one_row_kernel() {
     }
 }
 
+/// `MULTI` random weight rows of `n` values, back to back, and the bytes of one row.
+fn multi_rows(t: GgmlType, n: usize, rng: &mut Rng) -> (Vec<u8>, usize) {
+    let w: Vec<u8> = (0..MULTI).flat_map(|_| random_weights(t, n, rng)).collect();
+    (w, t.row_bytes(n).unwrap())
+}
+
 /// The multi-weight-row kernels give exactly the one-row kernel's bits for every row.
 #[test]
 fn multi_weight_row_kernels_equal_one_row_kernel() {
@@ -227,11 +233,7 @@ fn multi_weight_row_kernels_equal_one_row_kernel() {
         let Some(rows) = multi_row_kernel(t) else { continue };
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
-            let stride = t.row_bytes(n).unwrap();
-            let mut w = Vec::new();
-            for _ in 0..MULTI {
-                w.extend(random_weights(t, n, &mut rng));
-            }
+            let (w, stride) = multi_rows(t, n, &mut rng);
             let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
             let a = quant(t.dot_activation_type(), &x);
             let got = rows(n, &w, stride, &a);
@@ -255,11 +257,7 @@ fn tile_kernels_equal_one_row_kernel() {
         tested += 1;
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
-            let stride = t.row_bytes(n).unwrap();
-            let mut w = Vec::new();
-            for _ in 0..MULTI {
-                w.extend(random_weights(t, n, &mut rng));
-            }
+            let (w, stride) = multi_rows(t, n, &mut rng);
             let at = t.dot_activation_type();
             let (plain, wide) = (at.row_bytes(n).unwrap(), expanded_act_row_bytes(n));
             let batch = 7;
