@@ -1,6 +1,7 @@
 //! Attention alone, for kernel work: one layer's prefill attention of N query tokens at a depth, on
 //! random K/V, timed over repetitions (median). attn_bench HEADS KV_HEADS HEAD_DIM DEPTH N [REPS] [THREADS] [WINDOW]
-//! With `PER_HEAD=1` in the environment it times the per-head reference path instead.
+//! With `PER_HEAD=1` in the environment it times the per-head reference path instead; with `DECODE=1`,
+//! N sequences decoding one token each at DEPTH.
 //! e.g. SmolLM2: `attn_bench 9 3 64 4096 256`. Prints ns per (query, head, key).
 use reckon_engine::attention::{attend, attend_per_head_path, AttnShape, QueryPos};
 use reckon_engine::kv::{KvShape, KvStorage};
@@ -26,7 +27,13 @@ fn main() {
         let v: Vec<f32> = (0..kv_dim).map(|_| rnd()).collect();
         kv.write(0, kv.slot(&table, pos), &k, &v);
     }
-    let queries: Vec<QueryPos> = (depth..total).map(|pos| QueryPos { block_table: &table, pos }).collect();
+    // DECODE=1: N sequences decoding one token each at DEPTH (sharing one cache, as a decode batch's shape).
+    let decode = std::env::var_os("DECODE").is_some();
+    let queries: Vec<QueryPos> = if decode {
+        (0..n).map(|_| QueryPos { block_table: &table, pos: depth }).collect()
+    } else {
+        (depth..total).map(|pos| QueryPos { block_table: &table, pos }).collect()
+    };
     let q: Vec<f32> = (0..n * n_heads * head_dim).map(|_| rnd()).collect();
     let mut out = vec![0.0; q.len()];
     let mut times = Vec::new();
@@ -41,7 +48,7 @@ fn main() {
     }
     times.remove(0);
     times.sort_by(|a, b| a.total_cmp(b));
-    let cells = (depth as f64 + n as f64 / 2.0) * n as f64 * n_heads as f64;
+    let cells = if decode { (depth + 1) as f64 } else { depth as f64 + n as f64 / 2.0 } * n as f64 * n_heads as f64;
     let med = times[times.len() / 2];
     println!("median {:.2} ms  ({:.3} ns per query·head·key, min {:.2} ms, max {:.2} ms)", med * 1e3, med * 1e9 / cells, times[0] * 1e3, times[times.len() - 1] * 1e3);
 }

@@ -4,9 +4,13 @@
 //! Activations are quantized once per call to the weight type's activation type (as ggml does), then
 //! each output element is one `vec_dot`, computed by exactly one thread in a fixed order: results are
 //! bit-identical whatever the thread count or the other tokens in the batch.
+//!
+//! `matmul_many` runs several matrices over the same input (q/k/v, gate/up) as one call: the input is
+//! quantized once per activation type and every matrix's rows share one parallel pass, so the threads
+//! meet once instead of once per matrix.
 
-use crate::quant::{activation_row_bytes, expand_act_row, expanded_act_row_bytes, multi_dot_kernel, multi_row_kernel, quantize_row_ggml_x86, tile_dot_kernel, transpose_act_sums, vec_dot_kernel, wants_expanded_acts, GgmlType, MULTI};
 use crate::pool;
+use crate::quant::{activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
 #[derive(Clone, Copy, Debug)]
@@ -21,11 +25,9 @@ pub struct QMatrix<'a> {
 /// claims (one atomic each) stay negligible.
 const TASKS_PER_THREAD: usize = 8;
 
-/// Most tokens a matmul runs through the tile kernels (decode batches); more take the multi-token
-/// kernels, whose per-weight-row staging pays off over many tokens. (`examples/matmul_bench.rs`, Q4_1
-/// and Q8_0 576-column rows, 3 interleaved runs: the tile kernels were ahead at 5, 6 and 8 tokens, even
-/// at 12, behind at 16.)
-const TILE_MAX_TOKENS: usize = 12;
+/// Tokens per activation-preparation task when a batch is large enough to prepare in parallel (even,
+/// so a task's token pairs are its own).
+const TOKENS_PER_PREP_TASK: usize = 16;
 
 /// Weight rows whose multi-token results are buffered before they are stored (one cache line of f32).
 const SCATTER_ROWS: usize = 16;
@@ -33,21 +35,16 @@ const SCATTER_ROWS: usize = 16;
 thread_local! {
     /// SCATTER_ROWS weight rows' results for all multi-kernel tokens, before they are scattered into the output.
     static ROW_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Pair layouts (one per legacy weight type in a call), reused across calls on the calling thread.
+    static PAIR_ACTS: std::cell::RefCell<Vec<PairActs>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A raw pointer that parallel tasks use to write disjoint rows of one byte buffer.
+/// A raw pointer that parallel tasks use to write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
-struct BytePtr(*mut u8);
-// SAFETY: every task writes a disjoint set of rows, see `matmul`.
-unsafe impl Send for BytePtr {}
-unsafe impl Sync for BytePtr {}
-
-/// A raw pointer that parallel tasks use to write disjoint elements of one output buffer.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every task writes a disjoint set of output elements (its own rows), see `matmul`.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
+struct SyncPtr<T>(*mut T);
+// SAFETY: every task writes a disjoint part (its own tokens' rows, its own output rows), see the users.
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
 
 impl QMatrix<'_> {
     fn row_bytes(&self) -> usize {
@@ -56,125 +53,279 @@ impl QMatrix<'_> {
 
     /// x: `[n_tokens, cols]`, out: `[n_tokens, rows]`; `xq` is scratch for the quantized activations.
     pub fn matmul(&self, x: &[f32], xq: &mut Vec<u8>, out: &mut [f32]) {
-        let n_tokens = x.len() / self.cols;
-        assert_eq!(x.len(), n_tokens * self.cols, "matmul input is not [n, {}]", self.cols);
-        assert_eq!(out.len(), n_tokens * self.rows, "matmul output is not [n, {}]", self.rows);
-        let act_type = self.dtype.dot_activation_type();
-        let act_bytes = activation_row_bytes(act_type, self.cols);
-        let tile = if (2..=TILE_MAX_TOKENS).contains(&n_tokens) { tile_dot_kernel(self.dtype, self.cols) } else { None };
-        let multi = if n_tokens >= MULTI && tile.is_none() { multi_dot_kernel(self.dtype, self.cols) } else { None };
-        let n_multi = if multi.is_some() { n_tokens / MULTI * MULTI } else { 0 };
-        // Tile and multi-token kernels for Q8_0/Q8_1 activations read them in their expanded layout, stored
-        // after the plain rows; the K-quant ones read the plain rows.
-        let expanded = wants_expanded_acts(self.dtype);
-        let n_wide = if tile.is_some() { n_tokens } else if expanded { n_multi } else { 0 };
-        let wide_bytes = expanded_act_row_bytes(self.cols);
-        xq.resize(n_tokens * act_bytes + n_wide * wide_bytes, 0);
-        let (plain, wide) = xq.split_at_mut(n_tokens * act_bytes);
-        // Quantize (and expand) the activation rows, in parallel for prefill-sized batches.
-        let (plain_ptr, wide_ptr) = (BytePtr(plain.as_mut_ptr()), BytePtr(wide.as_mut_ptr()));
-        let quantize_rows = |first: usize, last: usize| {
-            let (plain_ptr, wide_ptr) = (plain_ptr, wide_ptr);
-            for t in first..last {
-                // SAFETY: token t's rows are disjoint from every other token's, and inside the buffers
-                // (plain: n_tokens rows of act_bytes, wide: n_wide rows of wide_bytes).
-                let q = unsafe { std::slice::from_raw_parts_mut(plain_ptr.0.add(t * act_bytes), act_bytes) };
-                quantize_row_ggml_x86(act_type, &x[t * self.cols..(t + 1) * self.cols], q);
-                if t < n_wide {
-                    let e = unsafe { std::slice::from_raw_parts_mut(wide_ptr.0.add(t * wide_bytes), wide_bytes) };
-                    expand_act_row(act_type, self.cols, q, e);
-                }
-            }
-        };
-        const TOKENS_PER_QUANT_TASK: usize = 16;
-        if n_tokens >= 2 * TOKENS_PER_QUANT_TASK {
-            pool::current().run(n_tokens.div_ceil(TOKENS_PER_QUANT_TASK), &|task| {
-                let first = task * TOKENS_PER_QUANT_TASK;
-                quantize_rows(first, (first + TOKENS_PER_QUANT_TASK).min(n_tokens));
+        matmul_many(x, xq, &mut [(*self, out)]);
+    }
+}
+
+/// The kernel family one matrix runs with for a batch.
+#[derive(Clone, Copy)]
+enum Path {
+    /// Legacy types, 2+ tokens: token pairs, reading `PairActs` number `layout`.
+    Pairs { layout: usize },
+    /// One token: `MULTI` weight rows per call.
+    Rows,
+    /// K-quants, `MULTI`+ tokens: whole groups of `MULTI` tokens per weight row, the rest one by one.
+    Multi,
+    /// One `vec_dot` per (row, token).
+    Single,
+}
+
+/// Where one input's quantized rows are: per activation type, the byte offset of its rows in `xq` and
+/// the bytes per row.
+struct Prepared {
+    plain: Vec<(GgmlType, usize, usize)>,
+}
+
+impl Prepared {
+    fn plain_of(&self, act: GgmlType) -> (usize, usize) {
+        let &(_, off, bytes) = self.plain.iter().find(|p| p.0 == act).expect("activation type prepared");
+        (off, bytes)
+    }
+}
+
+/// `matmul` for several matrices with the same `cols` over the same input x: `[n_tokens, cols]`; each
+/// `out` is `[n_tokens, rows]` of its matrix. Bit-identical to separate `matmul` calls.
+pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+    let Some(cols) = jobs.first().map(|j| j.0.cols) else { return };
+    let n_tokens = x.len() / cols;
+    assert_eq!(x.len(), n_tokens * cols, "matmul input is not [n, {cols}]");
+    for (m, out) in jobs.iter() {
+        assert_eq!(m.cols, cols, "matmul_many: matrices of {} and {cols} columns", m.cols);
+        assert_eq!(out.len(), n_tokens * m.rows, "matmul output is not [n, {}]", m.rows);
+    }
+    if n_tokens == 0 {
+        return;
+    }
+    let mut paths: Vec<Path> = jobs.iter().map(|(m, _)| path(m, n_tokens)).collect();
+    let mut layouts = PAIR_ACTS.take();
+    let prepared = prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts);
+    let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
+    let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
+    let pool = pool::current();
+    // Whole multiples of MULTI rows per task, so the multi-row kernels cover every task; one task size
+    // for all matrices, so a small one (k, v) is a few tasks rather than as many as a big one.
+    let total_rows: usize = mats.iter().map(|m| m.rows).sum();
+    let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(MULTI);
+    let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
+    let (xq, layouts_ref) = (&xq[..], &layouts[..]);
+    pool.run(tasks.len(), &|task| {
+        let (j, first) = tasks[task];
+        let m = &mats[j];
+        let last = (first + rows_per_task).min(m.rows);
+        let (off, act_bytes) = prepared.plain_of(m.dtype.dot_activation_type());
+        let acts = &xq[off..off + n_tokens * act_bytes];
+        // SAFETY: rows first..last of matrix j belong to this task only; the output was sized above.
+        let out = RowsOut { ptr: outs[j], rows: m.rows };
+        unsafe { run_rows(m, paths[j], first, last, n_tokens, acts, act_bytes, layouts_ref, &out) };
+    });
+    PAIR_ACTS.set(layouts);
+}
+
+fn path(m: &QMatrix, n_tokens: usize) -> Path {
+    if n_tokens == 1 && multi_row_kernel(m.dtype).is_some() {
+        Path::Rows
+    } else if n_tokens >= 2 && pair_dot_kernel(m.dtype, m.cols).is_some() {
+        Path::Pairs { layout: usize::MAX }
+    } else if n_tokens >= MULTI && multi_dot_kernel(m.dtype, m.cols).is_some() {
+        Path::Multi
+    } else {
+        Path::Single
+    }
+}
+
+/// Quantizes x once per activation type the matrices need (into `xq`) and builds one pair layout per
+/// legacy weight type among the pair paths (numbering them in `paths`); in parallel over tokens for
+/// prefill-sized batches.
+fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>) -> Prepared {
+    let mut plain: Vec<(GgmlType, usize, usize)> = Vec::new();
+    let mut pair_types: Vec<GgmlType> = Vec::new();
+    let mut size = 0;
+    for ((m, _), p) in jobs.iter().zip(paths.iter_mut()) {
+        let act = m.dtype.dot_activation_type();
+        if !plain.iter().any(|q| q.0 == act) {
+            let bytes = activation_row_bytes(act, cols);
+            plain.push((act, size, bytes));
+            size += n_tokens * bytes;
+        }
+        if let Path::Pairs { layout } = p {
+            *layout = pair_types.iter().position(|&t| t == m.dtype).unwrap_or_else(|| {
+                pair_types.push(m.dtype);
+                pair_types.len() - 1
             });
-        } else {
-            quantize_rows(0, n_tokens);
         }
-        let (xq, wide): (&[u8], &[u8]) = (plain, wide);
-        let mut s_by_block = Vec::new();
-        if (multi.is_some() || tile.is_some()) && act_type == GgmlType::Q8_1 {
-            transpose_act_sums(self.cols, wide, wide_bytes, n_wide, &mut s_by_block);
+    }
+    xq.resize(size, 0);
+    layouts.resize_with(pair_types.len().max(layouts.len()), PairActs::default);
+    for (l, &t) in layouts.iter_mut().zip(&pair_types) {
+        l.shape(t, cols, n_tokens);
+    }
+    let xq_ptr = SyncPtr(xq.as_mut_ptr());
+    let line_ptrs: Vec<SyncPtr<Line>> = layouts.iter_mut().map(|l| SyncPtr(l.lines.as_mut_ptr())).collect();
+    let (plain_ref, pair_ref) = (&plain, &pair_types);
+    let prep_tokens = |first: usize, last: usize| {
+        let xq_ptr = xq_ptr; // the whole wrapper (Sync), not its raw field
+        for &(act, off, bytes) in plain_ref {
+            for t in first..last {
+                // SAFETY: token t's row of this activation type is written by this call only, inside
+                // `xq` (sized for n_tokens rows of every type above).
+                let q = unsafe { std::slice::from_raw_parts_mut(xq_ptr.0.add(off + t * bytes), bytes) };
+                quantize_row_ggml_x86(act, &x[t * cols..(t + 1) * cols], q);
+            }
         }
-        let s_by_block = &s_by_block[..];
-        let w_row_bytes = self.row_bytes();
-        let out_ptr = OutPtr(out.as_mut_ptr());
-        let dot = vec_dot_kernel(self.dtype);
-        // A lone token (decode): several weight rows per call instead, sharing the activation loads.
-        let rows_kernel = if n_tokens == 1 { multi_row_kernel(self.dtype) } else { None };
-        let pool = pool::current();
-        // Whole multiples of MULTI rows per task, so the multi-row kernels cover every task.
-        let rows_per_task = self.rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(MULTI);
-        let num_tasks = self.rows.div_ceil(rows_per_task);
-        pool.run(num_tasks, &|task| {
-            let out_ptr = out_ptr;
-            let first = task * rows_per_task;
-            let last = (first + rows_per_task).min(self.rows);
-            let store = |t: usize, r: usize, v: f32| {
-                // SAFETY: (t, r) is in bounds (asserted above) and row r belongs to this task only.
-                unsafe { *out_ptr.0.add(t * self.rows + r) = v };
-            };
-            let mut first = first;
-            if let Some(tile) = tile {
-                // MULTI rows × up to MULTI tokens per call; the rows stay in L1 across the token groups.
-                let mut tile_out = [0.0f32; MULTI * MULTI];
-                while first + MULTI <= last {
-                    let w = &self.bytes[first * w_row_bytes..(first + MULTI) * w_row_bytes];
-                    for t0 in (0..n_tokens).step_by(MULTI) {
-                        let n_tok = (n_tokens - t0).min(MULTI);
-                        let s = s_by_block.get(t0..).unwrap_or(&[]);
-                        tile(self.cols, w, w_row_bytes, &wide[t0 * wide_bytes..], wide_bytes, s, n_tokens, n_tok, &mut tile_out);
-                        for r in 0..MULTI {
-                            for k in 0..n_tok {
-                                store(t0 + k, first + r, tile_out[r * MULTI + k]);
-                            }
-                        }
-                    }
-                    first += MULTI;
-                }
-            }
-            if let Some(rows_kernel) = rows_kernel {
-                while first + MULTI <= last {
-                    let v = rows_kernel(self.cols, &self.bytes[first * w_row_bytes..(first + MULTI) * w_row_bytes], w_row_bytes, xq);
-                    for (k, &v) in v.iter().enumerate() {
-                        store(0, first + k, v);
-                    }
-                    first += MULTI;
-                }
-            }
-            if let Some(multi) = multi {
-                // Rows computed SCATTER_ROWS at a time into a buffer, then stored token by token, so the
-                // output is written in whole cache lines rather than one float per line.
-                ROW_OUT.with_borrow_mut(|buf| {
-                    for r0 in (first..last).step_by(SCATTER_ROWS) {
-                        let r1 = (r0 + SCATTER_ROWS).min(last);
-                        buf.resize((r1 - r0) * n_multi, 0.0);
-                        for (r, row_out) in (r0..r1).zip(buf.chunks_exact_mut(n_multi)) {
-                            let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
-                            if expanded {
-                                multi(self.cols, w, wide, wide_bytes, s_by_block, row_out);
-                            } else {
-                                multi(self.cols, w, xq, act_bytes, s_by_block, row_out);
-                            }
-                        }
-                        for t in 0..n_multi {
-                            for r in r0..r1 {
-                                store(t, r, buf[(r - r0) * n_multi + t]);
-                            }
-                        }
-                    }
-                });
-            }
-            for r in first..last {
-                let w = &self.bytes[r * w_row_bytes..(r + 1) * w_row_bytes];
-                for t in n_multi..n_tokens {
-                    store(t, r, dot(self.cols, w, &xq[t * act_bytes..(t + 1) * act_bytes]));
-                }
-            }
+        for (k, &t) in pair_ref.iter().enumerate() {
+            let (off, bytes) = plain_ref.iter().find(|p| p.0 == t.dot_activation_type()).map(|p| (p.1, p.2)).expect("quantized above");
+            // SAFETY: this call quantized the tokens first..last just above (and, first being even,
+            // every token of pairs first/2..last/2 is among them); those pairs' lines are its own.
+            let acts = unsafe { std::slice::from_raw_parts(xq_ptr.0.add(off) as *const u8, n_tokens * bytes) };
+            let per_pair = crate::quant::lines_per_pair(t, cols);
+            let (p0, p1) = (first / 2, last.div_ceil(2));
+            let lines = unsafe { std::slice::from_raw_parts_mut(line_ptrs[k].0.add(p0 * per_pair), (p1 - p0) * per_pair) };
+            fill_pairs(t, cols, acts, bytes, n_tokens, p0, lines);
+        }
+    };
+    if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
+        pool::current().run(n_tokens.div_ceil(TOKENS_PER_PREP_TASK), &|task| {
+            let first = task * TOKENS_PER_PREP_TASK;
+            prep_tokens(first, (first + TOKENS_PER_PREP_TASK).min(n_tokens));
         });
+    } else {
+        prep_tokens(0, n_tokens);
+    }
+    for (l, &t) in layouts.iter_mut().zip(&pair_types) {
+        let (off, bytes) = plain.iter().find(|p| p.0 == t.dot_activation_type()).map(|p| (p.1, p.2)).expect("quantized above");
+        l.fill_sums(t, cols, &xq[off..off + n_tokens * bytes], bytes, n_tokens);
+    }
+    Prepared { plain }
+}
+
+/// One matrix's output, written row by row by the tasks that own the rows.
+struct RowsOut {
+    ptr: SyncPtr<f32>,
+    rows: usize,
+}
+
+impl RowsOut {
+    /// # Safety
+    /// Row r must belong to the caller's task and (t, r) be inside the `[n_tokens, rows]` output.
+    #[inline(always)]
+    unsafe fn store(&self, t: usize, r: usize, v: f32) {
+        *self.ptr.0.add(t * self.rows + r) = v;
+    }
+}
+
+/// Rows `first..last` of `m` for every token, by `path`; `acts` are the plain quantized rows.
+///
+/// # Safety
+/// Rows `first..last` of `out` belong to this call alone.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens: usize, acts: &[u8], act_bytes: usize, layouts: &[PairActs], out: &RowsOut) {
+    let w_row_bytes = m.row_bytes();
+    let rows_of = |r: usize, k: usize| &m.bytes[r * w_row_bytes..(r + k) * w_row_bytes];
+    let mut first = first;
+    match path {
+        Path::Pairs { layout } => {
+            let kernel = pair_dot_kernel(m.dtype, m.cols).expect("chosen by path()");
+            let paired = &layouts[layout];
+            // MULTI rows × up to 2·PAIRS_PER_CALL tokens per call; the rows stay in L1 across the groups.
+            let mut res = [0.0f32; MULTI * 2 * PAIRS_PER_CALL];
+            while first + MULTI <= last {
+                for p0 in (0..paired.n_pairs).step_by(PAIRS_PER_CALL) {
+                    let n_pairs = (paired.n_pairs - p0).min(PAIRS_PER_CALL);
+                    kernel(m.cols, rows_of(first, MULTI), w_row_bytes, paired, p0, n_pairs, &mut res);
+                    for r in 0..MULTI {
+                        for k in 0..(2 * n_pairs).min(n_tokens - 2 * p0) {
+                            out.store(2 * p0 + k, first + r, res[r * 2 * PAIRS_PER_CALL + k]);
+                        }
+                    }
+                }
+                first += MULTI;
+            }
+        }
+        Path::Rows => {
+            let kernel = multi_row_kernel(m.dtype).expect("chosen by path()");
+            while first + MULTI <= last {
+                for (k, &v) in kernel(m.cols, rows_of(first, MULTI), w_row_bytes, acts).iter().enumerate() {
+                    out.store(0, first + k, v);
+                }
+                first += MULTI;
+            }
+        }
+        Path::Multi => {
+            let kernel = multi_dot_kernel(m.dtype, m.cols).expect("chosen by path()");
+            let n_multi = n_tokens / MULTI * MULTI;
+            // Rows computed SCATTER_ROWS at a time into a buffer, then stored token by token, so the
+            // output is written in whole cache lines rather than one float per line.
+            ROW_OUT.with_borrow_mut(|buf| {
+                for r0 in (first..last).step_by(SCATTER_ROWS) {
+                    let r1 = (r0 + SCATTER_ROWS).min(last);
+                    buf.resize((r1 - r0) * n_multi, 0.0);
+                    for (r, row_out) in (r0..r1).zip(buf.chunks_exact_mut(n_multi)) {
+                        kernel(m.cols, rows_of(r, 1), acts, act_bytes, row_out);
+                    }
+                    for t in 0..n_multi {
+                        for r in r0..r1 {
+                            out.store(t, r, buf[(r - r0) * n_multi + t]);
+                        }
+                    }
+                }
+            });
+            for r in first..last {
+                for t in n_multi..n_tokens {
+                    out.store(t, r, vec_dot_kernel(m.dtype)(m.cols, rows_of(r, 1), &acts[t * act_bytes..(t + 1) * act_bytes]));
+                }
+            }
+            return;
+        }
+        Path::Single => {}
+    }
+    let dot = vec_dot_kernel(m.dtype);
+    for r in first..last {
+        for t in 0..n_tokens {
+            out.store(t, r, dot(m.cols, rows_of(r, 1), &acts[t * act_bytes..(t + 1) * act_bytes]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::random_weight_rows;
+
+    /// Every (token, row) of a matmul is the one-row `vec_dot` of that token's quantized row, whatever the
+    /// batch size (pairs, odd batches, the multi-token and one-token paths, leftover rows), and
+    /// `matmul_many` over matrices of several types gives each matrix's `matmul`.
+    #[test]
+    fn matmul_is_the_one_row_dot_for_every_batch_and_group() {
+        let (cols, rows) = (512, 37); // 37 rows: a leftover below MULTI
+        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 10 + i as u64)).collect();
+        let mats: Vec<QMatrix> = types.iter().zip(&weights).map(|(&t, w)| QMatrix { dtype: t, rows, cols, bytes: w }).collect();
+        let mut rng = crate::sampler::Rng::new(3);
+        for n in [1usize, 2, 3, 4, 7, 9, 16, 33, 40] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+            let mut xq = Vec::new();
+            let mut singles = Vec::new();
+            for m in &mats {
+                let mut out = vec![0.0f32; n * rows];
+                m.matmul(&x, &mut xq, &mut out);
+                let act = m.dtype.dot_activation_type();
+                let ab = activation_row_bytes(act, cols);
+                let mut q = vec![0u8; ab];
+                for t in 0..n {
+                    quantize_row_ggml_x86(act, &x[t * cols..(t + 1) * cols], &mut q);
+                    for r in 0..rows {
+                        let want = vec_dot_kernel(m.dtype)(cols, &m.bytes[r * m.row_bytes()..(r + 1) * m.row_bytes()], &q);
+                        assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "{} n={n} token {t} row {r}", m.dtype);
+                    }
+                }
+                singles.push(out);
+            }
+            let mut outs: Vec<Vec<f32>> = mats.iter().map(|_| vec![0.0f32; n * rows]).collect();
+            let mut jobs: Vec<(QMatrix, &mut [f32])> = mats.iter().copied().zip(outs.iter_mut().map(|o| &mut o[..])).collect();
+            matmul_many(&x, &mut xq, &mut jobs);
+            for ((m, got), want) in mats.iter().zip(&outs).zip(&singles) {
+                assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{} n={n}: matmul_many differs", m.dtype);
+            }
+        }
     }
 }

@@ -271,6 +271,11 @@ impl LaneAcc {
 /// `LaneAcc::reduce` of lane sums held elsewhere: `rows` is `[64, hd]` (overwritten), `out` gets `hd`.
 pub fn reduce_lane_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
     assert!(rows.len() >= 64 * hd && out.len() >= hd, "lane rows are not [64, hd]");
+    #[cfg(target_arch = "x86_64")]
+    if use_avx512() && hd % 16 == 0 {
+        // SAFETY: the CPU has the features avx512::available checks; the lengths were asserted above.
+        return unsafe { avx512::reduce_lane_rows(rows, hd, out) };
+    }
     let r = |lane: usize| lane * hd;
     // v[l] = (vec0 + vec2)[l] + (vec1 + vec3)[l], written over lane l's row of vector 0.
     for l in 0..16 {

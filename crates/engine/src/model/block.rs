@@ -1,6 +1,7 @@
 //! The attention sub-block shared by every architecture: q/k/v projections (+ biases, + per-head
 //! norms where present), RoPE, writing k/v into the paged storage, attention, output projection.
 
+use crate::matmul::matmul_many;
 use super::config::ModelConfig;
 use super::weights::LayerWeights;
 use super::Scratch;
@@ -26,9 +27,8 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
     super::resize(&mut s.q, n * q_dim);
     super::resize(&mut s.k, n * kv_dim);
     super::resize(&mut s.v, n * kv_dim);
-    w.wq.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.q);
-    w.wk.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.k);
-    w.wv.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.v);
+    let (wq, wk, wv) = (w.wq.view(ctx.file), w.wk.view(ctx.file), w.wv.view(ctx.file));
+    matmul_many(&s.xn, &mut s.act_q, &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])]);
     for (buf, bias) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
         if let Some(b) = bias {
             ops::add_bias(buf, b);

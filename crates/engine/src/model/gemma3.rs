@@ -4,6 +4,7 @@
 //!   x += postnorm1(Wo·attn(rope(qnorm(Wq·n1)), rope(knorm(Wk·n1)), Wv·n1))
 //!   x += postnorm2(Wdown·(gelu(Wgate·n2) ⊙ Wup·n2))
 
+use crate::matmul::matmul_many;
 use super::block::{attention, LayerCtx};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
@@ -26,8 +27,8 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     ops::rms_norm(&s.x, &w.ffn_norm, c.norm_eps, &mut s.xn);
     resize(&mut s.gate, n * c.ffn_dim);
     resize(&mut s.up, n * c.ffn_dim);
-    w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
-    w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
+    let (w_gate, w_up) = (w.w_gate.view(ctx.file), w.w_up.view(ctx.file));
+    matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
     dump("ffn_norm", ctx.layer, &s.xn, n);
     dump("ffn_gate", ctx.layer, &s.gate, n);
     dump("ffn_up", ctx.layer, &s.up, n);

@@ -2,6 +2,7 @@
 //!   x += Wo·attn(rope(Wq·n1), rope(Wk·n1), Wv·n1),   n1 = rmsnorm(x)
 //!   x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2),             n2 = rmsnorm(x)
 
+use crate::matmul::matmul_many;
 use super::block::{attention, LayerCtx};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
@@ -23,8 +24,8 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     dump("ffn_norm", ctx.layer, &s.xn, n);
     resize(&mut s.gate, n * c.ffn_dim);
     resize(&mut s.up, n * c.ffn_dim);
-    w.w_gate.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.gate);
-    w.w_up.view(ctx.file).matmul(&s.xn, &mut s.act_q, &mut s.up);
+    let (w_gate, w_up) = (w.w_gate.view(ctx.file), w.w_up.view(ctx.file));
+    matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
     dump("ffn_gate", ctx.layer, &s.gate, n);
     dump("ffn_up", ctx.layer, &s.up, n);
     crate::ggml_math::swiglu(&mut s.gate, &s.up);

@@ -12,7 +12,7 @@ use super::{check_dot_args, GgmlType, MULTI};
 
 macro_rules! safe_kernels {
     ($($name:ident => $t:ident, $imp:ident;)*) => {$(
-        pub(super) fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, _s_by_block: &[f32], out: &mut [f32]) {
+        pub(super) fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
             assert_eq!(out.len() % MULTI, 0, "multi dot: output is not whole groups of {MULTI}");
             for (g, o) in out.chunks_exact_mut(MULTI).enumerate() {
                 let rows: [&[u8]; MULTI] = std::array::from_fn(|r| &a[((g * MULTI + r) * stride).min(a.len())..]);

@@ -27,17 +27,25 @@ mod dot_avx512_multi;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_multi_k;
 #[cfg(target_arch = "x86_64")]
-mod dot_avx512_tile;
+mod dot_avx512_pair;
 mod dot_scalar;
+mod pair_acts;
 mod quantize;
 #[cfg(test)]
 mod tests;
+
+/// `rows` random weight rows of `n` values of type `t` (sane scales), for tests outside this module.
+#[cfg(test)]
+pub(crate) fn random_weight_rows(t: GgmlType, rows: usize, n: usize, seed: u64) -> Vec<u8> {
+    let mut rng = tests::Rng::new(seed);
+    (0..rows).flat_map(|_| tests::random_weights(t, n, &mut rng)).collect()
+}
 #[cfg(target_arch = "x86_64")]
 mod x86_util;
 
 use std::sync::OnceLock;
 
-use blocks::{rd_f16, Q8_0_BYTES, Q8_1_BYTES, QK};
+use blocks::QK;
 
 pub use dequant::dequantize_row;
 pub use quantize::{quantize_row, quantize_row_ggml_x86};
@@ -294,55 +302,10 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
 /// Activation rows a multi-row kernel takes per call.
 pub const MULTI: usize = 4;
 
-/// `(n, weight_row, act_rows, act_row_bytes, s_by_block, out)`: one weight row against `out.len()` (a
-/// multiple of `MULTI`) activation rows `act_row_bytes` apart, in the expanded layout of `expand_act_row`
-/// when the activation type is Q8_0 or Q8_1 (`wants_expanded_acts`), plain otherwise (Q8_K); each result
-/// bit-identical to the one-row kernel's on the plain rows. For Q8_1 activations `s_by_block` holds every row's block sums transposed,
-/// `[block][row]` (`transpose_act_sums`); other types ignore it. Safe to call (checks lengths).
-pub type MultiDotFn = fn(usize, &[u8], &[u8], usize, &[f32], &mut [f32]);
-
-/// Bytes of one expanded activation row of `n` elements (see `expand_act_row`), a multiple of 64.
-pub fn expanded_act_row_bytes(n: usize) -> usize {
-    (n + 8 * (n / QK)).div_ceil(64) * 64
-}
-
-/// Rewrites a Q8_0 or Q8_1 activation row into the layout the multi-token kernels read: the quants of all
-/// blocks contiguous (`n` bytes, so two blocks are one 512-bit load), then every block's scale `d` as f32,
-/// then (Q8_1) every block's `s` as f32 (zero for Q8_0). The f16 -> f32 conversions are exact, so the
-/// kernels' products are the one-row kernel's.
-pub fn expand_act_row(t: GgmlType, n: usize, src: &[u8], dst: &mut [u8]) {
-    let nb = n / QK;
-    let (bytes, qs_off) = match t {
-        GgmlType::Q8_0 => (Q8_0_BYTES, 2),
-        GgmlType::Q8_1 => (Q8_1_BYTES, 4),
-        _ => panic!("expand_act_row: {t} is not Q8_0 or Q8_1"),
-    };
-    assert!(src.len() >= nb * bytes && dst.len() >= expanded_act_row_bytes(n));
-    let (qs, scales) = dst.split_at_mut(n);
-    for (i, b) in src.chunks_exact(bytes).take(nb).enumerate() {
-        qs[i * QK..(i + 1) * QK].copy_from_slice(&b[qs_off..qs_off + QK]);
-        scales[4 * i..4 * i + 4].copy_from_slice(&rd_f16(b, 0).to_le_bytes());
-        let s = if qs_off == 4 { rd_f16(b, 2) } else { 0.0 };
-        scales[4 * (nb + i)..4 * (nb + i) + 4].copy_from_slice(&s.to_le_bytes());
-    }
-}
-
-/// The `s` of every block of `rows` expanded Q8_1 rows (`stride` bytes apart), as `[block][row]`.
-pub fn transpose_act_sums(n: usize, expanded: &[u8], stride: usize, rows: usize, out: &mut Vec<f32>) {
-    let nb = n / QK;
-    out.resize(nb * rows, 0.0);
-    for r in 0..rows {
-        let s = &expanded[r * stride + n + 4 * nb..][..4 * nb];
-        for (k, b) in s.chunks_exact(4).enumerate() {
-            out[k * rows + r] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    }
-}
-
-/// Whether `t`'s multi-token kernel reads expanded activation rows (see `MultiDotFn`).
-pub fn wants_expanded_acts(t: GgmlType) -> bool {
-    matches!(t.dot_activation_type(), GgmlType::Q8_0 | GgmlType::Q8_1)
-}
+/// `(n, weight_row, act_rows, act_row_bytes, out)`: one weight row against `out.len()` (a multiple of
+/// `MULTI`) plain activation rows `act_row_bytes` apart, each result bit-identical to the one-row
+/// kernel's. K-quants only (legacy types take the pair kernels). Safe to call (checks lengths).
+pub type MultiDotFn = fn(usize, &[u8], &[u8], usize, &mut [f32]);
 
 /// The multi-token kernel for weight type `t` and rows of `n` elements at the current SIMD level, where
 /// there is one.
@@ -355,22 +318,21 @@ pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
     None
 }
 
-/// `(n, weight_rows, weight_row_bytes, acts, act_stride, s_by_block, s_stride, n_tok, out)`: `MULTI`
-/// weight rows (`weight_row_bytes` apart) against `n_tok` (1..=MULTI) expanded activation rows
-/// (`act_stride` apart, see `expand_act_row`); `out[r * MULTI + t]` gets row r · token t, bit-identical
-/// to the one-row kernel on the plain rows. For Q8_1 activations (Q4_1 weights) `s_by_block[k * s_stride
-/// + t]` is token t's block-k sum (`transpose_act_sums`, sliced at the tile's first token). Safe to call
-/// (checks lengths).
-pub type TileDotFn = fn(usize, &[u8], usize, &[u8], usize, &[f32], usize, usize, &mut [f32; MULTI * MULTI]);
+/// `(n, weight_rows, weight_row_bytes, acts, first_pair, n_pairs, out)`: `MULTI` weight rows against the
+/// tokens of pairs `first_pair..first_pair + n_pairs` (`first_pair` a multiple of `PAIRS_PER_CALL`,
+/// `n_pairs` 1..=`PAIRS_PER_CALL`); `out[r * 2 * PAIRS_PER_CALL + k]` gets row r · the call's token k,
+/// bit-identical to the one-row kernel. Safe to call (checks lengths).
+pub type PairDotFn = fn(usize, &[u8], usize, &PairActs, usize, usize, &mut [f32; MULTI * 2 * PAIRS_PER_CALL]);
 
+pub use pair_acts::{fill_pairs, lines_per_pair, Line, PairActs, PAIRS_PER_CALL};
 
-/// The tile kernel (`MULTI` weight rows × up to `MULTI` tokens, for decode batches) for weight type `t`
-/// and rows of `n` elements at the current SIMD level, where there is one. It reads expanded activation
-/// rows, as the multi-token kernels of the same types.
-pub fn tile_dot_kernel(t: GgmlType, n: usize) -> Option<TileDotFn> {
+/// The pair kernel (`MULTI` weight rows × up to `PAIRS_PER_CALL` token pairs, for decode batches) for
+/// weight type `t` and rows of `n` elements at the current SIMD level, where there is one. It reads
+/// activations in the pair layout (`PairActs`).
+pub fn pair_dot_kernel(t: GgmlType, n: usize) -> Option<PairDotFn> {
     #[cfg(target_arch = "x86_64")]
     if simd_level() >= SimdLevel::Avx512 && n / QK <= dot_avx512_multi::MAX_BLOCKS {
-        return dot_avx512_tile::kernel(t);
+        return dot_avx512_pair::kernel(t);
     }
     let _ = (t, n);
     None

@@ -178,9 +178,9 @@ fn bench_vec_dot() {
     }
 }
 
-/// The multi-row kernels give exactly the one-row kernel's bits for every row.
+/// The multi-token kernels (K-quants) give exactly the one-row kernel's bits for every token.
 #[test]
-fn multi_row_kernels_equal_one_row_kernel() {
+fn multi_token_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(77);
     for t in WEIGHT_TYPES {
         let Some(multi) = multi_dot_kernel(t, 4864) else { continue };
@@ -189,28 +189,14 @@ fn multi_row_kernels_equal_one_row_kernel() {
             let w = random_weights(t, n, &mut rng);
             let at = t.dot_activation_type();
             let stride = at.row_bytes(n).unwrap();
-            let wide = expanded_act_row_bytes(n);
             let mut acts = Vec::new();
             let rows = 3 * MULTI; // several groups per call
-            let mut expanded = vec![0u8; rows * wide];
-            for r in 0..rows {
+            for _ in 0..rows {
                 let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
-                let q = quant(at, &x);
-                if wants_expanded_acts(t) {
-                    expand_act_row(at, n, &q, &mut expanded[r * wide..]);
-                }
-                acts.extend(q);
+                acts.extend(quant(at, &x));
             }
             let mut got = vec![0.0f32; rows];
-            let mut s_by_block = Vec::new();
-            if at == GgmlType::Q8_1 {
-                transpose_act_sums(n, &expanded, wide, rows, &mut s_by_block);
-            }
-            if wants_expanded_acts(t) {
-                multi(n, &w, &expanded, wide, &s_by_block, &mut got);
-            } else {
-                multi(n, &w, &acts, stride, &s_by_block, &mut got);
-            }
+            multi(n, &w, &acts, stride, &mut got);
             for (r, g) in got.iter().enumerate() {
                 let want = one(n, &w, &acts[r * stride..(r + 1) * stride]);
                 assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
@@ -245,46 +231,44 @@ fn multi_weight_row_kernels_equal_one_row_kernel() {
     }
 }
 
-/// The tile kernels (MULTI weight rows × 1-4 tokens, decode batches) give exactly the one-row kernel's
-/// bits for every (row, token), for every token count and a tile that starts inside the batch.
-#[cfg(target_arch = "x86_64")]
+/// The pair kernels (MULTI weight rows × 1-4 token pairs, decode batches) give exactly the one-row
+/// kernel's bits for every (row, token): odd and even batches, a group that starts inside the batch.
 #[test]
-fn tile_kernels_equal_one_row_kernel() {
-    let mut rng = Rng::new(79);
+fn pair_kernels_equal_one_row_kernel() {
+    let mut rng = Rng::new(80);
     let mut tested = 0;
     for t in WEIGHT_TYPES {
-        let Some(tile) = tile_dot_kernel(t, 4864) else { continue };
+        let Some(pairs) = pair_dot_kernel(t, 4864) else { continue };
         tested += 1;
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
             let (w, stride) = multi_rows(t, n, &mut rng);
             let at = t.dot_activation_type();
-            let (plain, wide) = (at.row_bytes(n).unwrap(), expanded_act_row_bytes(n));
-            let batch = 7;
-            let (mut acts, mut expanded) = (Vec::new(), vec![0u8; batch * wide]);
-            for r in 0..batch {
-                let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
-                let q = quant(at, &x);
-                expand_act_row(at, n, &q, &mut expanded[r * wide..]);
-                acts.extend(q);
-            }
-            let mut s_by_block = Vec::new();
-            if at == GgmlType::Q8_1 {
-                transpose_act_sums(n, &expanded, wide, batch, &mut s_by_block);
-            }
-            for (t0, n_tok) in [(0, 4), (3, 4), (1, 1), (4, 2), (4, 3)] {
-                let mut got = [f32::NAN; MULTI * MULTI];
-                let s = if s_by_block.is_empty() { &[][..] } else { &s_by_block[t0..] };
-                tile(n, &w, stride, &expanded[t0 * wide..], wide, s, batch, n_tok, &mut got);
-                for r in 0..MULTI {
-                    for k in 0..n_tok {
-                        let want = one(n, &w[r * stride..(r + 1) * stride], &acts[(t0 + k) * plain..(t0 + k + 1) * plain]);
-                        let g = got[r * MULTI + k];
-                        assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r} token {}: {g} vs {want}", t0 + k);
+            let plain = at.row_bytes(n).unwrap();
+            for batch in [2, 3, 7, 8, 13] {
+                let mut acts = Vec::new();
+                for _ in 0..batch {
+                    let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
+                    acts.extend(quant(at, &x));
+                }
+                let mut paired = PairActs::default();
+                paired.build(t, n, &acts, plain, batch);
+                let per_call = 2 * PAIRS_PER_CALL;
+                for first in (0..paired.n_pairs).step_by(PAIRS_PER_CALL) {
+                    let n_pairs = (paired.n_pairs - first).min(PAIRS_PER_CALL);
+                    let mut got = [f32::NAN; MULTI * 2 * PAIRS_PER_CALL];
+                    pairs(n, &w, stride, &paired, first, n_pairs, &mut got);
+                    for r in 0..MULTI {
+                        for k in 0..(2 * n_pairs).min(batch - 2 * first) {
+                            let tok = 2 * first + k;
+                            let want = one(n, &w[r * stride..(r + 1) * stride], &acts[tok * plain..(tok + 1) * plain]);
+                            let g = got[r * per_call + k];
+                            assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} batch {batch} row {r} token {tok}: {g} vs {want}");
+                        }
                     }
                 }
             }
         }
     }
-    assert!(tested == 4 || simd_level() < SimdLevel::Avx512, "Q4_0, Q4_1, Q5_0 and Q8_0 have tile kernels on AVX-512");
+    assert!(tested == 4 || simd_level() < SimdLevel::Avx512, "Q4_0, Q4_1, Q5_0 and Q8_0 have pair kernels on AVX-512");
 }
