@@ -32,7 +32,56 @@ pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn quantize_x86_avx2(t: GgmlType, src: &[f32], dst: &mut [u8]) {
+    if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1) {
+        let need = t.row_bytes(src.len()).unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
+        assert!(dst.len() >= need, "quantize_row {t}: dst has {} bytes, need {need}", dst.len());
+        let with_sum = t == GgmlType::Q8_1;
+        for (y, x) in dst[..need].chunks_exact_mut(t.block_bytes()).zip(src.chunks_exact(QK)) {
+            q8_legacy_avx2(x, y, with_sum);
+        }
+        return;
+    }
     quantize(t, src, dst, Flavor::X86)
+}
+
+/// `q8_legacy` (X86 flavor) in ggml's own AVX2 instructions (`quantize_row_q8_0/1`): the max of |x| by
+/// `maxps` (8 lanes, then halves), x·(127/max) rounded to nearest even, converted and summed in i32.
+/// The scalar loops did not vectorize (their max fold keeps NaN order) and showed in decode profiles.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q8_legacy_avx2(x: &[f32], y: &mut [u8], with_sum: bool) {
+    use std::arch::x86_64::*;
+    assert!(x.len() >= QK && y.len() >= if with_sum { 36 } else { 34 });
+    let p = x.as_ptr();
+    let v: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(p.add(8 * k)));
+    let sign = _mm256_set1_ps(-0.0);
+    let mut max_abs = _mm256_andnot_ps(sign, v[0]);
+    for vk in &v[1..] {
+        max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vk));
+    }
+    let mut max4 = _mm_max_ps(_mm256_extractf128_ps(max_abs, 1), _mm256_castps256_ps128(max_abs));
+    max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
+    max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
+    let max_scalar = _mm_cvtss_f32(max4);
+    let d = max_scalar / 127.0;
+    let id = if max_scalar != 0.0 { 127.0 / max_scalar } else { 0.0 };
+    let mul = _mm256_set1_ps(id);
+    let ints: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[k], mul))));
+    let qoff = if with_sum { 4 } else { 2 };
+    if with_sum {
+        let s = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3]));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01))) as f32;
+        y[2..4].copy_from_slice(&f32_to_f16(sum * d).to_le_bytes());
+    }
+    // i32 -> i8 with saturation, then undo the lane interleaving of the packs.
+    let i01 = _mm256_packs_epi32(ints[0], ints[1]);
+    let i23 = _mm256_packs_epi32(ints[2], ints[3]);
+    let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(y.as_mut_ptr().add(qoff) as *mut __m256i, bytes);
+    y[0..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
