@@ -322,6 +322,13 @@ unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf,
     let hd = NV * 16;
     kbuf.resize(16 * hd, 0.0);
     for c0 in chunks.map(|c| 16 * c) {
+        // The next chunk's keys: rows `kv_dim` apart within a block, blocks anywhere; the hardware
+        // prefetcher did not keep up at decode (profile: the key loads waited on L3).
+        for &off in offsets.iter().skip(c0 + 16).take(16) {
+            for line in (0..hd * 2).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
+            }
+        }
         for c in 0..16 {
             let dst = kbuf.as_mut_ptr().add(c * hd);
             if c0 + c < g.n_keys {
@@ -399,6 +406,7 @@ type LaneArgs<'a> = (&'a [f16], usize, &'a TileGeom, &'a [usize], *const f32, Ra
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): LaneArgs) {
     debug_assert!(hd % (16 * VECS_PER_PASS) == 0);
+    let short = g.n_keys <= 2 * 64 * PREFETCH_CELLS;
     for lane in lanes {
         // the first cell index (into offsets / a score row) whose position is in this lane
         let first = (lane + 64 - g.lo0 % 64) % 64;
@@ -406,9 +414,14 @@ unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): 
             let mut acc = [[_mm512_setzero_ps(); VECS_PER_PASS]; RS];
             let mut i = first;
             while i < g.n_keys {
-                // A lane's cells are 64 positions apart, too far for the hardware prefetcher.
-                if let Some(&ahead) = offsets.get(i + 64 * PREFETCH_CELLS) {
-                    _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(ahead + 16 * v0) as *const i8);
+                // A lane's cells are 64 positions apart, too far for the hardware prefetcher: fetch this
+                // lane's cell PREFETCH_CELLS ahead, or over a short context (a few cells a lane) the next
+                // lane's cell at this depth.
+                let ahead = if short { i + 1 } else { i + 64 * PREFETCH_CELLS };
+                if let Some(&ahead) = offsets.get(ahead) {
+                    let p = values.as_ptr().add(ahead + 16 * v0) as *const i8;
+                    _mm_prefetch::<_MM_HINT_T0>(p);
+                    _mm_prefetch::<_MM_HINT_T0>(p.add(64));
                 }
                 let pv = values.as_ptr().add(offsets[i] + 16 * v0) as *const __m256i;
                 let mut v = [_mm512_setzero_ps(); VECS_PER_PASS];
