@@ -174,13 +174,18 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
         }
         for (k, &t) in pair_ref.iter().enumerate() {
             let (off, bytes) = plain_ref.iter().find(|p| p.0 == t.dot_activation_type()).map(|p| (p.1, p.2)).expect("quantized above");
-            // SAFETY: this call quantized the tokens first..last just above (and, first being even,
-            // every token of pairs first/2..last/2 is among them); those pairs' lines are its own.
-            let acts = unsafe { std::slice::from_raw_parts(xq_ptr.0.add(off) as *const u8, n_tokens * bytes) };
             let per_pair = crate::quant::lines_per_pair(t, cols);
             let (p0, p1) = (first / 2, last.div_ceil(2));
-            let lines = unsafe { std::slice::from_raw_parts_mut(line_ptrs[k].0.add(p0 * per_pair), (p1 - p0) * per_pair) };
-            fill_pairs(t, cols, acts, bytes, n_tokens, p0, lines);
+            // SAFETY: rows first..last were written just above by this call (no one else writes them),
+            // and the lines of pairs p0..p1 (made of those rows, first being even) are this call's own;
+            // both are inside their buffers, sized above.
+            let (acts, lines) = unsafe {
+                (
+                    std::slice::from_raw_parts(xq_ptr.0.add(off + first * bytes) as *const u8, (last - first) * bytes),
+                    std::slice::from_raw_parts_mut(line_ptrs[k].0.add(p0 * per_pair), (p1 - p0) * per_pair),
+                )
+            };
+            fill_pairs(t, cols, acts, bytes, last - first, lines);
         }
     };
     if n_tokens >= 2 * TOKENS_PER_PREP_TASK {

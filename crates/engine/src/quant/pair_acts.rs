@@ -42,7 +42,7 @@ impl PairActs {
     /// elements for weight type `t`.
     pub fn build(&mut self, t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize) {
         self.shape(t, n, n_tokens);
-        fill_pairs(t, n, plain, act_bytes, n_tokens, 0, &mut self.lines);
+        fill_pairs(t, n, plain, act_bytes, n_tokens, &mut self.lines);
         self.fill_sums(t, n, plain, act_bytes, n_tokens);
     }
 
@@ -82,9 +82,9 @@ pub fn lines_per_pair(t: GgmlType, n: usize) -> usize {
     n / QK * if offset_of(t).is_some() { 3 } else { 2 }
 }
 
-/// Writes the lines of pairs `first_pair..first_pair + lines.len() / lines_per_pair` (quants, scales,
-/// offset sums) from the plain rows of `n_tokens` tokens.
-pub fn fill_pairs(t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize, first_pair: usize, lines: &mut [Line]) {
+/// Writes the lines (quants, scales, offset sums) of the pairs of the `n_tokens` plain rows in `plain`:
+/// `lines[k · lines_per_pair..]` gets rows 2k and 2k + 1 (the last row twice when `n_tokens` is odd).
+pub fn fill_pairs(t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize, lines: &mut [Line]) {
     let nb = n / QK;
     let (block_bytes, qs_off) = match t.dot_activation_type() {
         GgmlType::Q8_0 => (Q8_0_BYTES, 2),
@@ -94,8 +94,7 @@ pub fn fill_pairs(t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_token
     assert!(n_tokens >= 1 && plain.len() >= (n_tokens - 1) * act_bytes + nb * block_bytes, "pair layout: activation rows too short");
     let offset = offset_of(t);
     let flip = if t == GgmlType::Q8_0 { 0x80 } else { 0 };
-    for (k, lines) in lines.chunks_exact_mut(lines_per_pair(t, n)).enumerate() {
-        let p = first_pair + k;
+    for (p, lines) in lines.chunks_exact_mut(lines_per_pair(t, n)).enumerate() {
         for half in 0..2 {
             let row = &plain[(2 * p + half).min(n_tokens - 1) * act_bytes..];
             for b in 0..nb {
