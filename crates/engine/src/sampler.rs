@@ -95,38 +95,98 @@ impl Sampler {
     /// Picks the next token. `history` holds the tokens so far (prompt and output), for penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
-        let mut logits = logits.to_vec();
-        apply_penalties(&mut logits, history, p);
+        let penalized;
+        let logits = if has_penalties(p) {
+            let mut l = logits.to_vec();
+            apply_penalties(&mut l, history, p);
+            penalized = l;
+            &penalized[..]
+        } else {
+            logits
+        };
         if p.temperature == 0.0 {
-            return argmax(&logits);
+            return argmax(logits);
         }
-        let mut cands: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        // Descending by logit, ties by id: a total order, so the result never depends on sort internals.
-        cands.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cands.truncate(p.top_k);
+        let Some(cands) = candidates(logits, p) else {
+            // No cut (OpenAI's default): every token, in id order, probabilities by ggml's vectorized
+            // softmax rather than a double-precision `exp` per vocabulary entry.
+            let mut probs: Vec<f32> = logits.iter().map(|&l| l / p.temperature).collect();
+            crate::ggml_math::soft_max(&mut probs, 0);
+            return draw(self.rng.next_f64(), probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
+        };
+        let probs = softmax(&cands, p.temperature);
+        draw(self.rng.next_f64(), cands.iter().zip(probs).map(|(&(id, _), q)| (id, q)))
+    }
+}
+
+/// The token where the cumulative probability passes `r` (in [0, 1)); the last one if rounding leaves
+/// the total below `r`.
+fn draw(mut r: f64, probs: impl Iterator<Item = (u32, f64)>) -> u32 {
+    let mut last = 0;
+    for (id, q) in probs {
+        if r < q {
+            return id;
         }
-        let probs = softmax(&cands, 1.0);
-        let mut keep = cands.len();
+        r -= q;
+        last = id;
+    }
+    last
+}
+
+/// The tokens top-k, top-p and min-p keep, as (id, logit) in descending logit order (ties by id); `None`
+/// when no cut applies (plain temperature sampling, OpenAI's default), so that case never sorts. The cuts need only the head of the sorted order: it is selected
+/// (`select_nth_unstable_by`) and sorted 256, 1,024, ... tokens at a time until the cuts are decided, not
+/// the whole vocabulary per token (a sort of 262,144 entries per token for Gemma-3).
+fn candidates(logits: &[f32], p: &SamplingParams) -> Option<Vec<(u32, f32)>> {
+    let n = logits.len();
+    let top_k = if p.top_k > 0 { p.top_k.min(n) } else { n };
+    if top_k == n && p.top_p >= 1.0 && p.min_p <= 0.0 {
+        return None;
+    }
+    // Descending by logit, ties by id: a total order, so the result never depends on sort internals.
+    let order = |a: &(u32, f32, f32), b: &(u32, f32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let mut all: Vec<(u32, f32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l, 0.0)).collect();
+    if top_k < n {
+        all.select_nth_unstable_by(top_k, order);
+        all.truncate(top_k);
+    }
+    // Probabilities (temperature 1) over the pool top-k left, for the top-p and min-p cuts.
+    let mut probs: Vec<f32> = all.iter().map(|c| c.1).collect();
+    crate::ggml_math::soft_max(&mut probs, 0);
+    all.iter_mut().zip(probs).for_each(|(c, q)| c.2 = q);
+    let mut head = 256.min(all.len());
+    loop {
+        if head < all.len() {
+            all.select_nth_unstable_by(head, order);
+        }
+        all[..head].sort_unstable_by(order);
+        let q = |i: usize| all[i].2 as f64;
+        let mut keep = head;
+        let mut decided = head == all.len();
         if p.top_p < 1.0 {
             let mut cum = 0.0;
-            keep = probs.iter().position(|&q| { cum += q; cum >= p.top_p as f64 }).map_or(keep, |i| i + 1);
+            if let Some(i) = (0..head).position(|i| { cum += q(i); cum >= p.top_p as f64 }) {
+                keep = i + 1;
+                decided = true;
+            }
         }
         if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-        }
-        cands.truncate(keep);
-        let probs = softmax(&cands, p.temperature);
-        let mut r = self.rng.next_f64();
-        for (&(id, _), &q) in cands.iter().zip(&probs) {
-            if r < q {
-                return id;
+            let floor = q(0) * p.min_p as f64;
+            let above = (0..head).take_while(|&i| q(i) >= floor).count().max(1);
+            if above < head {
+                decided = true;
             }
-            r -= q;
+            keep = keep.min(above);
         }
-        cands.last().expect("at least one candidate").0
+        if decided {
+            return Some(all[..keep].iter().map(|c| (c.0, c.1)).collect());
+        }
+        head = (head * 4).min(all.len());
     }
+}
+
+fn has_penalties(p: &SamplingParams) -> bool {
+    p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
 }
 
 /// Index of the largest logit; the lowest index wins ties (as llama.cpp's greedy sampler).
@@ -141,14 +201,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
 }
 
 fn softmax(cands: &[(u32, f32)], temperature: f32) -> Vec<f64> {
-    let max = cands[0].1 as f64;
+    let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
     let exps: Vec<f64> = cands.iter().map(|&(_, l)| ((l as f64 - max) / temperature as f64).exp()).collect();
     let sum: f64 = exps.iter().sum();
     exps.into_iter().map(|e| e / sum).collect()
 }
 
 fn apply_penalties(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
-    if p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+    if !has_penalties(p) {
         return;
     }
     let window = if p.penalty_last_n == 0 { history } else { &history[history.len().saturating_sub(p.penalty_last_n)..] };
@@ -214,6 +274,33 @@ mod tests {
         assert_eq!(s.sample(&l, &[0, 0, 0]), 1);
         let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 0.2, ..Default::default() });
         assert_eq!(s.sample(&l, &[0]), 1);
+    }
+
+    /// The cuts from a sorted head equal the cuts over the whole vocabulary sorted (a vocabulary wider
+    /// than the first head, so the head has to grow for a top-p near 1).
+    #[test]
+    fn candidates_equal_a_full_sort() {
+        let mut rng = Rng::new(5);
+        let logits: Vec<f32> = (0..5000).map(|_| (rng.next_f64() * 8.0) as f32).collect();
+        for (top_k, top_p, min_p) in [(0, 0.9, 0.0), (0, 0.999, 0.0), (0, 1.0, 0.05), (0, 1.0, 0.0001), (40, 0.95, 0.05), (300, 1.0, 0.0), (0, 0.5, 0.5)] {
+            let p = SamplingParams { temperature: 1.0, top_k, top_p, min_p, ..Default::default() };
+            let mut want: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+            want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            if top_k > 0 {
+                want.truncate(top_k);
+            }
+            let probs = softmax(&want, 1.0);
+            let mut keep = want.len();
+            if top_p < 1.0 {
+                let mut cum = 0.0;
+                keep = probs.iter().position(|&q| { cum += q; cum >= top_p as f64 }).map_or(keep, |i| i + 1);
+            }
+            if min_p > 0.0 {
+                keep = keep.min(probs.iter().take_while(|&&q| q >= probs[0] * min_p as f64).count().max(1));
+            }
+            want.truncate(keep);
+            assert_eq!(candidates(&logits, &p), Some(want), "top_k {top_k} top_p {top_p} min_p {min_p}");
+        }
     }
 
     #[test]
