@@ -1,5 +1,5 @@
-//! AVX-512 kernels for decode batches (2-16 tokens): `MULTI` weight rows × up to `PAIRS_PER_CALL` token
-//! pairs per call, two tokens per 512-bit register.
+//! AVX-512 kernels for batches of 2+ tokens (decode batches and prefill): `MULTI` weight rows × up to
+//! `PAIRS_PER_CALL` token pairs per call, two tokens per 512-bit register.
 //!
 //! ggml's f32 work per (row, token) is one 8-lane accumulator fed block after block by
 //! `fma(d_x·d_y, lanes, acc)`. A one-token kernel holds two blocks per register and must split them

@@ -326,7 +326,7 @@ pub type PairDotFn = fn(usize, &[u8], usize, &PairActs, usize, usize, &mut [f32;
 
 pub use pair_acts::{fill_pairs, lines_per_pair, Line, PairActs, PAIRS_PER_CALL};
 
-/// The pair kernel (`MULTI` weight rows × up to `PAIRS_PER_CALL` token pairs, for decode batches) for
+/// The pair kernel (`MULTI` weight rows × up to `PAIRS_PER_CALL` token pairs, for batches of 2+ tokens) for
 /// weight type `t` and rows of `n` elements at the current SIMD level, where there is one. It reads
 /// activations in the pair layout (`PairActs`).
 pub fn pair_dot_kernel(t: GgmlType, n: usize) -> Option<PairDotFn> {

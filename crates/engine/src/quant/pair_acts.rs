@@ -1,5 +1,6 @@
-//! Decode-batch activations rewritten for the pair kernels (`dot_avx512_pair`): two tokens side by side
-//! per block, so one 512-bit register carries both tokens' accumulation chains.
+//! Batch activations (2+ tokens: decode batches and prefill) rewritten for the pair kernels
+//! (`dot_avx512_pair`): two tokens side by side per block, so one 512-bit register carries both tokens'
+//! accumulation chains.
 
 use super::blocks::{rd_f16, Q8_0_BYTES, Q8_1_BYTES, QK};
 use super::GgmlType;
@@ -12,7 +13,7 @@ pub const PAIRS_PER_CALL: usize = 4;
 #[repr(C, align(64))]
 pub struct Line(pub [u8; 64]);
 
-/// A decode batch's activations in the pair layout, for one weight type.
+/// A batch's activations in the pair layout, for one weight type.
 ///
 /// Pair `p` holds tokens `2p` and `2p + 1` (an odd batch's last pair repeats its last token; that result
 /// is not used). Per pair, `lines_per_pair` lines: `nb` lines of quants (`[token 2p's 32 | token 2p+1's
@@ -28,7 +29,8 @@ pub struct PairActs {
     pub n_pairs: usize,
 }
 
-/// What the activations of weight type `t` need beside the quants and scales.
+/// The offset the quants of weight type `t` carry (Q4_0: q - 8, Q5_0: q - 16), whose `-offset · Σy`
+/// lane terms the layout precomputes.
 fn offset_of(t: GgmlType) -> Option<i32> {
     match t {
         GgmlType::Q4_0 => Some(8),
