@@ -99,8 +99,9 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
     let mut paths: Vec<Path> = jobs.iter().map(|(m, _)| path(m, n_tokens)).collect();
     let mut layouts = PAIR_ACTS.take();
     let prepared = prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts);
-    let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
     let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
+    // Taken last: nothing touches `jobs` again while the tasks write through these.
+    let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
     let pool = pool::current();
     // Whole multiples of MULTI rows per task, so the multi-row kernels cover every task; one task size
     // for all matrices, so a small one (k, v) is a few tasks rather than as many as a big one.
