@@ -110,7 +110,9 @@ impl Sampler {
         let Some(cands) = candidates(logits, p) else {
             // No cut (OpenAI's default): every token, in id order, probabilities by ggml's vectorized
             // softmax rather than a double-precision `exp` per vocabulary entry.
-            let mut probs: Vec<f32> = logits.iter().map(|&l| l / p.temperature).collect();
+            // (l - max) / T: never above 0, so a tiny temperature underflows to 0 rather than overflowing.
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut probs: Vec<f32> = logits.iter().map(|&l| (l - max) / p.temperature).collect();
             crate::ggml_math::soft_max(&mut probs, 0);
             return draw(self.rng.next_f64(), probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
         };
@@ -119,8 +121,8 @@ impl Sampler {
     }
 }
 
-/// The token where the cumulative probability passes `r` (in [0, 1)); the last one if rounding leaves
-/// the total below `r`.
+/// The token where the cumulative probability passes `r` (in [0, 1)); if rounding leaves the total below
+/// `r`, the last token with a probability above 0 (never a token that could not be drawn).
 fn draw(mut r: f64, probs: impl Iterator<Item = (u32, f64)>) -> u32 {
     let mut last = 0;
     for (id, q) in probs {
@@ -128,7 +130,9 @@ fn draw(mut r: f64, probs: impl Iterator<Item = (u32, f64)>) -> u32 {
             return id;
         }
         r -= q;
-        last = id;
+        if q > 0.0 {
+            last = id;
+        }
     }
     last
 }
@@ -301,6 +305,13 @@ mod tests {
             want.truncate(keep);
             assert_eq!(candidates(&logits, &p), Some(want), "top_k {top_k} top_p {top_p} min_p {min_p}");
         }
+    }
+
+    /// A tiny temperature is greedy, not NaN probabilities (the no-cut path divides in f32).
+    #[test]
+    fn tiny_temperature_draws_the_argmax() {
+        let mut s = Sampler::new(SamplingParams { temperature: 1e-38, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 2, ..Default::default() });
+        assert!((0..20).all(|_| s.sample(&logits(), &[]) == argmax(&logits())));
     }
 
     #[test]

@@ -104,7 +104,7 @@ macro_rules! pair_loop {
             // (Plain loops, no closures: a closure that is not inlined loses this function's AVX-512.)
             for r in 0..MULTI {
                 let $xb = x.add(r * xs + b * $xbytes);
-                _mm_prefetch::<_MM_HINT_T0>($xb.add(PREFETCH_AHEAD) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>($xb.wrapping_add(PREFETCH_AHEAD) as *const i8);
                 let ($w, $wt): (__m512i, __m512i) = $prep;
                 let dxv = _mm512_set1_ps((dx[r].as_ptr() as *const f32).add(b).read());
                 if $has_min {
@@ -114,7 +114,8 @@ macro_rules! pair_loop {
                 for p in 0..$P {
                     let yp = y.add(p * ys);
                     let $qy = yp.add(b * 64);
-                    let $oy = yp.add((2 * nb + b) * 64);
+                    // (wrapping: the Q4_1 and Q8_0 layouts have no offset lines, and this pointer is unused there)
+                    let $oy = yp.wrapping_add((2 * nb + b) * 64);
                     let lanes: __m512i = $dot;
                     let d = _mm512_mul_ps(dxv, _mm512_load_ps(yp.add((nb + b) * 64) as *const f32));
                     acc[r][p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[r][p]);
