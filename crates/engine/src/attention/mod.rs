@@ -50,8 +50,11 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     assert_eq!(q.len(), queries.len() * q_dim, "attention queries are not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
-    if let Some(mode) = tiled_mode(shape, queries) {
-        return attend_tiled(mode, shape, kv, layer, queries, q, out_ptr);
+    if shape.head_dim % 64 == 0 && crate::ggml_math::avx512_available() {
+        let tiles = tiled::tiles(queries);
+        if let Some(mode) = tiled_mode(shape, queries, &tiles) {
+            return attend_tiled(mode, shape, kv, layer, queries, &tiles, q, out_ptr);
+        }
     }
     attend_per_head(shape, kv, layer, queries, q, out_ptr);
 }
@@ -98,14 +101,11 @@ enum TiledMode {
 const SPLIT_MIN_CELLS: usize = 1024;
 
 #[cfg(target_arch = "x86_64")]
-fn tiled_mode(shape: &AttnShape, queries: &[QueryPos]) -> Option<TiledMode> {
-    if shape.head_dim % 64 != 0 || !crate::ggml_math::avx512_available() {
-        return None;
-    }
+fn tiled_mode(shape: &AttnShape, queries: &[QueryPos], tiles: &[std::ops::Range<usize>]) -> Option<TiledMode> {
     // Tiles whenever there are enough of them for the threads: decode batches of several sequences too
     // (`examples/batch_step.rs`, SmolLM2, 8 sequences: 38 vs 47 ms a step at depth 512 against the
     // per-head path, 67 vs 80 at depth 2,048 against the split path).
-    let n_jobs = tiled::tiles(queries).len() * shape.n_kv_heads;
+    let n_jobs = tiles.len() * shape.n_kv_heads;
     if queries.len() >= 2 * tiled::TILE_TOKENS || n_jobs >= 2 * pool::current().threads() {
         return Some(TiledMode::PerTile);
     }
@@ -115,9 +115,9 @@ fn tiled_mode(shape: &AttnShape, queries: &[QueryPos]) -> Option<TiledMode> {
 
 /// `attend` by tiles of consecutive tokens × one KV head; the same bits as the per-head path.
 #[cfg(target_arch = "x86_64")]
-fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
+#[allow(clippy::too_many_arguments)]
+fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], tiles: &[std::ops::Range<usize>], q: &[f32], out_ptr: OutPtr) {
     let (keys, values) = kv.layer(layer);
-    let tiles = tiled::tiles(queries);
     // KV head by KV head, so consecutive parts read the same keys and values.
     let jobs: Vec<tiled::TileJob> = (0..shape.n_kv_heads)
         .flat_map(|kv_head| tiles.iter().map(move |t| (kv_head, t.clone())))
