@@ -6,7 +6,7 @@
 
 use crate::debug_dump;
 use crate::kv::KvStorage;
-use crate::ggml_math::{dot_f16_f32, dot_f16_f32_x16, soft_max, LaneAcc};
+use crate::ggml_math::{dot_f16_f32, dot_f16_f32_x16, round_through_f16, soft_max, LaneAcc};
 use half::f16;
 use crate::pool;
 
@@ -193,6 +193,11 @@ fn head_part(shape: &AttnShape, queries: &[QueryPos], q: &[f32], kv: &KvStorage,
         // SAFETY: the CPU has the features the wrapper enables, checked just above.
         return unsafe { head_avx512(&job, sc, out_h, &dump) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::ggml_math::avx2_available() {
+        // SAFETY: the CPU has the features the wrapper enables, checked just above.
+        return unsafe { head_avx2(&job, sc, out_h, &dump) };
+    }
     head(&job, sc, out_h, &dump);
 }
 
@@ -231,6 +236,13 @@ unsafe fn head_avx512(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: 
     head(job, sc, out_h, dump)
 }
 
+/// `head` compiled for AVX2 (CPUs without AVX-512), for the same reason.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn head_avx2(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, &[f32])) {
+    head(job, sc, out_h, dump)
+}
+
 /// Scores, softmax and the weighted sum of values for one (query token, head) pair.
 ///
 /// Numerics follow ggml's non-flash CPU path so tokens match llama.cpp: q is rounded to f16 and dotted with
@@ -242,7 +254,8 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     sc.q16.clear();
     sc.q16.extend(job.q.iter().map(|&x| f16::from_f32(x)));
     sc.q32.clear();
-    sc.q32.extend(sc.q16.iter().map(|x| x.to_f32()));
+    sc.q32.extend_from_slice(job.q);
+    round_through_f16(&mut sc.q32);
     sc.offsets.clear();
     for (_, first_slot, len) in slot_runs(job.block_table, job.block_size, job.lo, job.pos) {
         sc.offsets.extend((first_slot..first_slot + len).map(|slot| slot * job.kv_dim + job.kv_off));
@@ -265,9 +278,7 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     soft_max(&mut sc.scores, job.lo);
     dump("kq_soft_max", &sc.scores);
     // out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells, see LaneAcc.
-    for w in sc.scores.iter_mut() {
-        *w = f16::from_f32(*w).to_f32();
-    }
+    round_through_f16(&mut sc.scores);
     sc.acc.reset(hd);
     sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);

@@ -5,6 +5,8 @@
 //! gives the same bits, slower.
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 
 /// Whether the AVX-512 versions run here (callers may compile their loops for the same features so the
@@ -18,6 +20,19 @@ pub fn avx512_available() -> bool {
 fn use_avx512() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(avx512::available)
+}
+
+/// Whether the AVX2 versions run here (x86 CPUs without AVX-512, e.g. AMD Zen 2/3): same bits as the
+/// AVX-512 ones.
+#[cfg(target_arch = "x86_64")]
+pub fn avx2_available() -> bool {
+    use_avx2()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn use_avx2() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(avx2::available)
 }
 
 /// ggml_v_expf (vec.h, AVX-512/AVX2 variant, after ARM's optimized-routines expf): a degree-5
@@ -49,10 +64,13 @@ pub fn swiglu(x: &mut [f32], g: &[f32]) {
     if use_avx512() {
         // SAFETY: the CPU has the features avx512::available checks.
         let done = unsafe { avx512::swiglu(x, g) };
-        for (v, &gv) in x[done..].iter_mut().zip(&g[done..]) {
-            *v = *v / (1.0 + (-*v).exp()) * gv;
-        }
-        return;
+        return swiglu_tail(&mut x[done..], &g[done..]);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU has the features avx2::available checks.
+        let done = unsafe { avx2::swiglu(x, g) };
+        return swiglu_tail(&mut x[done..], &g[done..]);
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
@@ -66,6 +84,13 @@ pub fn swiglu(x: &mut [f32], g: &[f32]) {
 #[target_feature(enable = "fma")]
 unsafe fn swiglu_fma(x: &mut [f32], g: &[f32]) {
     swiglu_generic(x, g)
+}
+
+/// The elements past the last whole 16-lane vector, with libm's expf as ggml.
+fn swiglu_tail(x: &mut [f32], g: &[f32]) {
+    for (v, &gv) in x.iter_mut().zip(g) {
+        *v = *v / (1.0 + (-*v).exp()) * gv;
+    }
 }
 
 #[inline(always)]
@@ -89,6 +114,11 @@ pub fn soft_max(scores: &mut [f32], first_cell: usize) {
     if use_avx512() {
         // SAFETY: the CPU has the features avx512::available checks.
         return unsafe { avx512::soft_max(scores, first_cell) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU has the features avx2::available checks.
+        return unsafe { avx2::soft_max(scores, first_cell) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
@@ -143,6 +173,13 @@ pub fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], y32: &[f32], out: 
         unsafe { avx512::dot_f16_f32_x16(keys, offsets, y32, out) };
         return true;
     }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && y32.len() % 64 == 0 && offsets.len() >= 16 && out.len() >= 16 {
+        assert!(offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()), "key row out of range");
+        // SAFETY: the CPU has the features avx2::available checks; every key row is in range (above).
+        unsafe { avx2::dot_f16_f32_x16(keys, offsets, y32, out) };
+        return true;
+    }
     let _ = (keys, offsets, y32, out);
     false
 }
@@ -154,6 +191,11 @@ pub fn dot_f16_f32(x: &[half::f16], y: &[half::f16], y32: &[f32]) -> f32 {
     if use_avx512() {
         // SAFETY: the CPU has the features avx512::available checks.
         return unsafe { avx512::dot_f16_f32(x, y32) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU has the features avx2::available checks.
+        return unsafe { avx2::dot_f16_f32(x, y32) };
     }
     let _ = y32;
     dot_f16(x, y)
@@ -233,6 +275,11 @@ impl LaneAcc {
             // SAFETY: the CPU has the features avx512::available checks; lengths are hd, a multiple of 16.
             return unsafe { avx512::fma_row(row, w, v) };
         }
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() && self.hd % 16 == 0 {
+            // SAFETY: the CPU has the features avx2::available checks; lengths are hd, a multiple of 16.
+            return unsafe { avx2::fma_row(row, w, v) };
+        }
         for (a, x) in row.iter_mut().zip(v) {
             *a = w.mul_add(x.to_f32(), *a);
         }
@@ -248,6 +295,13 @@ impl LaneAcc {
             // (`reset` sized rows to 64·hd), every offset is a row of `values` (indexing checked below).
             assert!(offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len());
             self.touched = unsafe { avx512::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets) };
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if use_avx2() && self.hd % 64 == 0 && self.touched == 0 {
+            // SAFETY: as above, for the features avx2::available checks (`reset` sized rows to 64·hd).
+            assert!(offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len());
+            self.touched = unsafe { avx2::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets) };
             return;
         }
         for (i, (&wi, &o)) in w.iter().zip(offsets).enumerate() {
@@ -276,6 +330,11 @@ pub fn reduce_lane_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
         // SAFETY: the CPU has the features avx512::available checks; the lengths were asserted above.
         return unsafe { avx512::reduce_lane_rows(rows, hd, out) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() && hd % 8 == 0 {
+        // SAFETY: the CPU has the features avx2::available checks; the lengths were asserted above.
+        return unsafe { avx2::reduce_lane_rows(rows, hd, out) };
+    }
     let r = |lane: usize| lane * hd;
     // v[l] = (vec0 + vec2)[l] + (vec1 + vec3)[l], written over lane l's row of vector 0.
     for l in 0..16 {
@@ -297,6 +356,21 @@ pub fn reduce_lane_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
         let c0 = rows[r(0) + d] + rows[r(2) + d];
         let c1 = rows[r(1) + d] + rows[r(3) + d];
         *o = c0 + c1;
+    }
+}
+
+/// Rounds every value to the nearest f16 and back (ties to even, as `half::f16::from_f32`): the f16
+/// queries and probabilities of ggml's attention, kept in f32.
+#[inline(always)]
+pub fn round_through_f16(x: &mut [f32]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if use_avx2() {
+        // SAFETY: the CPU has the features avx2::available checks.
+        done = unsafe { avx2::round_through_f16(x) };
+    }
+    for v in &mut x[done..] {
+        *v = half::f16::from_f32(*v).to_f32();
     }
 }
 
@@ -394,6 +468,59 @@ mod tests {
             let x: Vec<f16> = vals(n, 2.0).iter().map(|&v| f16::from_f32(v)).collect();
             let y: Vec<f16> = vals(n, 5.0).iter().map(|&v| f16::from_f32(v * 0.1)).collect();
             assert_eq!(unsafe { avx512::dot_f16(&x, &y) }.to_bits(), dot_f16_generic(&x, &y).to_bits(), "dot_f16 n={n}");
+        }
+    }
+
+    /// The AVX2 routines must give the scalar emulation's bits exactly (AVX-512 numerics on 8-lane registers).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_equals_scalar_emulation() {
+        use half::f16;
+        if !avx2::available() {
+            eprintln!("note: no AVX2 here; nothing to compare");
+            return;
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let vals = |n: usize, seed: f32, amp: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.7373).sin() * amp - 1.0).collect() };
+        // amplitude 120 drives v_expf into the subnormal, overflow and cut-off ranges (scalef's slow path)
+        for amp in [9.0f32, 120.0] {
+            for n in [1usize, 15, 16, 17, 64, 100, 263, 600] {
+                let g = vals(n, 3.0, amp);
+                let (mut a, mut b) = (vals(n, 0.0, amp), vals(n, 0.0, amp));
+                // SAFETY: available() was checked above.
+                let done = unsafe { avx2::swiglu(&mut a, &g) };
+                swiglu_generic(&mut b, &g);
+                assert_eq!(bits(&a[..done]), bits(&b[..done]), "swiglu n={n} amp={amp}");
+                for first in [0usize, 1, 7, 15, 16, 33] {
+                    let (mut a, mut b) = (vals(n, 1.0, amp), vals(n, 1.0, amp));
+                    unsafe { avx2::soft_max(&mut a, first) };
+                    soft_max_generic(&mut b, first);
+                    assert_eq!(bits(&a), bits(&b), "soft_max n={n} first={first} amp={amp}");
+                }
+                let x: Vec<f16> = vals(n, 2.0, amp).iter().map(|&v| f16::from_f32(v)).collect();
+                let y: Vec<f32> = vals(n, 5.0, amp).iter().map(|&v| f16::from_f32(v * 0.1).to_f32()).collect();
+                let y16: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();
+                assert_eq!(unsafe { avx2::dot_f16_f32(&x, &y) }.to_bits(), dot_f16_generic(&x, &y16).to_bits(), "dot_f16 n={n}");
+                let mut r = vals(n, 4.0, amp * 1000.0);
+                let want: Vec<f32> = r.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+                round_through_f16(&mut r);
+                assert_eq!(bits(&r), bits(&want), "round_through_f16 n={n}");
+            }
+        }
+        for hd in [64usize, 256] {
+            let rows: Vec<f32> = vals(64 * hd, 0.5, 3.0);
+            let (mut want, mut got) = (vec![0.0; hd], vec![0.0; hd]);
+            let mut scratch = rows.clone();
+            let mut lanes = [[0.0f32; 16]; 4];
+            for d in 0..hd {
+                for (l, lane) in lanes.iter_mut().flatten().enumerate() {
+                    *lane = scratch[l * hd + d];
+                }
+                want[d] = reduce_4x16(&lanes);
+            }
+            unsafe { avx2::reduce_lane_rows(&rows, hd, &mut got) };
+            scratch.copy_from_slice(&rows);
+            assert_eq!(bits(&got), bits(&want), "reduce_lane_rows hd={hd}");
         }
     }
 

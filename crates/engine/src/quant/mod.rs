@@ -21,6 +21,8 @@ mod dequant;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
+mod dot_avx2_multi;
+#[cfg(target_arch = "x86_64")]
 mod dot_avx512;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_multi;
@@ -304,7 +306,8 @@ pub const MULTI: usize = 4;
 
 /// `(n, weight_row, act_rows, act_row_bytes, out)`: one weight row against `out.len()` (a multiple of
 /// `MULTI`) plain activation rows `act_row_bytes` apart, each result bit-identical to the one-row
-/// kernel's. K-quants only (legacy types take the pair kernels). Safe to call (checks lengths).
+/// kernel's. On AVX-512 K-quants only (legacy types take the pair kernels there); on AVX2 the legacy
+/// types. Safe to call (checks lengths).
 pub type MultiDotFn = fn(usize, &[u8], &[u8], usize, &mut [f32]);
 
 /// The multi-token kernel for weight type `t` and rows of `n` elements at the current SIMD level, where
@@ -313,6 +316,10 @@ pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
     #[cfg(target_arch = "x86_64")]
     if simd_level() >= SimdLevel::Avx512 && n / QK <= dot_avx512_multi::MAX_BLOCKS {
         return dot_avx512_multi::kernel(t);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        return dot_avx2_multi::tokens_kernel(t);
     }
     let _ = (t, n);
     None
@@ -347,6 +354,10 @@ pub fn multi_row_kernel(t: GgmlType) -> Option<MultiRowFn> {
     #[cfg(target_arch = "x86_64")]
     if simd_level() >= SimdLevel::Avx512 {
         return dot_avx512_multi::rows_kernel(t);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == SimdLevel::Avx2 {
+        return dot_avx2_multi::rows_kernel(t);
     }
     let _ = t;
     None

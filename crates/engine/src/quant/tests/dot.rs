@@ -178,7 +178,7 @@ fn bench_vec_dot() {
     }
 }
 
-/// The multi-token kernels (K-quants) give exactly the one-row kernel's bits for every token.
+/// The multi-token kernels (K-quants on AVX-512, legacy types on AVX2) give exactly the one-row kernel's bits for every token.
 #[test]
 fn multi_token_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(77);
