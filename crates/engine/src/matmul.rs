@@ -265,9 +265,7 @@ unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens:
                 for r0 in (first..last).step_by(SCATTER_ROWS) {
                     let r1 = (r0 + SCATTER_ROWS).min(last);
                     buf.resize((r1 - r0) * n_multi, 0.0);
-                    for (r, row_out) in (r0..r1).zip(buf.chunks_exact_mut(n_multi)) {
-                        kernel(m.cols, rows_of(r, 1), acts, act_bytes, row_out);
-                    }
+                    kernel(m.cols, rows_of(r0, r1 - r0), w_row_bytes, r1 - r0, acts, act_bytes, buf);
                     for t in 0..n_multi {
                         for r in r0..r1 {
                             out.store(t, r, buf[(r - r0) * n_multi + t]);

@@ -60,13 +60,17 @@ unsafe fn scalef(j: __m256, n: __m256) -> __m256 {
     // Clamped so that the f64 exponent stays valid; lanes beyond ±192 are replaced by the caller.
     let n = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-1000.0)), _mm256_set1_ps(1000.0));
     let ni = _mm256_cvtps_epi32(n);
-    let half = |j4: __m128, n4: __m128i| {
-        let pow = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(n4), _mm256_set1_epi64x(1023))));
-        _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(j4), pow))
-    };
-    let lo = half(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
-    let hi = half(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni));
+    let lo = scalef_f64(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
+    let hi = scalef_f64(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni));
     _mm256_set_m128(hi, lo)
+}
+
+/// Four lanes of `scalef` in f64: j·2^n exactly, then rounded once to f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scalef_f64(j4: __m128, n4: __m128i) -> __m128 {
+    let pow = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(n4), _mm256_set1_epi64x(1023))));
+    _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(j4), pow))
 }
 
 /// `_mm512_reduce_add_ps` of the 16-lane vector `(lo, hi)`: halves, quarters, {2,3,0,1}, lanes 0 + 1.
@@ -178,11 +182,13 @@ pub unsafe fn dot_f16_f32(x: &[half::f16], y: &[f32]) -> f32 {
 pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], out: &mut [f32]) {
     let hd = q.len();
     debug_assert!(hd % 64 == 0 && offsets.len() >= 16 && out.len() >= 16);
+    // (plain loops, no closures: a closure is compiled without this function's features)
     for eight in 0..2 {
-        let t3: [__m256; 8] = std::array::from_fn(|k| {
+        let mut t3 = [_mm256_setzero_ps(); 8];
+        for (k, t) in t3.iter_mut().enumerate() {
             let (lo, hi) = dot_lanes(keys.as_ptr().add(offsets[8 * eight + k]), q.as_ptr(), hd);
-            _mm256_add_ps(hi, lo)
-        });
+            *t = _mm256_add_ps(hi, lo);
+        }
         _mm256_storeu_ps(out.as_mut_ptr().add(8 * eight), reduce_8_rows(&t3));
     }
 }
@@ -193,15 +199,17 @@ pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn reduce_8_rows(t3: &[__m256; 8]) -> __m256 {
     // 128-bit halves: x[m] = [t6 of key 2m | t6 of key 2m + 1].
-    let x: [__m256; 4] = std::array::from_fn(|m| {
+    let mut x = [_mm256_setzero_ps(); 4];
+    for (m, xm) in x.iter_mut().enumerate() {
         let (a, b) = (t3[2 * m], t3[2 * m + 1]);
-        _mm256_add_ps(_mm256_permute2f128_ps::<0x31>(a, b), _mm256_permute2f128_ps::<0x20>(a, b))
-    });
+        *xm = _mm256_add_ps(_mm256_permute2f128_ps::<0x31>(a, b), _mm256_permute2f128_ps::<0x20>(a, b));
+    }
     // {2,3,0,1}: y[p] = [key 4p: u0 u1, key 4p+2: u0 u1 | key 4p+1: u0 u1, key 4p+3: u0 u1].
-    let y: [__m256; 2] = std::array::from_fn(|p| {
+    let mut y = [_mm256_setzero_ps(); 2];
+    for (p, yp) in y.iter_mut().enumerate() {
         let (a, b) = (x[2 * p], x[2 * p + 1]);
-        _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b))
-    });
+        *yp = _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b));
+    }
     // lanes 0 + 1: r = [keys 0, 2, 4, 6 | 1, 3, 5, 7].
     let r = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(y[0], y[1]), _mm256_shuffle_ps::<0xDD>(y[0], y[1]));
     _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
@@ -259,9 +267,13 @@ pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn reduce_lane_rows(rows: &[f32], hd: usize, out: &mut [f32]) {
     debug_assert!(hd % 8 == 0 && rows.len() >= 64 * hd && out.len() >= hd);
-    let row = |lane: usize, d: usize| _mm256_loadu_ps(rows.as_ptr().add(lane * hd + d));
+    let p = rows.as_ptr();
     for d in (0..hd).step_by(8) {
-        let mut v: [__m256; 16] = std::array::from_fn(|l| _mm256_add_ps(_mm256_add_ps(row(l, d), row(32 + l, d)), _mm256_add_ps(row(16 + l, d), row(48 + l, d))));
+        let mut v = [_mm256_setzero_ps(); 16];
+        for (l, vl) in v.iter_mut().enumerate() {
+            let row = |lane: usize| p.add(lane * hd + d);
+            *vl = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(row(l)), _mm256_loadu_ps(row(32 + l))), _mm256_add_ps(_mm256_loadu_ps(row(16 + l)), _mm256_loadu_ps(row(48 + l))));
+        }
         for width in [8, 4] {
             for l in 0..width {
                 v[l] = _mm256_add_ps(v[l], v[l + width]);

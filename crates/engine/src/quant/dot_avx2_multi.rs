@@ -10,6 +10,9 @@ use std::arch::x86_64::*;
 
 use super::blocks::*;
 use super::x86_util::*;
+/// Bytes ahead of the current weight block that the decode kernel prefetches.
+const PREFETCH_AHEAD: usize = 2048;
+
 use super::{check_dot_args, GgmlType, MultiDotFn, MultiRowFn, SimdLevel, MULTI};
 
 const K_Q4_0: u8 = 0;
@@ -53,17 +56,28 @@ pub(super) fn rows_kernel(t: GgmlType) -> Option<MultiRowFn> {
 
 macro_rules! safe_kernels {
     ($($tokens:ident, $rows:ident => $t:ident, $k:ident;)*) => {$(
-        fn $tokens(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
-            assert_eq!(out.len() % MULTI, 0, "multi dot: output is not whole groups of {MULTI}");
-            for (g, o) in out.chunks_exact_mut(MULTI).enumerate() {
-                let rows: [&[u8]; MULTI] = std::array::from_fn(|r| &a[((g * MULTI + r) * stride).min(a.len())..]);
-                for row in rows {
-                    check_dot_args(GgmlType::$t, n, w, row);
+        fn $tokens(n: usize, ws: &[u8], w_stride: usize, n_rows: usize, a: &[u8], stride: usize, out: &mut [f32]) {
+            assert!(n_rows > 0 && out.len() % (n_rows * MULTI) == 0, "multi dot: output is not rows × whole groups of {MULTI}");
+            let k = out.len() / n_rows;
+            let rows: Vec<&[u8]> = (0..n_rows).map(|r| &ws[(r * w_stride).min(ws.len())..]).collect();
+            for w in &rows {
+                check_dot_args(GgmlType::$t, n, w, a);
+            }
+            for g in 0..k / MULTI {
+                let acts: [&[u8]; MULTI] = std::array::from_fn(|t| &a[((g * MULTI + t) * stride).min(a.len())..]);
+                for act in acts {
+                    check_dot_args(GgmlType::$t, n, rows[0], act);
                 }
-                // SAFETY: handed out only when AVX2, FMA and F16C are present; `check_dot_args` proved
-                // the weight row and every activation row in bounds.
-                let res = unsafe { tile::<$k, 1, MULTI>(n / QK, [w.as_ptr()], rows.map(|r| r.as_ptr())) };
-                o.copy_from_slice(&res[0]);
+                SCALES.with_borrow_mut(|table| {
+                    fill_scales::<$k>(n / QK, acts, table);
+                    for (r, w) in rows.iter().enumerate() {
+                        // SAFETY: handed out only when AVX2, FMA and F16C are present; `check_dot_args`
+                        // proved every weight row and every activation row in bounds; the table has
+                        // n / QK blocks.
+                        let res = unsafe { tile_scaled::<$k>(n / QK, w.as_ptr(), acts.map(|r| r.as_ptr()), table) };
+                        out[r * k + g * MULTI..][..MULTI].copy_from_slice(&res);
+                    }
+                });
             }
         }
 
@@ -73,8 +87,7 @@ macro_rules! safe_kernels {
                 check_dot_args(GgmlType::$t, n, row, a);
             }
             // SAFETY: as above, for the weight rows and the one activation row.
-            let res = unsafe { tile::<$k, MULTI, 1>(n / QK, rows.map(|r| r.as_ptr()), [a.as_ptr()]) };
-            res.map(|r| r[0])
+            unsafe { tile_rows::<$k>(n / QK, rows.map(|r| r.as_ptr()), a.as_ptr()) }
         }
     )*};
 }
@@ -84,6 +97,76 @@ safe_kernels! {
     q4_1_tokens, q4_1_rows => Q4_1, K_Q4_1;
     q5_0_tokens, q5_0_rows => Q5_0, K_Q5_0;
     q8_0_tokens, q8_0_rows => Q8_0, K_Q8_0;
+}
+
+/// The scales of one block of `MULTI` tokens' activations, converted once for all the weight rows of a
+/// call: each token's `d`, then (Q8_1) its `s`.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(32))]
+struct BlockScales {
+    d: [f32; MULTI],
+    s: [f32; MULTI],
+}
+
+thread_local! {
+    static SCALES: std::cell::RefCell<Vec<BlockScales>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `table[b]` = the scales of block `b` of the `MULTI` activation rows `acts` (bounds checked by the caller).
+fn fill_scales<const K: u8>(nb: usize, acts: [&[u8]; MULTI], table: &mut Vec<BlockScales>) {
+    table.resize(nb, BlockScales::default());
+    // SAFETY: the kernels that call this run only where AVX2, FMA and F16C are present; the caller
+    // checked that every activation row holds nb blocks.
+    unsafe { fill_scales_avx2::<K>(nb, acts.map(|a| a.as_ptr()), table) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_scales_avx2<const K: u8>(nb: usize, acts: [*const u8; MULTI], table: &mut [BlockScales]) {
+    let ab = if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES };
+    for (b, sc) in table.iter_mut().enumerate().take(nb) {
+        _mm_store_ps(sc.d.as_mut_ptr(), f16x4_at(acts.map(|a| a.add(b * ab))));
+        if K == K_Q4_1 {
+            _mm_store_ps(sc.s.as_mut_ptr(), f16x4_at(acts.map(|a| a.add(b * ab + 2))));
+        }
+    }
+}
+
+/// Eight lanes of the f16 at `p`, as f32 (a 16-bit broadcast from memory: no dependency on any register).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_x8(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(rd16(p) as i16))
+}
+
+/// One weight row (`nb` blocks of kind `K`) · the `MULTI` activation rows `a`, whose block scales are in
+/// `table`: each exactly `dot_avx2`'s one-row result. Per block: the row's `d` (and Q4_1's `m`) broadcast
+/// once, the quants unpacked once; per token the one-row kernel's five operations.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_scaled<const K: u8>(nb: usize, w: *const u8, a: [*const u8; MULTI], table: &[BlockScales]) -> [f32; MULTI] {
+    let (wb, ab, qoff) = (weight_bytes(K), if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES }, if K == K_Q4_1 { 4 } else { 2 });
+    debug_assert!(table.len() >= nb);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); MULTI];
+    let mut summs = _mm_setzero_ps(); // Q4_1: lane t = Σ m_x·s_y of token t
+    for (i, sc) in table.iter().enumerate().take(nb) {
+        let bx = w.add(i * wb);
+        let dx = f16_x8(bx);
+        if K == K_Q4_1 {
+            summs = _mm_fmadd_ps(_mm256_castps256_ps128(f16_x8(bx.add(2))), _mm_load_ps(sc.s.as_ptr()), summs);
+        }
+        let qx = weight_quants::<K>(bx);
+        let ux = if K == K_Q4_1 { qx } else { _mm256_sign_epi8(qx, qx) };
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let qy = load256(a[t].add(i * ab + qoff));
+            let sy8 = if K == K_Q4_1 { qy } else { _mm256_sign_epi8(qy, qx) };
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy8), ones));
+            *acc_t = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_broadcast_ss(&sc.d[t])), lanes, *acc_t);
+        }
+    }
+    let mut m = [0.0f32; MULTI];
+    _mm_storeu_ps(m.as_mut_ptr(), summs);
+    std::array::from_fn(|t| if K == K_Q4_1 { hsum_ps(acc[t]) + m[t] } else { hsum_ps(acc[t]) })
 }
 
 /// Weight block `bx`'s 32 quants as bytes: signed (Q4_0, Q5_0, Q8_0; as `dot_avx2`) or, for Q4_1, the
@@ -126,54 +209,48 @@ unsafe fn bits_to_bytes32(p: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16x4_at(p: [*const u8; 4]) -> __m128 {
-    let bits = p.iter().enumerate().fold(0u64, |b, (k, &q)| b | (rd16(q) as u64) << (16 * k));
+    let mut bits = 0u64;
+    for (k, q) in p.into_iter().enumerate() {
+        bits |= (rd16(q) as u64) << (16 * k);
+    }
     cvt_f16x4(bits)
 }
 
-/// Lane `k` of `v` in all 8 lanes.
+/// `MULTI` weight rows (`w[r]`, `nb` blocks of kind `K`) · one activation row `a` (Q8_0, or Q8_1 for
+/// Q4_1): each exactly `dot_avx2`'s one-row result. Scales are broadcast from memory (`vpbroadcastw`,
+/// which depends on no register) and converted: `dx·dy` is the one-row kernel's f32 product in every
+/// lane, Q4_1's `summs` an FMA chain per row in lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lane(v: __m128, k: usize) -> __m256 {
-    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(k as i32))
-}
-
-/// `R` weight rows (`w[r]`, `nb` blocks of kind `K`) · `T` activation rows (`a[t]`, Q8_0, or Q8_1 for
-/// Q4_1), `R·T = 4`: `out[r][t]`, each exactly `dot_avx2`'s one-row result. The per-block scale work runs
-/// for the four (row, token) pairs at once in lanes `k = r·T + t`: `dx·dy` is one multiply of two
-/// 4-lane vectors (the same f32 product as the one-row kernel's scalar one), Q4_1's `summs` one FMA.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<const K: u8, const R: usize, const T: usize>(nb: usize, w: [*const u8; R], a: [*const u8; T]) -> [[f32; T]; R] {
-    debug_assert_eq!(R * T, 4);
+unsafe fn tile_rows<const K: u8>(nb: usize, w: [*const u8; MULTI], a: *const u8) -> [f32; MULTI] {
     let (wb, ab, qoff) = (weight_bytes(K), if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES }, if K == K_Q4_1 { 4 } else { 2 });
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut summs = _mm_setzero_ps(); // Q4_1: lane r·T + t = Σ m_x·s_y of (row r, token t)
+    let mut acc = [_mm256_setzero_ps(); MULTI];
+    let mut summs = [_mm_setzero_ps(); MULTI];
     for i in 0..nb {
-        let bx: [*const u8; R] = std::array::from_fn(|r| w[r].add(i * wb));
-        let by: [*const u8; T] = std::array::from_fn(|t| a[t].add(i * ab));
-        let pairs = |off: usize| -> ([*const u8; 4], [*const u8; 4]) {
-            (std::array::from_fn(|k| bx[k / T].add(off)), std::array::from_fn(|k| by[k % T].add(off)))
-        };
-        let (xd, yd) = pairs(0);
-        let d = _mm_mul_ps(f16x4_at(xd), f16x4_at(yd));
-        if K == K_Q4_1 {
-            let (xm, ys) = pairs(2);
-            summs = _mm_fmadd_ps(f16x4_at(xm), f16x4_at(ys), summs);
-        }
-        let qx: [__m256i; R] = std::array::from_fn(|r| weight_quants::<K>(bx[r]));
-        // |x| for the signed kinds (the u8 operand of vpmaddubsw), as `mul_sum_i8`
-        let ux: [__m256i; R] = std::array::from_fn(|r| if K == K_Q4_1 { qx[r] } else { _mm256_sign_epi8(qx[r], qx[r]) });
-        for t in 0..T {
-            let qy = load256(by[t].add(qoff));
-            for r in 0..R {
-                let sy8 = if K == K_Q4_1 { qy } else { _mm256_sign_epi8(qy, qx[r]) };
-                let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ux[r], sy8), ones));
-                acc[r][t] = _mm256_fmadd_ps(lane(d, r * T + t), lanes, acc[r][t]);
-            }
+        let by = a.add(i * ab);
+        let dy = f16_x8(by);
+        let sy = if K == K_Q4_1 { _mm256_castps256_ps128(f16_x8(by.add(2))) } else { _mm_setzero_ps() };
+        let qy = load256(by.add(qoff));
+        for r in 0..MULTI {
+            let bx = w[r].add(i * wb);
+            // Decode streams the weight rows one after another, a few hundred bytes each: too short a
+            // stream for the hardware prefetcher (as on AVX-512, see `dot_avx512::PREFETCH_AHEAD`).
+            _mm_prefetch::<_MM_HINT_T0>(bx.add(PREFETCH_AHEAD) as *const i8);
+            let qx = weight_quants::<K>(bx);
+            let lanes = if K == K_Q4_1 {
+                summs[r] = _mm_fmadd_ps(_mm256_castps256_ps128(f16_x8(bx.add(2))), sy, summs[r]);
+                _mm256_maddubs_epi16(qx, qy)
+            } else {
+                _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx))
+            };
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(lanes, ones));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f16_x8(bx), dy), lanes, acc[r]);
         }
     }
-    let mut m = [0.0f32; 4];
-    _mm_storeu_ps(m.as_mut_ptr(), summs);
-    std::array::from_fn(|r| std::array::from_fn(|t| if K == K_Q4_1 { hsum_ps(acc[r][t]) + m[r * T + t] } else { hsum_ps(acc[r][t]) }))
+    let mut out = [0.0f32; MULTI];
+    for r in 0..MULTI {
+        out[r] = if K == K_Q4_1 { hsum_ps(acc[r]) + _mm_cvtss_f32(summs[r]) } else { hsum_ps(acc[r]) };
+    }
+    out
 }

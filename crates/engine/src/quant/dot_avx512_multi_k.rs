@@ -12,16 +12,19 @@ use super::{check_dot_args, GgmlType, MULTI};
 
 macro_rules! safe_kernels {
     ($($name:ident => $t:ident, $imp:ident;)*) => {$(
-        pub(super) fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
-            assert_eq!(out.len() % MULTI, 0, "multi dot: output is not whole groups of {MULTI}");
-            for (g, o) in out.chunks_exact_mut(MULTI).enumerate() {
-                let rows: [&[u8]; MULTI] = std::array::from_fn(|r| &a[((g * MULTI + r) * stride).min(a.len())..]);
-                for row in rows {
-                    check_dot_args(GgmlType::$t, n, w, row);
+        pub(super) fn $name(n: usize, ws: &[u8], w_stride: usize, n_rows: usize, a: &[u8], stride: usize, out: &mut [f32]) {
+            assert!(n_rows > 0 && out.len() % (n_rows * MULTI) == 0, "multi dot: output is not rows × whole groups of {MULTI}");
+            for (r, row_out) in out.chunks_exact_mut(out.len() / n_rows).enumerate() {
+                let w = &ws[(r * w_stride).min(ws.len())..];
+                for (g, o) in row_out.chunks_exact_mut(MULTI).enumerate() {
+                    let rows: [&[u8]; MULTI] = std::array::from_fn(|t| &a[((g * MULTI + t) * stride).min(a.len())..]);
+                    for row in rows {
+                        check_dot_args(GgmlType::$t, n, w, row);
+                    }
+                    // SAFETY: handed out only when AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present;
+                    // `check_dot_args` proved the weight row and every activation row in bounds.
+                    o.copy_from_slice(&unsafe { $imp(n, w.as_ptr(), rows.map(|r| r.as_ptr())) });
                 }
-                // SAFETY: handed out only when AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are present;
-                // `check_dot_args` proved the weight row and every activation row in bounds.
-                o.copy_from_slice(&unsafe { $imp(n, w.as_ptr(), rows.map(|r| r.as_ptr())) });
             }
         }
     )*};

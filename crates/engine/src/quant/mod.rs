@@ -304,11 +304,12 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
 /// Activation rows a multi-row kernel takes per call.
 pub const MULTI: usize = 4;
 
-/// `(n, weight_row, act_rows, act_row_bytes, out)`: one weight row against `out.len()` (a multiple of
-/// `MULTI`) plain activation rows `act_row_bytes` apart, each result bit-identical to the one-row
-/// kernel's. On AVX-512 K-quants only (legacy types take the pair kernels there); on AVX2 the legacy
-/// types. Safe to call (checks lengths).
-pub type MultiDotFn = fn(usize, &[u8], &[u8], usize, &mut [f32]);
+/// `(n, weight_rows, weight_row_bytes, n_rows, act_rows, act_row_bytes, out)`: `n_rows` weight rows
+/// (`weight_row_bytes` apart) against `k` plain activation rows `act_row_bytes` apart, where
+/// `out.len() = n_rows · k` and `k` is a multiple of `MULTI`; `out[r * k + t]` is row r · token t,
+/// bit-identical to the one-row kernel's. On AVX-512 K-quants only (legacy types take the pair kernels
+/// there); on AVX2 the legacy types. Safe to call (checks lengths).
+pub type MultiDotFn = fn(usize, &[u8], usize, usize, &[u8], usize, &mut [f32]);
 
 /// The multi-token kernel for weight type `t` and rows of `n` elements at the current SIMD level, where
 /// there is one.

@@ -195,11 +195,16 @@ fn multi_token_kernels_equal_one_row_kernel() {
                 let x: Vec<f32> = (0..n).map(|_| rng.uniform() * 3.0).collect();
                 acts.extend(quant(at, &x));
             }
-            let mut got = vec![0.0f32; rows];
-            multi(n, &w, &acts, stride, &mut got);
-            for (r, g) in got.iter().enumerate() {
-                let want = one(n, &w, &acts[r * stride..(r + 1) * stride]);
-                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
+            // three weight rows (the first one twice) against every token, in one call
+            let w2 = random_weights(t, n, &mut rng);
+            let ws: Vec<u8> = [&w[..], &w2[..], &w[..]].concat();
+            let wb = t.row_bytes(n).unwrap();
+            let mut got = vec![0.0f32; 3 * rows];
+            multi(n, &ws, wb, 3, &acts, stride, &mut got);
+            for (i, g) in got.iter().enumerate() {
+                let (wr, r) = (i / rows, i % rows);
+                let want = one(n, &ws[wr * wb..(wr + 1) * wb], &acts[r * stride..(r + 1) * stride]);
+                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} weight row {wr} token {r}: {g} vs {want}");
             }
         }
     }
