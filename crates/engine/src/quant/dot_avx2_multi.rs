@@ -30,7 +30,8 @@ const fn weight_bytes(k: u8) -> usize {
     }
 }
 
-/// The multi-token kernel (one weight row × `MULTI`-token groups) for `t`.
+/// The multi-token kernel (weight rows × `MULTI`-token groups) for `t`: the legacy types here, the
+/// K-quants in `dot_avx2_multi_k`.
 pub(super) fn tokens_kernel(t: GgmlType) -> Option<MultiDotFn> {
     assert!(SimdLevel::Avx2.is_available());
     Some(match t {
@@ -38,6 +39,8 @@ pub(super) fn tokens_kernel(t: GgmlType) -> Option<MultiDotFn> {
         GgmlType::Q4_1 => q4_1_tokens,
         GgmlType::Q5_0 => q5_0_tokens,
         GgmlType::Q8_0 => q8_0_tokens,
+        GgmlType::Q4_K => super::dot_avx2_multi_k::q4_k_multi,
+        GgmlType::Q6_K => super::dot_avx2_multi_k::q6_k_multi,
         _ => return None,
     })
 }
@@ -57,28 +60,7 @@ pub(super) fn rows_kernel(t: GgmlType) -> Option<MultiRowFn> {
 macro_rules! safe_kernels {
     ($($tokens:ident, $rows:ident => $t:ident, $k:ident;)*) => {$(
         fn $tokens(n: usize, ws: &[u8], w_stride: usize, n_rows: usize, a: &[u8], stride: usize, out: &mut [f32]) {
-            assert!(n_rows > 0 && out.len() % (n_rows * MULTI) == 0, "multi dot: output is not rows × whole groups of {MULTI}");
-            let k = out.len() / n_rows;
-            let rows: Vec<&[u8]> = (0..n_rows).map(|r| &ws[(r * w_stride).min(ws.len())..]).collect();
-            for w in &rows {
-                check_dot_args(GgmlType::$t, n, w, a);
-            }
-            for g in 0..k / MULTI {
-                let acts: [&[u8]; MULTI] = std::array::from_fn(|t| &a[((g * MULTI + t) * stride).min(a.len())..]);
-                for act in acts {
-                    check_dot_args(GgmlType::$t, n, rows[0], act);
-                }
-                SCALES.with_borrow_mut(|table| {
-                    fill_scales::<$k>(n / QK, acts, table);
-                    for (r, w) in rows.iter().enumerate() {
-                        // SAFETY: handed out only when AVX2, FMA and F16C are present; `check_dot_args`
-                        // proved every weight row and every activation row in bounds; the table has
-                        // n / QK blocks.
-                        let res = unsafe { tile_scaled::<$k>(n / QK, w.as_ptr(), acts.map(|r| r.as_ptr()), table) };
-                        out[r * k + g * MULTI..][..MULTI].copy_from_slice(&res);
-                    }
-                });
-            }
+            tokens::<$k>(GgmlType::$t, n, ws, w_stride, n_rows, a, stride, out)
         }
 
         fn $rows(n: usize, w: &[u8], stride: usize, a: &[u8]) -> [f32; MULTI] {
@@ -86,7 +68,8 @@ macro_rules! safe_kernels {
             for row in rows {
                 check_dot_args(GgmlType::$t, n, row, a);
             }
-            // SAFETY: as above, for the weight rows and the one activation row.
+            // SAFETY: handed out only when AVX2, FMA and F16C are present; `check_dot_args` proved the
+            // weight rows and the activation row in bounds.
             unsafe { tile_rows::<$k>(n / QK, rows.map(|r| r.as_ptr()), a.as_ptr()) }
         }
     )*};
@@ -99,34 +82,74 @@ safe_kernels! {
     q8_0_tokens, q8_0_rows => Q8_0, K_Q8_0;
 }
 
-/// The scales of one block of `MULTI` tokens' activations, converted once for all the weight rows of a
-/// call: each token's `d`, then (Q8_1) its `s`.
+/// Tokens per group of the multi-token kernel where the batch allows (else `MULTI`): the weight block is
+/// unpacked once for them.
+const GROUP: usize = 8;
+
+/// `MultiDotFn` for the legacy kind `K` (type `t`): groups of `GROUP` tokens, then one of `MULTI`.
+#[allow(clippy::too_many_arguments)]
+fn tokens<const K: u8>(t: GgmlType, n: usize, ws: &[u8], w_stride: usize, n_rows: usize, a: &[u8], stride: usize, out: &mut [f32]) {
+    assert!(n_rows > 0 && out.len() % (n_rows * MULTI) == 0, "multi dot: output is not rows × whole groups of {MULTI}");
+    let k = out.len() / n_rows;
+    let rows: Vec<&[u8]> = (0..n_rows).map(|r| &ws[(r * w_stride).min(ws.len())..]).collect();
+    for w in &rows {
+        check_dot_args(t, n, w, a);
+    }
+    for t0 in 0..k {
+        check_dot_args(t, n, rows[0], &a[(t0 * stride).min(a.len())..]);
+    }
+    let mut t0 = 0;
+    while t0 < k {
+        if k - t0 >= GROUP {
+            group::<K, GROUP>(n / QK, &rows, a, stride, t0, k, out);
+            t0 += GROUP;
+        } else {
+            group::<K, MULTI>(n / QK, &rows, a, stride, t0, k, out);
+            t0 += MULTI;
+        }
+    }
+}
+
+/// Tokens `t0..t0 + T` against every row: `out[r * k + t0 + t]`. The caller checked every row in bounds.
+fn group<const K: u8, const T: usize>(nb: usize, rows: &[&[u8]], a: &[u8], stride: usize, t0: usize, k: usize, out: &mut [f32]) {
+    let acts: [*const u8; T] = std::array::from_fn(|t| a[(t0 + t) * stride..].as_ptr());
+    SCALES.with_borrow_mut(|table| {
+        table.resize(nb, BlockScales::default());
+        // SAFETY: the kernels run only where AVX2, FMA and F16C are present (`tokens_kernel`); the
+        // caller checked every weight and activation row for nb blocks; the table has nb entries.
+        unsafe { fill_scales::<K, T>(nb, acts, table) };
+        for (r, w) in rows.iter().enumerate() {
+            // SAFETY: as above.
+            let res = unsafe { tile_scaled::<K, T>(nb, w.as_ptr(), acts, table) };
+            out[r * k + t0..][..T].copy_from_slice(&res);
+        }
+    });
+}
+
+/// The scales of one block of up to `GROUP` tokens' activations, converted once for all the weight rows
+/// of a call: each token's `d`, then (Q8_1) its `s`.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(32))]
 struct BlockScales {
-    d: [f32; MULTI],
-    s: [f32; MULTI],
+    d: [f32; GROUP],
+    s: [f32; GROUP],
 }
 
 thread_local! {
     static SCALES: std::cell::RefCell<Vec<BlockScales>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `table[b]` = the scales of block `b` of the `MULTI` activation rows `acts` (bounds checked by the caller).
-fn fill_scales<const K: u8>(nb: usize, acts: [&[u8]; MULTI], table: &mut Vec<BlockScales>) {
-    table.resize(nb, BlockScales::default());
-    // SAFETY: the kernels that call this run only where AVX2, FMA and F16C are present; the caller
-    // checked that every activation row holds nb blocks.
-    unsafe { fill_scales_avx2::<K>(nb, acts.map(|a| a.as_ptr()), table) }
-}
-
+/// `table[b]` = the scales of block `b` of the `T` activation rows `acts` (T a multiple of 4).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_scales_avx2<const K: u8>(nb: usize, acts: [*const u8; MULTI], table: &mut [BlockScales]) {
+unsafe fn fill_scales<const K: u8, const T: usize>(nb: usize, acts: [*const u8; T], table: &mut [BlockScales]) {
     let ab = if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES };
     for (b, sc) in table.iter_mut().enumerate().take(nb) {
-        _mm_store_ps(sc.d.as_mut_ptr(), f16x4_at(acts.map(|a| a.add(b * ab))));
-        if K == K_Q4_1 {
-            _mm_store_ps(sc.s.as_mut_ptr(), f16x4_at(acts.map(|a| a.add(b * ab + 2))));
+        for h in 0..T / 4 {
+            let at = |off: usize| -> [*const u8; 4] { [acts[4 * h].add(off), acts[4 * h + 1].add(off), acts[4 * h + 2].add(off), acts[4 * h + 3].add(off)] };
+            _mm_store_ps(sc.d.as_mut_ptr().add(4 * h), f16x4_at(at(b * ab)));
+            if K == K_Q4_1 {
+                _mm_store_ps(sc.s.as_mut_ptr().add(4 * h), f16x4_at(at(b * ab + 2)));
+            }
         }
     }
 }
@@ -138,22 +161,22 @@ unsafe fn f16_x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(rd16(p) as i16))
 }
 
-/// One weight row (`nb` blocks of kind `K`) · the `MULTI` activation rows `a`, whose block scales are in
+/// One weight row (`nb` blocks of kind `K`) · the `T` activation rows `a`, whose block scales are in
 /// `table`: each exactly `dot_avx2`'s one-row result. Per block: the row's `d` (and Q4_1's `m`) broadcast
 /// once, the quants unpacked once; per token the one-row kernel's five operations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_scaled<const K: u8>(nb: usize, w: *const u8, a: [*const u8; MULTI], table: &[BlockScales]) -> [f32; MULTI] {
+unsafe fn tile_scaled<const K: u8, const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], table: &[BlockScales]) -> [f32; T] {
     let (wb, ab, qoff) = (weight_bytes(K), if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES }, if K == K_Q4_1 { 4 } else { 2 });
-    debug_assert!(table.len() >= nb);
+    debug_assert!(table.len() >= nb && T <= GROUP);
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); MULTI];
-    let mut summs = _mm_setzero_ps(); // Q4_1: lane t = Σ m_x·s_y of token t
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut summs = _mm256_setzero_ps(); // Q4_1: lane t = Σ m_x·s_y of token t (lanes past T unused)
     for (i, sc) in table.iter().enumerate().take(nb) {
         let bx = w.add(i * wb);
         let dx = f16_x8(bx);
         if K == K_Q4_1 {
-            summs = _mm_fmadd_ps(_mm256_castps256_ps128(f16_x8(bx.add(2))), _mm_load_ps(sc.s.as_ptr()), summs);
+            summs = _mm256_fmadd_ps(f16_x8(bx.add(2)), _mm256_load_ps(sc.s.as_ptr()), summs);
         }
         let qx = weight_quants::<K>(bx);
         let ux = if K == K_Q4_1 { qx } else { _mm256_sign_epi8(qx, qx) };
@@ -164,9 +187,13 @@ unsafe fn tile_scaled<const K: u8>(nb: usize, w: *const u8, a: [*const u8; MULTI
             *acc_t = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_broadcast_ss(&sc.d[t])), lanes, *acc_t);
         }
     }
-    let mut m = [0.0f32; MULTI];
-    _mm_storeu_ps(m.as_mut_ptr(), summs);
-    std::array::from_fn(|t| if K == K_Q4_1 { hsum_ps(acc[t]) + m[t] } else { hsum_ps(acc[t]) })
+    let mut m = [0.0f32; GROUP];
+    _mm256_storeu_ps(m.as_mut_ptr(), summs);
+    let mut out = [0.0f32; T];
+    for t in 0..T {
+        out[t] = if K == K_Q4_1 { hsum_ps(acc[t]) + m[t] } else { hsum_ps(acc[t]) };
+    }
+    out
 }
 
 /// Weight block `bx`'s 32 quants as bytes: signed (Q4_0, Q5_0, Q8_0; as `dot_avx2`) or, for Q4_1, the

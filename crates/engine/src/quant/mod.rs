@@ -23,6 +23,8 @@ mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2_multi;
 #[cfg(target_arch = "x86_64")]
+mod dot_avx2_multi_k;
+#[cfg(target_arch = "x86_64")]
 mod dot_avx512;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_multi;
@@ -308,7 +310,7 @@ pub const MULTI: usize = 4;
 /// (`weight_row_bytes` apart) against `k` plain activation rows `act_row_bytes` apart, where
 /// `out.len() = n_rows · k` and `k` is a multiple of `MULTI`; `out[r * k + t]` is row r · token t,
 /// bit-identical to the one-row kernel's. On AVX-512 K-quants only (legacy types take the pair kernels
-/// there); on AVX2 the legacy types. Safe to call (checks lengths).
+/// there); on AVX2 the legacy types and Q4_K/Q6_K. Safe to call (checks lengths).
 pub type MultiDotFn = fn(usize, &[u8], usize, usize, &[u8], usize, &mut [f32]);
 
 /// The multi-token kernel for weight type `t` and rows of `n` elements at the current SIMD level, where
