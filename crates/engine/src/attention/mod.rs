@@ -12,6 +12,8 @@ use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
 mod tiled;
+#[cfg(target_arch = "x86_64")]
+mod tiled_avx2;
 
 /// Where one query token sits: its sequence's block table and its position.
 #[derive(Clone, Copy, Debug)]
@@ -50,7 +52,7 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     assert_eq!(q.len(), queries.len() * q_dim, "attention queries are not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
     #[cfg(target_arch = "x86_64")]
-    if shape.head_dim % 64 == 0 && crate::ggml_math::avx512_available() {
+    if shape.head_dim % 64 == 0 && (crate::ggml_math::avx512_available() || crate::ggml_math::avx2_available()) {
         let tiles = tiled::tiles(queries);
         if let Some(mode) = tiled_mode(shape, queries, &tiles) {
             return attend_tiled(mode, shape, kv, layer, queries, &tiles, q, out_ptr);
@@ -85,7 +87,7 @@ fn attend_per_head(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[Q
     });
 }
 
-/// How a batch runs on AVX-512 (`tiled`): one part per tile when there are enough tiles (prefill, decode
+/// How a batch runs on AVX-512 or AVX2 (`tiled`): one part per tile when there are enough tiles (prefill, decode
 /// batches); otherwise, over a long context, by phases split across the threads; otherwise (a lone token
 /// over a short context) one part per head.
 #[cfg(target_arch = "x86_64")]
@@ -135,7 +137,7 @@ fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize
         })
         .collect();
     match mode {
-        // SAFETY: AVX-512 was checked by tiled_mode; the jobs' outputs (their tokens × their KV head's
+        // SAFETY: AVX-512 or AVX2 was checked by `attend`; the jobs' outputs (their tokens × their KV head's
         // query heads) are disjoint, inside `out` (asserted by `attend`).
         TiledMode::Split => unsafe { tiled::attend_split(&jobs, out_ptr) },
         TiledMode::PerTile => pool::current().run(jobs.len(), &|part| {
@@ -310,8 +312,8 @@ mod tests {
     /// 64/128/256, a sliding window.
     #[test]
     fn tiled_and_split_attention_equal_the_per_head_path() {
-        if !crate::ggml_math::avx512_available() {
-            eprintln!("note: no AVX-512 here; the tiled and split paths do not exist, nothing to compare");
+        if !crate::ggml_math::avx512_available() && !crate::ggml_math::avx2_available() {
+            eprintln!("note: no AVX-512 or AVX2 here; the tiled and split paths do not exist, nothing to compare");
             return;
         }
         let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None)];

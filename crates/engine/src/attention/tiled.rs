@@ -1,4 +1,4 @@
-//! Prefill attention by tiles, AVX-512: one part handles one KV head for a run of consecutive query
+//! Prefill attention by tiles, AVX-512 (or AVX2, whose score and value loops are in `tiled_avx2`): one part handles one KV head for a run of consecutive query
 //! tokens of one sequence, all `group` query heads of that KV head together ("rows"). Each key and value
 //! is converted from f16 once per tile instead of once per (token, head), and then serves every row from
 //! L1; at depth that conversion and the L2 latency of the strided K/V rows were most of attention's time.
@@ -11,8 +11,8 @@
 
 use super::{slot_runs, AttnShape, OutPtr, QueryPos};
 use crate::debug_dump;
-use crate::ggml_math::avx512::{reduce_16_rows, soft_max};
-use crate::ggml_math::reduce_lane_rows;
+use crate::ggml_math::avx512::reduce_16_rows;
+use crate::ggml_math::{avx512_available, reduce_lane_rows, round_through_f16, soft_max};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -27,7 +27,7 @@ const ROWS_PER_PASS: usize = 6;
 const VECS_PER_PASS: usize = 4;
 
 /// How many cells ahead (in a lane) the value pass prefetches.
-const PREFETCH_CELLS: usize = 4;
+pub(super) const PREFETCH_CELLS: usize = 4;
 
 /// Splits the batch into runs of consecutive positions of one sequence, at most `TILE_TOKENS` long.
 pub(super) fn tiles(queries: &[QueryPos]) -> Vec<Range<usize>> {
@@ -78,14 +78,14 @@ pub(super) struct TileScratch {
 
 /// The cells and rows of a tile.
 #[derive(Clone, Copy)]
-struct TileGeom {
+pub(super) struct TileGeom {
     group: usize,
-    rows: usize,
+    pub(super) rows: usize,
     /// First attended position (of the first token) and the number of cells up to the last token's.
-    lo0: usize,
-    n_keys: usize,
+    pub(super) lo0: usize,
+    pub(super) n_keys: usize,
     /// `n_keys` rounded up to whole 16-cell chunks: the row stride of the scores.
-    n_pad: usize,
+    pub(super) n_pad: usize,
 }
 
 impl TileJob<'_> {
@@ -111,18 +111,14 @@ impl TileJob<'_> {
     }
 
     /// `q32[r]` = q of row r (token `r / group`, head `kv_head * group + r % group`) rounded to f16.
-    ///
-    /// # Safety
-    /// AVX-512 F/DQ, FMA and F16C.
-    #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-    unsafe fn fill_rounded_queries(&self, g: &TileGeom, q32: &mut Vec<f32>) {
+    fn fill_rounded_queries(&self, g: &TileGeom, q32: &mut Vec<f32>) {
         let hd = self.shape.head_dim;
         let q_dim = self.shape.n_heads * hd;
         q32.clear();
         for t in self.tokens.clone() {
             q32.extend_from_slice(&self.q[t * q_dim + self.kv_head * g.group * hd..][..g.group * hd]);
         }
-        round_to_f16(q32);
+        round_through_f16(q32);
     }
 
     /// (token, head) of row r.
@@ -145,9 +141,9 @@ impl TileJob<'_> {
 /// Attention for one tile; writes the `group` head outputs of each of its tokens.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F/DQ, FMA and F16C. `out` must point at `[n_tokens, n_heads * hd]` floats
-/// of which this call alone writes the chunks of (token in `job.tokens`, head of `job.kv_head`).
-#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+/// The CPU must have AVX-512 F/DQ or AVX2, and FMA and F16C. `out` must point at `[n_tokens, n_heads *
+/// hd]` floats of which this call alone writes the chunks of (token in `job.tokens`, head of
+/// `job.kv_head`).
 pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPtr) {
     let hd = job.shape.head_dim;
     let g = job.geom();
@@ -171,8 +167,7 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
 
 /// Row r's scores to probabilities: scaled, ggml's softmax over the row's own cells, rounded to f16, and
 /// +0 for the tile's cells outside the row's range.
-#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn finish_row(job: &TileJob, g: &TileGeom, r: usize, row: &mut [f32]) {
+fn finish_row(job: &TileJob, g: &TileGeom, r: usize, row: &mut [f32]) {
     let (t, head) = job.row_target(g, r);
     let pos = job.queries[t].pos;
     let (a, b) = (job.lo(pos) - g.lo0, pos + 1 - g.lo0);
@@ -185,7 +180,7 @@ unsafe fn finish_row(job: &TileJob, g: &TileGeom, r: usize, row: &mut [f32]) {
     if dump {
         debug_dump::dump(&format!("kq_soft_max-h{head}"), job.layer, &row[a..b], 1);
     }
-    round_to_f16(&mut row[a..b]);
+    round_through_f16(&mut row[a..b]);
     row[..a].fill(0.0);
     row[b..].fill(0.0);
 }
@@ -195,7 +190,7 @@ unsafe fn finish_row(job: &TileJob, g: &TileGeom, r: usize, row: &mut [f32]) {
 /// every thread, and the group's heads share each key and value conversion. Same bits as `attend_tile`.
 ///
 /// # Safety
-/// The CPU must have AVX-512 F/DQ, FMA and F16C; `jobs` must cover disjoint outputs of `out`, the
+/// The CPU must have AVX-512 F/DQ or AVX2, and FMA and F16C; `jobs` must cover disjoint outputs of `out`, the
 /// `[n_tokens, n_heads * hd]` output of `attend`.
 pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
     let Some(first) = jobs.first() else { return };
@@ -226,7 +221,7 @@ unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [Spl
     let rows: Vec<(usize, usize)> = geoms.iter().enumerate().flat_map(|(i, g)| (0..g.rows).map(move |r| (i, r))).collect();
     let pool = crate::pool::current();
     let key_splits = 2 * pool.threads();
-    // SAFETY (all four phases): AVX-512 per the contract; every part writes a disjoint range (its chunks'
+    // SAFETY (all four phases): AVX-512 or AVX2 per the contract; every part writes a disjoint range (its chunks'
     // score columns, its row, its lanes, its output row) of buffers that outlive the runs.
     pool.run(jobs.len() * key_splits, &|part| {
         let (i, k) = (part / key_splits, part % key_splits);
@@ -238,10 +233,8 @@ unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [Spl
     pool.run(rows.len(), &|p| {
         let (i, r) = rows[p];
         let g = &geoms[i];
-        unsafe {
-            let row = std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * g.n_pad), g.n_pad);
-            finish_row(&jobs[i], g, r, row);
-        }
+        let row = unsafe { std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * g.n_pad), g.n_pad) };
+        finish_row(&jobs[i], g, r, row);
     });
     const LANE_SPLITS: usize = 4;
     pool.run(jobs.len() * LANE_SPLITS, &|part| {
@@ -283,27 +276,23 @@ thread_local! {
     static SPLIT_BUFS: std::cell::RefCell<Vec<SplitBufs>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `x = f32(f16(x))`, round to nearest even like `half`'s conversion.
-#[inline]
-#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn round_to_f16(x: &mut [f32]) {
-    let n = x.len() / 16 * 16;
-    for i in (0..n).step_by(16) {
-        let p = x.as_mut_ptr().add(i);
-        let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_loadu_ps(p));
-        _mm512_storeu_ps(p, _mm512_cvtph_ps(h));
-    }
-    for v in &mut x[n..] {
-        *v = f16::from_f32(*v).to_f32();
-    }
-}
-
 /// Scores of every row against the cells of 16-cell chunks `chunks`, written at `scores` (`[rows, n_pad]`):
 /// each chunk's keys are converted to f32 once, then each row's 16 dots run as in `dot_f16_f32_x16`
 /// (cells past the range score garbage that `finish_row` overwrites with 0).
+///
+/// # Safety
+/// AVX-512 F/DQ or AVX2, with FMA and F16C; `scores` has `[g.rows, g.n_pad]` floats.
+unsafe fn chunk_scores(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
+    if avx512_available() {
+        chunk_scores_avx512(job, g, offsets, q32, chunks, kbuf, scores)
+    } else {
+        super::tiled_avx2::chunk_scores(job.keys, job.shape.head_dim, g, offsets, q32, chunks, kbuf, scores)
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn chunk_scores(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
+unsafe fn chunk_scores_avx512(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
     // A compile-time vector count keeps q and the sums in registers and unrolls the dots.
     let args = (job.keys, g, offsets, q32, chunks, kbuf, scores);
     match job.shape.head_dim / 16 {
@@ -386,9 +375,20 @@ unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m5
 /// into `dst` (`[rs, 64, hd]`): lane `l` adds its cells (positions ≡ l mod 64, ascending) as `LaneAcc`
 /// does, `VECS_PER_PASS` vectors of every row at a time, so each value vector is converted once for `rs`
 /// rows.
+///
+/// # Safety
+/// AVX-512 F/DQ or AVX2, with FMA and F16C; `w` has `rs` rows of `g.n_pad`, `dst` `[rs, 64, hd]` floats.
+unsafe fn lane_sums(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
+    if avx512_available() {
+        lane_sums_avx512(job, g, offsets, w, rs, lanes, dst)
+    } else {
+        super::tiled_avx2::lane_sums(job.values, job.shape.head_dim, g, offsets, w, rs, lanes, dst)
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn lane_sums(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
+unsafe fn lane_sums_avx512(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
     let args = (job.values, job.shape.head_dim, g, offsets, w, lanes, dst);
     match rs {
         6 => lane_sums_n::<6>(args),

@@ -161,6 +161,23 @@ unsafe fn dot_lanes(x: *const half::f16, y: *const f32, n: usize) -> (__m256, __
     (lo, hi)
 }
 
+/// `dot_lanes` with the key already converted to f32 (exact): `hi + lo` of the 16-lane sum vector, the
+/// first step of `reduce_add` (for `reduce_8_rows`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn key_sum_f32(x: *const f32, y: *const f32, n: usize) -> __m256 {
+    let mut acc = [_mm256_setzero_ps(); 8];
+    for step in (0..n).step_by(64) {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let o = step + 8 * k;
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(o)), _mm256_loadu_ps(y.add(o)), *a);
+        }
+    }
+    let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    _mm256_add_ps(hi, lo)
+}
+
 /// `super::dot_f16` with the second vector already converted to f32 (exact).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -197,7 +214,7 @@ pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], 
 /// `t3[k]`'s sum.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn reduce_8_rows(t3: &[__m256; 8]) -> __m256 {
+pub(crate) unsafe fn reduce_8_rows(t3: &[__m256; 8]) -> __m256 {
     // 128-bit halves: x[m] = [t6 of key 2m | t6 of key 2m + 1].
     let mut x = [_mm256_setzero_ps(); 4];
     for (m, xm) in x.iter_mut().enumerate() {

@@ -10,7 +10,8 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 
 /// Whether the AVX-512 versions run here (callers may compile their loops for the same features so the
-/// routines inline).
+/// routines inline). `RECKON_SIMD=avx2` turns them off as it does the AVX-512 quant kernels, so the AVX2
+/// paths of AVX2-only CPUs can be run and tested on an AVX-512 machine.
 #[cfg(target_arch = "x86_64")]
 pub fn avx512_available() -> bool {
     use_avx512()
@@ -19,7 +20,7 @@ pub fn avx512_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn use_avx512() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(avx512::available)
+    *AVAILABLE.get_or_init(|| avx512::available() && crate::quant::simd_level() >= crate::quant::SimdLevel::Avx512)
 }
 
 /// Whether the AVX2 versions run here (x86 CPUs without AVX-512, e.g. AMD Zen 2/3): same bits as the
