@@ -10,7 +10,7 @@
 //! meet once instead of once per matrix.
 
 use crate::pool;
-use crate::quant::{activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
+use crate::quant::{activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, prefetch_l2, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
 #[derive(Clone, Copy, Debug)]
@@ -28,6 +28,10 @@ const TASKS_PER_THREAD: usize = 8;
 /// Tokens per activation-preparation task when a batch is large enough to prepare in parallel (even,
 /// so a task's token pairs are its own).
 const TOKENS_PER_PREP_TASK: usize = 16;
+
+/// How far ahead (bytes of weights) of the rows being computed `run_rows` prefetches into L2: about four
+/// calls of the multi-row kernels over a 640-wide Q8_0 matrix; 5-20 KiB all read at 20-24 GB/s in the probe.
+const PREFETCH_AHEAD_BYTES: usize = 10 << 10;
 
 /// Weight rows whose multi-token results are buffered before they are stored (one cache line of f32).
 const SCATTER_ROWS: usize = 16;
@@ -227,6 +231,11 @@ impl RowsOut {
 unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens: usize, acts: &[u8], act_bytes: usize, layouts: &[PairActs], out: &RowsOut) {
     let w_row_bytes = m.row_bytes();
     let rows_of = |r: usize, k: usize| &m.bytes[r * w_row_bytes..(r + k) * w_row_bytes];
+    // The bytes of rows r..r + k, PREFETCH_AHEAD_BYTES further on (clamped to the matrix).
+    let prefetch_ahead = |r: usize, k: usize| {
+        let start = (r * w_row_bytes + PREFETCH_AHEAD_BYTES).min(m.bytes.len());
+        prefetch_l2(&m.bytes[start..(start + k * w_row_bytes).min(m.bytes.len())]);
+    };
     let mut first = first;
     match path {
         Path::Pairs { layout } => {
@@ -235,6 +244,7 @@ unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens:
             // MULTI rows × up to 2·PAIRS_PER_CALL tokens per call; the rows stay in L1 across the groups.
             let mut res = [0.0f32; MULTI * 2 * PAIRS_PER_CALL];
             while first + MULTI <= last {
+                prefetch_ahead(first, MULTI);
                 for p0 in (0..paired.n_pairs).step_by(PAIRS_PER_CALL) {
                     let n_pairs = (paired.n_pairs - p0).min(PAIRS_PER_CALL);
                     kernel(m.cols, rows_of(first, MULTI), w_row_bytes, paired, p0, n_pairs, &mut res);
@@ -250,6 +260,7 @@ unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens:
         Path::Rows => {
             let kernel = multi_row_kernel(m.dtype).expect("chosen by path()");
             while first + MULTI <= last {
+                prefetch_ahead(first, MULTI);
                 for (k, &v) in kernel(m.cols, rows_of(first, MULTI), w_row_bytes, acts).iter().enumerate() {
                     out.store(0, first + k, v);
                 }

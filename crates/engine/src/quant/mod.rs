@@ -393,3 +393,20 @@ fn check_dot_args(t: GgmlType, n: usize, w: &[u8], a: &[u8]) {
         a.len()
     );
 }
+
+/// Asks for every 64-byte line of `bytes` to be brought into L2 (`prefetcht1`; nothing elsewhere).
+///
+/// Why: the multi-row kernels read `MULTI` weight rows in lockstep, i.e. `MULTI` streams a row apart,
+/// and on AMD Zen 4 that pattern alone read at 9-12 GB/s from memory where one sequential stream reads
+/// at 24 (a C probe of both patterns, one thread). Prefetching the rows a few calls ahead in address
+/// order, by the caller, turns the memory traffic back into one sequential stream (22-24 GB/s).
+#[inline]
+pub fn prefetch_l2(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: a prefetch of a valid address; it reads nothing architecturally.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr() as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
