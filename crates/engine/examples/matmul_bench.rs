@@ -25,7 +25,7 @@ fn main() {
             block[2 * s..2 * s + 2].copy_from_slice(&0x211Fu16.to_le_bytes());
         }
     }
-    let m = QMatrix { dtype, rows, cols, bytes: &w };
+    let m = QMatrix { dtype, rows, cols, bytes: &w, packed: None };
     let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
     let (mut xq, mut out) = (Vec::new(), vec![0.0; n * rows]);
     let mut times = Vec::new();

@@ -14,6 +14,7 @@ fn top5(l: &[f32]) -> Vec<(usize, f32)> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let model = Model::load(GgufFile::open(&args[1]).unwrap()).unwrap();
+    eprintln!("numerics: {}", model.numerics().name());
     let toks: Vec<u32> = args[2..].iter().map(|s| s.parse().unwrap()).collect();
     let vocab = model.config.vocab_size;
     let mut s = Session::new(&model, 4096);

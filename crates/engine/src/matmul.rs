@@ -10,15 +10,19 @@
 //! meet once instead of once per matrix.
 
 use crate::pool;
+use crate::quant::packed::{self, ActSide, PackedInput, PackedMatrix, GROUP};
 use crate::quant::{activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, prefetch_l2, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
 
-/// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`.
-#[derive(Clone, Copy, Debug)]
+/// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`
+/// (`bytes`, ggml layout), and its packed copy if it has one: then the matmul runs the packed kernels
+/// and numerics (`quant::packed`), else ggml's.
+#[derive(Clone, Copy)]
 pub struct QMatrix<'a> {
     pub dtype: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub bytes: &'a [u8],
+    pub packed: Option<&'a PackedMatrix>,
 }
 
 /// Parallel tasks per thread: enough that dynamic claiming balances uneven progress, few enough that the
@@ -41,6 +45,8 @@ thread_local! {
     static ROW_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Pair layouts (one per legacy weight type in a call), reused across calls on the calling thread.
     static PAIR_ACTS: std::cell::RefCell<Vec<PairActs>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Side tables of the packed kernels (one per activation type in a call), reused likewise.
+    static SIDES: std::cell::RefCell<Vec<ActSide>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A raw pointer that parallel tasks use to write disjoint parts of one buffer.
@@ -64,6 +70,8 @@ impl QMatrix<'_> {
 /// The kernel family one matrix runs with for a batch.
 #[derive(Clone, Copy)]
 enum Path {
+    /// Packed weights: 16-row groups × token tiles, reading side table number `side`.
+    Packed { side: usize },
     /// Legacy types, 2+ tokens: token pairs, reading `PairActs` number `layout`.
     Pairs { layout: usize },
     /// One token: `MULTI` weight rows per call.
@@ -101,18 +109,19 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
         return;
     }
     let mut paths: Vec<Path> = jobs.iter().map(|(m, _)| path(m, n_tokens)).collect();
-    let mut layouts = PAIR_ACTS.take();
-    let prepared = prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts);
+    let (mut layouts, mut sides) = (PAIR_ACTS.take(), SIDES.take());
+    let prepared = prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
     let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
     // Taken last: nothing touches `jobs` again while the tasks write through these.
     let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
     let pool = pool::current();
-    // Whole multiples of MULTI rows per task, so the multi-row kernels cover every task; one task size
-    // for all matrices, so a small one (k, v) is a few tasks rather than as many as a big one.
+    // Whole groups of GROUP rows per task (a multiple of MULTI), so the packed and multi-row kernels
+    // cover every task; one task size for all matrices, so a small one (k, v) is a few tasks rather
+    // than as many as a big one.
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-    let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(MULTI);
+    let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(GROUP);
     let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
-    let (xq, layouts_ref) = (&xq[..], &layouts[..]);
+    let (xq, layouts_ref, sides_ref) = (&xq[..], &layouts[..], &sides[..]);
     pool.run(tasks.len(), &|task| {
         let (j, first) = tasks[task];
         let m = &mats[j];
@@ -121,13 +130,22 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
         let acts = &xq[off..off + n_tokens * act_bytes];
         // SAFETY: rows first..last of matrix j belong to this task only; the output was sized above.
         let out = RowsOut { ptr: outs[j], rows: m.rows };
-        unsafe { run_rows(m, paths[j], first, last, n_tokens, acts, act_bytes, layouts_ref, &out) };
+        match paths[j] {
+            Path::Packed { side } => {
+                let input = PackedInput { xq: acts, row_bytes: act_bytes, side: &sides_ref[side] };
+                unsafe { run_packed(m, first, last, n_tokens, &input, &out) }
+            }
+            path => unsafe { run_rows(m, path, first, last, n_tokens, acts, act_bytes, layouts_ref, &out) },
+        }
     });
     PAIR_ACTS.set(layouts);
+    SIDES.set(sides);
 }
 
 fn path(m: &QMatrix, n_tokens: usize) -> Path {
-    if n_tokens == 1 && multi_row_kernel(m.dtype).is_some() {
+    if m.packed.is_some() {
+        Path::Packed { side: usize::MAX }
+    } else if n_tokens == 1 && multi_row_kernel(m.dtype).is_some() {
         Path::Rows
     } else if n_tokens >= 2 && pair_dot_kernel(m.dtype, m.cols).is_some() {
         Path::Pairs { layout: usize::MAX }
@@ -138,12 +156,14 @@ fn path(m: &QMatrix, n_tokens: usize) -> Path {
     }
 }
 
-/// Quantizes x once per activation type the matrices need (into `xq`) and builds one pair layout per
-/// legacy weight type among the pair paths (numbering them in `paths`); in parallel over tokens for
-/// prefill-sized batches.
-fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>) -> Prepared {
+/// Quantizes x once per activation type the matrices need (into `xq`), builds one pair layout per
+/// legacy weight type among the pair paths and one side table per activation type among the packed
+/// paths (numbering them in `paths`); in parallel over tokens for prefill-sized batches.
+#[allow(clippy::too_many_arguments)]
+fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> Prepared {
     let mut plain: Vec<(GgmlType, usize, usize)> = Vec::new();
     let mut pair_types: Vec<GgmlType> = Vec::new();
+    let mut side_types: Vec<GgmlType> = Vec::new();
     let mut size = 0;
     for ((m, _), p) in jobs.iter().zip(paths.iter_mut()) {
         let act = m.dtype.dot_activation_type();
@@ -152,11 +172,16 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
             plain.push((act, size, bytes));
             size += n_tokens * bytes;
         }
-        if let Path::Pairs { layout } = p {
-            *layout = pair_types.iter().position(|&t| t == m.dtype).unwrap_or_else(|| {
-                pair_types.push(m.dtype);
-                pair_types.len() - 1
-            });
+        let number = |types: &mut Vec<GgmlType>, t: GgmlType| {
+            types.iter().position(|&u| u == t).unwrap_or_else(|| {
+                types.push(t);
+                types.len() - 1
+            })
+        };
+        match p {
+            Path::Pairs { layout } => *layout = number(&mut pair_types, m.dtype),
+            Path::Packed { side } => *side = number(&mut side_types, act),
+            _ => {}
         }
     }
     xq.resize(size, 0);
@@ -164,9 +189,14 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
     for (l, &t) in layouts.iter_mut().zip(&pair_types) {
         l.shape(t, cols, n_tokens);
     }
+    sides.resize_with(side_types.len().max(sides.len()), ActSide::default);
+    for (s, &act) in sides.iter_mut().zip(&side_types) {
+        s.shape(act, cols, n_tokens);
+    }
     let xq_ptr = SyncPtr(xq.as_mut_ptr());
     let line_ptrs: Vec<SyncPtr<Line>> = layouts.iter_mut().map(|l| SyncPtr(l.lines.as_mut_ptr())).collect();
-    let (plain_ref, pair_ref) = (&plain, &pair_types);
+    let side_ptrs: Vec<(usize, SidePtrs)> = sides.iter_mut().zip(&side_types).map(|(s, _)| (s.blocks, SidePtrs(s.ptrs()))).collect();
+    let (plain_ref, pair_ref, side_ref) = (&plain, &pair_types, &side_types);
     let prep_tokens = |first: usize, last: usize| {
         let xq_ptr = xq_ptr; // the whole wrapper (Sync), not its raw field
         for &(act, off, bytes) in plain_ref {
@@ -175,6 +205,11 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
                 // `xq` (sized for n_tokens rows of every type above).
                 let q = unsafe { std::slice::from_raw_parts_mut(xq_ptr.0.add(off + t * bytes), bytes) };
                 quantize_row_ggml_x86(act, &x[t * cols..(t + 1) * cols], q);
+                if let Some(k) = side_ref.iter().position(|&s| s == act) {
+                    let (blocks, ptrs) = &side_ptrs[k];
+                    // SAFETY: the table was shaped for n_tokens tokens of `act`; token t is this call's.
+                    unsafe { ActSide::fill_token(act, *blocks, ptrs.0, t, q) };
+                }
             }
         }
         for (k, &t) in pair_ref.iter().enumerate() {
@@ -206,6 +241,44 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
         l.fill_sums(t, cols, &xq[off..off + n_tokens * bytes], bytes, n_tokens);
     }
     Prepared { plain }
+}
+
+/// The raw table pointers of an `ActSide`, shared by the preparation tasks (each writes its own tokens).
+#[derive(Clone, Copy)]
+struct SidePtrs((*mut packed::acts::LSide, *mut packed::acts::KSide));
+// SAFETY: as SyncPtr: every task writes the entries of its own tokens only.
+unsafe impl Send for SidePtrs {}
+unsafe impl Sync for SidePtrs {}
+
+/// Tokens whose activations a packed matmul keeps hot while it runs all of a task's groups over them:
+/// about 256 KiB of quantized rows (L2), at least one tile.
+const PACKED_CHUNK_BYTES: usize = 256 << 10;
+
+/// Rows `first..last` (whole groups but for the matrix's last) of a packed matrix for every token:
+/// token chunks outer (their activations stay in L2), groups inner, tiles of `tile_tokens` tokens.
+///
+/// # Safety
+/// Rows `first..last` of `out` belong to this call alone; `first` is a multiple of GROUP.
+unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, n_tokens: usize, x: &PackedInput, out: &RowsOut) {
+    let p = m.packed.expect("chosen by path()");
+    let tile = packed::tile_tokens(m.dtype);
+    let chunk = (PACKED_CHUNK_BYTES / x.row_bytes).max(1).next_multiple_of(tile);
+    let group_bytes = p.blocks * p.block_bytes;
+    for c0 in (0..n_tokens).step_by(chunk) {
+        let c1 = (c0 + chunk).min(n_tokens);
+        for g in first / GROUP..last.div_ceil(GROUP) {
+            if n_tokens == 1 {
+                let start = (g * group_bytes + PREFETCH_AHEAD_BYTES).min(p.bytes().len());
+                prefetch_l2(&p.bytes()[start..(start + group_bytes).min(p.bytes().len())]);
+            }
+            let mut t0 = c0;
+            while t0 < c1 {
+                let k = tile.min(c1 - t0);
+                packed::tile(p, g, x, t0, k, out.ptr.0, out.rows);
+                t0 += k;
+            }
+        }
+    }
 }
 
 /// One matrix's output, written row by row by the tasks that own the rows.
@@ -292,6 +365,7 @@ unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens:
             return;
         }
         Path::Single => {}
+        Path::Packed { .. } => unreachable!("run_packed"),
     }
     let dot = vec_dot_kernel(m.dtype);
     for r in first..last {
@@ -314,7 +388,7 @@ mod tests {
         let (cols, rows) = (512, 37); // 37 rows: a leftover below MULTI
         let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
         let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 10 + i as u64)).collect();
-        let mats: Vec<QMatrix> = types.iter().zip(&weights).map(|(&t, w)| QMatrix { dtype: t, rows, cols, bytes: w }).collect();
+        let mats: Vec<QMatrix> = types.iter().zip(&weights).map(|(&t, w)| QMatrix { dtype: t, rows, cols, bytes: w, packed: None }).collect();
         let mut rng = crate::sampler::Rng::new(3);
         for n in [1usize, 2, 3, 4, 7, 9, 16, 33, 40] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();

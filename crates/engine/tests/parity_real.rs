@@ -1,27 +1,42 @@
 //! Parity with llama.cpp on the three real models, against fixtures recorded by
-//! bench/record_parity_fixtures.py (tests/fixtures/parity/*.json):
+//! bench/record_parity_fixtures.py (tests/fixtures/parity/*.json), in both of reckon's numerics:
 //! - the chat template renders the same text and the tokenizer gives the same ids on every prompt;
-//! - greedy continuations agree on at least the first 32 tokens of every prompt (64 are recorded);
-//! - teacher-forced top-1 next-token predictions over a ~2,000-token text agree on >= 99% of positions.
+//! - ggml numerics: greedy continuations agree on at least the first 32 tokens of every prompt (64 are
+//!   recorded) and teacher-forced top-1 next-token predictions over a ~2,000-token text on >= 99% of
+//!   positions. The fixtures are llama.cpp's per-row CPU path (repacking off, n_batch = 1; see
+//!   tests/fixtures/parity/README.md), which reckon reproduces operation for operation (ggml_math, the
+//!   quant kernels, FMA-contracted RoPE and GELU table): the logits are bit-identical and every check
+//!   holds with room to spare (100% top-1, 64/64 greedy tokens).
+//! - packed numerics (the default where its kernels run): another f32 summation order, so the checks
+//!   are llama.cpp's agreement with itself. llama.cpp in its default batched mode agrees with the same
+//!   fixtures on 95.4-97.2% of teacher-forced positions, every disagreement at a top-2 gap under 0.5
+//!   (bench/llamacpp_self_agreement.py). So: >= 94% top-1 agreement, no disagreement where llama.cpp's
+//!   top-2 gap is 0.75 or more, and every greedy continuation identical up to a step where llama.cpp's
+//!   own top-2 gap is under 0.5 (a near-tie) or to the end.
 //! A model that has not been fetched is skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
-//!
-//! The fixtures are llama.cpp's per-row CPU path (repacking off, n_batch = 1; see
-//! tests/fixtures/parity/README.md). reckon reproduces its numerics operation for operation (ggml_math,
-//! the quant kernels, FMA-contracted RoPE and GELU table), so on this kind of CPU the logits are
-//! bit-identical and every check below holds with room to spare (100% top-1, 64/64 greedy tokens).
 
 mod common;
 
 use common::{open_real_model as open, parity_fixture as fixture};
-use reckon_engine::model::Model;
+use reckon_engine::model::{Model, Numerics};
 use reckon_engine::sampler::argmax;
 use reckon_engine::session::Session;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 
-const MIN_GREEDY_MATCH: usize = 32;
-const MIN_TOP1_AGREEMENT: f64 = 0.99;
+/// What a numerics must show against the fixtures.
+struct Criteria {
+    min_greedy_match: usize,
+    /// A greedy divergence earlier than `min_greedy_match` passes if llama.cpp's top-2 gap there is below this.
+    near_tie: f64,
+    min_top1_agreement: f64,
+    /// No teacher-forced disagreement where llama.cpp's top-2 gap is this or more.
+    max_disagreement_gap: f64,
+}
+
+const GGML: Criteria = Criteria { min_greedy_match: 32, near_tie: 0.0, min_top1_agreement: 0.99, max_disagreement_gap: f64::INFINITY };
+const PACKED: Criteria = Criteria { min_greedy_match: 64, near_tie: 0.5, min_top1_agreement: 0.94, max_disagreement_gap: 0.75 };
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
@@ -50,13 +65,21 @@ fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
     out
 }
 
-fn check_model(name: &str) {
+fn check_model(name: &str, numerics: Numerics) {
     let Some(file) = open(name) else { return };
+    let crit = match numerics {
+        Numerics::Ggml => GGML,
+        Numerics::Packed => PACKED,
+    };
     let fx = fixture(name);
     let tok = Tokenizer::from_gguf(&file).unwrap();
     let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
     let template = ChatTemplate::from_gguf(&file, &text(tok.bos_id()), &text(tok.eos_id())).unwrap();
-    let model = Model::load(file).unwrap();
+    let model = Model::load_with(file, numerics).unwrap();
+    if model.numerics() != numerics {
+        eprintln!("note: {name}: no {} kernels on this CPU, nothing to check", numerics.name());
+        return;
+    }
     let mut session = Session::new(&model, 4096);
     let mut report = Vec::new();
     let mut failures = Vec::new();
@@ -76,8 +99,8 @@ fn check_model(name: &str) {
         if same < want.len() {
             let gap = case["greedy_top2_gap"][same].as_f64().unwrap();
             report.push(format!("  diverges at {same}: ours {} vs llama.cpp {} (llama.cpp top-2 gap {gap:.4})", got[same], want[same]));
-            if same < MIN_GREEDY_MATCH {
-                failures.push(format!("{cname}: only {same} greedy tokens match (gap {gap:.4})"));
+            if same < crit.min_greedy_match && gap >= crit.near_tie {
+                failures.push(format!("{cname}: only {same} greedy tokens match (llama.cpp gap {gap:.4})"));
             }
         }
     }
@@ -93,25 +116,43 @@ fn check_model(name: &str) {
     }
     let agree = got.iter().zip(&want).filter(|(a, b)| a == b).count();
     let rate = agree as f64 / want.len() as f64;
-    let gaps: Vec<String> = got.iter().zip(&want).enumerate().filter(|(_, (a, b))| a != b)
-        .map(|(i, _)| format!("{i}:{:.3}", tf["top2_gap"][i].as_f64().unwrap())).collect();
+    let gap_at = |i: usize| tf["top2_gap"][i].as_f64().unwrap();
+    let disagree: Vec<usize> = got.iter().zip(&want).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+    let gaps: Vec<String> = disagree.iter().map(|&i| format!("{i}:{:.3}", gap_at(i))).collect();
     report.push(format!("teacher-forced top-1 agreement {agree}/{} = {:.2}%; disagreements (position:llama.cpp gap) {gaps:?}", want.len(), rate * 100.0));
-    eprintln!("{name}:\n  {}", report.join("\n  "));
-    assert!(rate >= MIN_TOP1_AGREEMENT, "{name}: top-1 agreement {rate:.4} < {MIN_TOP1_AGREEMENT}");
+    eprintln!("{name}, {} numerics:\n  {}", numerics.name(), report.join("\n  "));
+    assert!(rate >= crit.min_top1_agreement, "{name}: top-1 agreement {rate:.4} < {}", crit.min_top1_agreement);
+    let confident: Vec<&String> = disagree.iter().zip(&gaps).filter(|(&i, _)| gap_at(i) >= crit.max_disagreement_gap).map(|(_, g)| g).collect();
+    assert!(confident.is_empty(), "{name}: disagrees where llama.cpp is decided: {confident:?}");
     assert!(failures.is_empty(), "{name}: {failures:?}");
 }
 
 #[test]
 fn parity_smollm2() {
-    check_model("smollm2-135m");
+    check_model("smollm2-135m", Numerics::Ggml);
 }
 
 #[test]
 fn parity_gemma3() {
-    check_model("gemma3-270m");
+    check_model("gemma3-270m", Numerics::Ggml);
 }
 
 #[test]
 fn parity_qwen2() {
-    check_model("qwen2.5-coder-0.5b");
+    check_model("qwen2.5-coder-0.5b", Numerics::Ggml);
+}
+
+#[test]
+fn parity_packed_smollm2() {
+    check_model("smollm2-135m", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_gemma3() {
+    check_model("gemma3-270m", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_qwen2() {
+    check_model("qwen2.5-coder-0.5b", Numerics::Packed);
 }

@@ -1,15 +1,23 @@
 //! The model runtime on tiny random models written as GGUF by the test: shapes, every weight type end to
-//! end, and bit-exact determinism across batch composition, chunking and thread counts.
+//! end, and bit-exact determinism across batch composition, chunking and thread counts, in both
+//! numerics (packed where this CPU has its kernels, and ggml).
 
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
 use reckon_engine::gguf::GgufFile;
-use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
+use reckon_engine::model::{LogitsWanted, Model, Numerics, Scratch, SeqInput};
 use reckon_engine::quant::GgmlType;
 
 fn load(spec: &TinySpec, seed: u64) -> Model {
     Model::load(GgufFile::from_vec(tiny_model(spec, seed)).unwrap()).unwrap()
+}
+
+/// The same model once per numerics this CPU runs (packed falls back to ggml without its kernels).
+fn load_each(spec: &TinySpec, seed: u64) -> Vec<Model> {
+    let mut models: Vec<Model> = [Numerics::Packed, Numerics::Ggml].into_iter().map(|n| Model::load_with(GgufFile::from_vec(tiny_model(spec, seed)).unwrap(), n).unwrap()).collect();
+    models.dedup_by_key(|m| m.numerics());
+    models
 }
 
 fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
@@ -31,8 +39,10 @@ fn single_run_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
     model.forward(&[input], &mut kv, &mut s).unwrap().to_vec()
 }
 
+/// The three architectures, plus llama with K-quant matrices (rows of 256).
 fn all_archs() -> Vec<TinySpec> {
-    vec![TinySpec::llama(GgmlType::Q4_1), TinySpec::qwen2(), TinySpec::gemma3()]
+    let k = |t| TinySpec { d_model: 256, ffn: 256, n_heads: 4, n_kv_heads: 2, head_dim: 64, ..TinySpec::llama(t) };
+    vec![TinySpec::llama(GgmlType::Q4_1), TinySpec::qwen2(), TinySpec::gemma3(), k(GgmlType::Q4_K), k(GgmlType::Q6_K)]
 }
 
 #[test]
@@ -73,58 +83,61 @@ fn every_weight_type_runs_end_to_end() {
 #[test]
 fn batch_of_n_sequences_equals_n_single_runs() {
     for spec in all_archs() {
-        let model = load(&spec, 5);
-        let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens(10 + i, 3 + 5 * i as usize, spec.vocab)).collect();
-        let t = tables(prompts.len(), 16);
-        let mut kv = model.new_kv(4, 64);
-        let mut s = Scratch::default();
-        let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_table: bt, logits: LogitsWanted::All }).collect();
-        let batched = model.forward(&seqs, &mut kv, &mut s).unwrap().to_vec();
-        let singles: Vec<f32> = prompts.iter().flat_map(|p| single_run_logits(&model, p)).collect();
-        assert_eq!(batched, singles, "{}: batched logits differ from single runs", spec.arch);
+        for model in load_each(&spec, 5) {
+            let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens(10 + i, 3 + 5 * i as usize, spec.vocab)).collect();
+            let t = tables(prompts.len(), 16);
+            let mut kv = model.new_kv(4, 64);
+            let mut s = Scratch::default();
+            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_table: bt, logits: LogitsWanted::All }).collect();
+            let batched = model.forward(&seqs, &mut kv, &mut s).unwrap().to_vec();
+            let singles: Vec<f32> = prompts.iter().flat_map(|p| single_run_logits(&model, p)).collect();
+            assert_eq!(batched, singles, "{} ({}): batched logits differ from single runs", spec.arch, model.numerics().name());
+        }
     }
 }
 
 #[test]
 fn mixed_prefill_chunks_and_decodes_equal_a_single_prefill() {
     for spec in all_archs() {
-        let model = load(&spec, 6);
-        // Sequence A: 12-token prompt; B: 20-token prompt (longer than gemma's window of 8).
-        let (a, b) = (tokens(20, 12, spec.vocab), tokens(21, 20, spec.vocab));
-        let (ref_a, ref_b) = (single_run_logits(&model, &a), single_run_logits(&model, &b));
-        let v = spec.vocab;
-        let t = tables(2, 8);
-        let mut kv = model.new_kv(4, 16);
-        let mut s = Scratch::default();
-        // Step 1: A's first 11 tokens with B's first 7. Step 2: A's last token (a "decode") with B's next 9.
-        // Step 3: B's last 4 alone.
-        let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| model.forward(seqs, kv, s).unwrap().to_vec();
-        let out1 = step(&mut kv, &mut s, &[
-            SeqInput { tokens: &a[..11], start_pos: 0, block_table: &t[0], logits: LogitsWanted::All },
-            SeqInput { tokens: &b[..7], start_pos: 0, block_table: &t[1], logits: LogitsWanted::All },
-        ]);
-        let out2 = step(&mut kv, &mut s, &[
-            SeqInput { tokens: &b[7..16], start_pos: 7, block_table: &t[1], logits: LogitsWanted::All },
-            SeqInput { tokens: &a[11..], start_pos: 11, block_table: &t[0], logits: LogitsWanted::Last },
-        ]);
-        let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_table: &t[1], logits: LogitsWanted::All }]);
-        let got_a: Vec<f32> = [&out1[..11 * v], &out2[9 * v..]].concat();
-        let got_b: Vec<f32> = [&out1[11 * v..], &out2[..9 * v], &out3[..]].concat();
-        assert_eq!(got_a, ref_a, "{}: sequence A", spec.arch);
-        assert_eq!(got_b, ref_b, "{}: sequence B", spec.arch);
+        for model in load_each(&spec, 6) {
+            // Sequence A: 12-token prompt; B: 20-token prompt (longer than gemma's window of 8).
+            let (a, b) = (tokens(20, 12, spec.vocab), tokens(21, 20, spec.vocab));
+            let (ref_a, ref_b) = (single_run_logits(&model, &a), single_run_logits(&model, &b));
+            let v = spec.vocab;
+            let t = tables(2, 8);
+            let mut kv = model.new_kv(4, 16);
+            let mut s = Scratch::default();
+            // Step 1: A's first 11 tokens with B's first 7. Step 2: A's last token (a "decode") with B's next 9.
+            // Step 3: B's last 4 alone.
+            let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| model.forward(seqs, kv, s).unwrap().to_vec();
+            let out1 = step(&mut kv, &mut s, &[
+                SeqInput { tokens: &a[..11], start_pos: 0, block_table: &t[0], logits: LogitsWanted::All },
+                SeqInput { tokens: &b[..7], start_pos: 0, block_table: &t[1], logits: LogitsWanted::All },
+            ]);
+            let out2 = step(&mut kv, &mut s, &[
+                SeqInput { tokens: &b[7..16], start_pos: 7, block_table: &t[1], logits: LogitsWanted::All },
+                SeqInput { tokens: &a[11..], start_pos: 11, block_table: &t[0], logits: LogitsWanted::Last },
+            ]);
+            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_table: &t[1], logits: LogitsWanted::All }]);
+            let got_a: Vec<f32> = [&out1[..11 * v], &out2[9 * v..]].concat();
+            let got_b: Vec<f32> = [&out1[11 * v..], &out2[..9 * v], &out3[..]].concat();
+            assert_eq!(got_a, ref_a, "{} ({}): sequence A", spec.arch, model.numerics().name());
+            assert_eq!(got_b, ref_b, "{} ({}): sequence B", spec.arch, model.numerics().name());
+        }
     }
 }
 
 #[test]
 fn one_thread_equals_two_threads() {
     for spec in all_archs() {
-        let model = load(&spec, 7);
-        let prompt = tokens(30, 17, spec.vocab);
-        let run = |threads| {
-            let pool = reckon_engine::pool::Pool::new(threads);
-            pool.install(|| single_run_logits(&model, &prompt))
-        };
-        assert_eq!(run(1), run(2), "{}", spec.arch);
+        for model in load_each(&spec, 7) {
+            let prompt = tokens(30, 17, spec.vocab);
+            let run = |threads| {
+                let pool = reckon_engine::pool::Pool::new(threads);
+                pool.install(|| single_run_logits(&model, &prompt))
+            };
+            assert_eq!(run(1), run(2), "{} ({})", spec.arch, model.numerics().name());
+        }
     }
 }
 

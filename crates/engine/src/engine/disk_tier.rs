@@ -32,6 +32,16 @@ const QUEUE_LEN: usize = 64;
 /// tokens: files from before are then another format, never served.
 pub const KV_NUMERICS_VERSION: u32 = 1;
 
+/// The numerics version of KV computed by a model loaded with `numerics`: the two arithmetics give
+/// different keys and values for the same tokens, so their files must never serve each other.
+pub fn kv_numerics_version(numerics: crate::model::Numerics) -> u32 {
+    16 * KV_NUMERICS_VERSION
+        + match numerics {
+            crate::model::Numerics::Ggml => 0,
+            crate::model::Numerics::Packed => 1,
+        }
+}
+
 #[derive(Clone, Debug)]
 pub struct DiskTierConfig {
     pub dir: PathBuf,
@@ -49,7 +59,7 @@ pub struct KvFormat {
     pub block_size: u32,
     /// 0 = f16.
     pub dtype: u32,
-    /// `KV_NUMERICS_VERSION` of the build that wrote the file.
+    /// `kv_numerics_version` of the build and numerics that wrote the file.
     pub version: u32,
 }
 

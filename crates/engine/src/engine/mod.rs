@@ -8,7 +8,7 @@
 mod disk_tier;
 mod request;
 
-pub use disk_tier::{DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
+pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use request::{Completion, Event, FinishReason, GenerateRequest, RequestId, Timings, TokenLogprobs, Usage};
 
 use crate::kv::KvStorage;
@@ -251,13 +251,13 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
                 kv_dim: shape.kv_dim as u32,
                 block_size: shape.block_size as u32,
                 dtype: 0,
-                version: KV_NUMERICS_VERSION,
+                version: kv_numerics_version(model.numerics()),
             };
             Some(DiskTier::open(&d, format)?)
         }
         None => None,
     };
-    let root = disk.as_ref().map_or(0, |d| sha256_block_hash(d.format().model, &[KV_NUMERICS_VERSION]));
+    let root = disk.as_ref().map_or(0, |d| sha256_block_hash(d.format().model, &[d.format().version]));
     let (commands, rx) = mpsc::unbounded_channel();
     let disk = disk.map(Arc::new);
     let reader = match &disk {

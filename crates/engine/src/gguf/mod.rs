@@ -71,6 +71,17 @@ impl GgufFile {
         Ok(GgufFile { path, bytes, header, index, tensor_index })
     }
 
+    /// Tells the OS that bytes `offset..offset + len` of the map will not be read again soon (their
+    /// packed copy is used instead), so their pages leave this process's resident memory. Reading them
+    /// later still works: they come back from the file.
+    pub fn release_range(&self, offset: usize, len: usize) {
+        if let Bytes::Mapped(m) = &self.bytes {
+            // SAFETY: a read-only file mapping; after MADV_DONTNEED its pages are re-read from the file
+            // on the next access, so no reader can observe a difference.
+            let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

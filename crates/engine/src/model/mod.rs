@@ -19,6 +19,7 @@ use crate::gguf::GgufFile;
 use crate::kv::{KvShape, KvStorage};
 use crate::ops::{self, Rope};
 use crate::quant::dequantize_row;
+pub use crate::quant::packed::Numerics;
 use weights::{load_weights, Weights};
 
 /// Which logits a sequence wants back from a forward step.
@@ -63,6 +64,7 @@ fn resize(buf: &mut Vec<f32>, len: usize) {
 
 pub struct Model {
     pub config: ModelConfig,
+    numerics: Numerics,
     file: GgufFile,
     weights: Weights,
     rope_global: Rope,
@@ -70,12 +72,25 @@ pub struct Model {
 }
 
 impl Model {
+    /// Loads with this process's default numerics (`Numerics::from_env`).
     pub fn load(file: GgufFile) -> Result<Self> {
+        Self::load_with(file, Numerics::from_env())
+    }
+
+    /// Loads with the given numerics; packed falls back to ggml where this CPU lacks the packed kernels
+    /// (`numerics()` tells which it got).
+    pub fn load_with(file: GgufFile, numerics: Numerics) -> Result<Self> {
+        let numerics = if numerics == Numerics::Packed && !crate::quant::packed::kernels_available() { Numerics::Ggml } else { numerics };
         let config = ModelConfig::from_gguf(&file)?;
-        let weights = load_weights(&file, &config)?;
+        let weights = load_weights(&file, &config, numerics)?;
         let rope_global = Rope::new(config.rope_style, config.rot_dim, config.rope_base);
         let rope_local = Rope::new(config.rope_style, config.rot_dim, config.rope_base_local);
-        Ok(Model { config, file, weights, rope_global, rope_local })
+        Ok(Model { config, numerics, file, weights, rope_global, rope_local })
+    }
+
+    /// The matmul arithmetic this model was loaded with.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     pub fn file(&self) -> &GgufFile {

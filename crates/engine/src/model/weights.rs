@@ -1,25 +1,45 @@
-//! Locating and checking the weights of a model in its GGUF file. Matrices stay in the memory map
-//! (only their byte ranges are kept); small vectors (norms, biases) are copied out as f32.
+//! Locating and checking the weights of a model in its GGUF file. With ggml numerics the matrices stay
+//! in the memory map (only their byte ranges are kept); with packed numerics each matrix of a packable
+//! type is repacked into owned memory once (`quant::packed`) and its pages of the map are released.
+//! Small vectors (norms, biases) are copied out as f32.
 
 use super::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::matmul::QMatrix;
+use crate::quant::packed::{self, Numerics, PackedMatrix};
 use crate::quant::{dequantize_row, GgmlType};
+use std::sync::Arc;
 
-/// A weight matrix `[rows (out features), cols (in features)]` inside the file's bytes.
-#[derive(Clone, Copy, Debug)]
+/// A weight matrix `[rows (out features), cols (in features)]` inside the file's bytes, and its packed
+/// copy when the model runs with packed numerics.
+#[derive(Clone)]
 pub struct Linear {
     pub dtype: GgmlType,
     pub rows: usize,
     pub cols: usize,
     offset: usize,
     len: usize,
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl Linear {
-    pub fn view<'a>(&self, file: &'a GgufFile) -> QMatrix<'a> {
-        QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len] }
+    pub fn view<'a>(&'a self, file: &'a GgufFile) -> QMatrix<'a> {
+        QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len], packed: self.packed.as_deref() }
+    }
+
+    /// The same matrix with a packed copy (packable types; others unchanged).
+    fn packed(&self, file: &GgufFile) -> Linear {
+        if !packed::packable(self.dtype) {
+            return self.clone();
+        }
+        let bytes = &file.raw()[self.offset..self.offset + self.len];
+        Linear { packed: Some(Arc::new(packed::pack(self.dtype, self.rows, self.cols, bytes))), ..self.clone() }
+    }
+
+    /// Bytes of the file this matrix was read from.
+    fn file_range(&self) -> (usize, usize) {
+        (self.offset, self.len)
     }
 }
 
@@ -66,7 +86,7 @@ impl Loader<'_> {
         if !info.dtype.has_vec_dot() {
             return Err(Error::Unsupported(format!("tensor {name:?} has type {} which has no matmul kernel", info.dtype.name())));
         }
-        Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize })
+        Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize, packed: None })
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -87,13 +107,13 @@ impl Loader<'_> {
     }
 }
 
-pub fn load_weights(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
+pub fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numerics) -> Result<Weights> {
     let ld = Loader { file };
     let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
     let embed = ld.linear("token_embd.weight", cfg.vocab_size, d)?;
     let output = match file.tensor_info("output.weight") {
         Some(_) => ld.linear("output.weight", cfg.vocab_size, d)?,
-        None => embed,
+        None => embed.clone(),
     };
     let layers = (0..cfg.n_layers)
         .map(|i| {
@@ -118,5 +138,43 @@ pub fn load_weights(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers })
+    let weights = Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
+    Ok(match numerics {
+        Numerics::Ggml => weights,
+        Numerics::Packed => pack_weights(file, weights),
+    })
+}
+
+impl LayerWeights {
+    fn matrices_mut(&mut self) -> [&mut Linear; 7] {
+        [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo, &mut self.w_gate, &mut self.w_up, &mut self.w_down]
+    }
+}
+
+/// Packs every matrix but the embedding table (looked up by row, from the map), in parallel over the
+/// matrices, then releases the map's pages of what was packed (the embedding's stay: it is read).
+fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
+    let mut all: Vec<&mut Linear> = w.layers.iter_mut().flat_map(|l| l.matrices_mut()).collect();
+    all.push(&mut w.output);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<&mut Linear>> = all.into_iter().map(std::sync::Mutex::new).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(slot) = slots.get(i) else { break };
+                let mut lin = slot.lock().expect("one packer per matrix");
+                **lin = lin.packed(file);
+            });
+        }
+    });
+    let embed = w.embed.file_range();
+    for l in w.layers.iter_mut().flat_map(|l| l.matrices_mut()).chain(std::iter::once(&mut w.output)) {
+        if l.packed.is_some() && l.file_range() != embed {
+            let (off, len) = l.file_range();
+            file.release_range(off, len);
+        }
+    }
+    w
 }

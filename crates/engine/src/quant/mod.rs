@@ -34,9 +34,10 @@ mod dot_avx512_multi_k;
 mod dot_avx512_pair;
 mod dot_scalar;
 mod pair_acts;
+pub mod packed;
 mod quantize;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// `rows` random weight rows of `n` values of type `t` (sane scales), for tests outside this module.
 #[cfg(test)]

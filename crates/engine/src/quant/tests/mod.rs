@@ -8,7 +8,7 @@ use super::blocks::*;
 use super::*;
 
 /// xorshift64* — small, seeded, good enough for test data.
-pub(super) struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
@@ -50,7 +50,7 @@ pub(super) fn f16_fields(t: GgmlType) -> &'static [usize] {
 }
 
 /// Random valid weights of type `t` for `n` elements: random quant bytes, small finite f16 scales.
-pub(super) fn random_weights(t: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+pub(crate) fn random_weights(t: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut w: Vec<u8> = (0..t.row_bytes(n).unwrap()).map(|_| rng.byte()).collect();
     match t {
         GgmlType::F32 => {
