@@ -5,6 +5,7 @@
 //! `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`, stored as f16 (llama.cpp's default).
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
@@ -45,10 +46,9 @@ impl KvStorage {
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.shape.kv_dim;
-        let dst_k = &mut self.keys[layer][slot * d..(slot + 1) * d];
-        dst_k.iter_mut().zip(k).for_each(|(o, &x)| *o = f16::from_f32(x));
-        let dst_v = &mut self.values[layer][slot * d..(slot + 1) * d];
-        dst_v.iter_mut().zip(v).for_each(|(o, &x)| *o = f16::from_f32(x));
+        // `half`'s slice conversion (F16C where present) rounds to nearest even, as `f16::from_f32`.
+        self.keys[layer][slot * d..(slot + 1) * d].convert_from_f32_slice(k);
+        self.values[layer][slot * d..(slot + 1) * d].convert_from_f32_slice(v);
     }
 
     /// Bytes of one block: keys and values of every layer.

@@ -38,9 +38,14 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
         ops::rms_norm_inplace(&mut s.q, qn, c.norm_eps);
         ops::rms_norm_inplace(&mut s.k, kn, c.norm_eps);
     }
+    for (x, dim) in [(&mut s.q, q_dim), (&mut s.k, kv_dim)] {
+        ops::par_rows(x, dim, &[], 0, &|first, rows, _| {
+            for (row, qp) in rows.chunks_exact_mut(dim).zip(&ctx.queries[first..]) {
+                ctx.rope.apply(row, hd, qp.pos);
+            }
+        });
+    }
     for (t, qp) in ctx.queries.iter().enumerate() {
-        ctx.rope.apply(&mut s.q[t * q_dim..(t + 1) * q_dim], hd, qp.pos);
-        ctx.rope.apply(&mut s.k[t * kv_dim..(t + 1) * kv_dim], hd, qp.pos);
         let slot = kv.slot(qp.block_table, qp.pos);
         kv.write(ctx.layer, slot, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
     }

@@ -28,7 +28,7 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
     dump("ffn_gate", ctx.layer, &s.gate, n);
     dump("ffn_up", ctx.layer, &s.up, n);
-    crate::ggml_math::swiglu(&mut s.gate, &s.up);
+    ops::par_rows(&mut s.gate, c.ffn_dim, &s.up, c.ffn_dim, &|_, g, u| crate::ggml_math::swiglu(g, u));
     dump("ffn_swiglu", ctx.layer, &s.gate, n);
     w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
     dump("ffn_out", ctx.layer, &s.proj, n);

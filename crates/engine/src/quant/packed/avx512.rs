@@ -53,6 +53,23 @@ pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: u
     }
 }
 
+/// Runs `$body` with `$t` = 0, 1, .. `$nt - 1` as separate copies (`$nt` a const generic up to 8): with
+/// constant indices the per-token accumulators stay in registers. A plain `for t in 0..NT` was left
+/// rolled by LLVM (the body is long), which kept them on the stack: a store and a reload per FMA.
+macro_rules! unroll {
+    ($nt:expr, |$t:ident| $body:block) => {
+        unroll!(@ $nt, $t, $body, 0 1 2 3 4 5 6 7)
+    };
+    (@ $nt:expr, $t:ident, $body:block, $($i:literal)*) => {
+        $(
+            if $i < $nt {
+                let $t: usize = $i;
+                $body
+            }
+        )*
+    };
+}
+
 const Q4_0: u8 = 0;
 const Q4_1: u8 = 1;
 const Q5_0: u8 = 2;
@@ -151,7 +168,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
             }
         }
         let mw = if KIND == Q4_1 { f16x16(p.add(Q4_1_M)) } else { _mm512_setzero_ps() };
-        for t in 0..NT {
+        unroll!(NT, |t| {
             let side = tl.legacy_side(t, b);
             let q = rows[t].add(b * act_block + q_off);
             let start = _mm512_set1_epi32(-offset * side.sum);
@@ -175,7 +192,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
             if KIND == Q4_1 {
                 acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(side.s), acc[t]);
             }
-        }
+        });
         p = p.add(m.block_bytes);
     }
     for (t, a) in acc.iter().enumerate() {
@@ -201,19 +218,19 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
             for g in 0..8 {
                 let x = _mm512_loadu_si512(p.add(64 * (8 * c + g)) as *const __m512i);
                 let (wl, wh) = (_mm512_and_si512(x, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(x), nib));
-                for t in 0..NT {
+                unroll!(NT, |t| {
                     let y = qs[t].add(64 * c + 4 * g);
                     lo[t] = _mm512_dpbusd_epi32(lo[t], wl, codes4(y));
                     hi[t] = _mm512_dpbusd_epi32(hi[t], wh, codes4(y.add(32)));
-                }
+                });
             }
-            for t in 0..NT {
+            unroll!(NT, |t| {
                 sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sc_lo), _mm512_mullo_epi32(hi[t], sc_hi)));
-            }
+            });
         }
         let mins: [__m512i; 4] = std::array::from_fn(|i| _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(Q4_K_M + 32 * i) as *const __m256i)));
         let (dw, dmw) = (f16x16(p.add(Q4_K_D)), f16x16(p.add(Q4_K_DMIN)));
-        for t in 0..NT {
+        unroll!(NT, |t| {
             let side = tl.k_side(t, b);
             let pairs = side.sum32.as_ptr() as *const u8;
             let mut mm = _mm512_setzero_si512();
@@ -223,7 +240,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
             let dy = _mm512_set1_ps(side.d);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), _mm512_cvtepi32_ps(sums[t]), acc[t]);
             acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmw, dy), _mm512_cvtepi32_ps(mm), acc[t]);
-        }
+        });
         p = p.add(m.block_bytes);
     }
     for (t, a) in acc.iter().enumerate() {
@@ -260,26 +277,26 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile) {
                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v1), nib), _mm512_and_si512(hh, crumb)),
                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v2), nib), _mm512_and_si512(_mm512_srli_epi16::<2>(hh), crumb)),
                     ];
-                    for t in 0..NT {
+                    unroll!(NT, |t| {
                         let y = qs[t].add(128 * h + 4 * c);
                         for s in 0..4 {
                             part[t][s] = _mm512_dpbusd_epi32(part[t][s], w[s], codes4(y.add(32 * s)));
                         }
-                    }
+                    });
                 }
                 let sc: [__m512i; 4] = std::array::from_fn(|s| _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(Q6_K_SC + 16 * sub(s)) as *const __m128i)));
-                for t in 0..NT {
+                unroll!(NT, |t| {
                     for s in 0..4 {
                         sums[t] = _mm512_add_epi32(sums[t], _mm512_mullo_epi32(part[t][s], sc[s]));
                     }
-                }
+                });
             }
         }
         let dw = f16x16(p.add(Q6_K_D));
-        for t in 0..NT {
+        unroll!(NT, |t| {
             let dy = _mm512_set1_ps(tl.k_side(t, b).d);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dy), _mm512_cvtepi32_ps(sums[t]), acc[t]);
-        }
+        });
         p = p.add(m.block_bytes);
     }
     for (t, a) in acc.iter().enumerate() {
