@@ -145,7 +145,9 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
     let nib = _mm512_set1_epi8(0x0F);
     let sixteen = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); NT];
-    let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
+    // Each token's quants of block b at q[t] + b·act_block, its side entry at side[t] + b.
+    let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_side(t, 0) as *const LSide);
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         let dw = f16x16(p.add(d_off));
@@ -169,9 +171,9 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
         }
         let mw = if KIND == Q4_1 { f16x16(p.add(Q4_1_M)) } else { _mm512_setzero_ps() };
         unroll!(NT, |t| {
-            let side = tl.legacy_side(t, b);
-            let q = rows[t].add(b * act_block + q_off);
-            let start = _mm512_set1_epi32(-offset * side.sum);
+            let side = &*side[t].add(b);
+            let q = q[t].add(b * act_block);
+            let start = if offset == 0 { _mm512_setzero_si512() } else { _mm512_set1_epi32(-offset * side.sum) };
             let sum = if NT < 3 {
                 // Two chains: one token alone would otherwise wait on 8 dependent vpdpbusd.
                 let (mut even, mut odd) = (start, _mm512_setzero_si512());
