@@ -13,7 +13,8 @@ fn main() {
     let reps = a.get(5).copied().unwrap_or(20);
     reckon_engine::pool::init_global(a.get(6).copied().unwrap_or(1));
     let window = a.get(7).copied().filter(|&w| w > 0);
-    let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window };
+    let values_in_key_order = std::env::var("RECKON_NUMERICS").as_deref() != Ok("ggml");
+    let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
     let per_head = std::env::var_os("PER_HEAD").is_some();
     let bs = 16;
     let total = depth + n;

@@ -10,7 +10,7 @@
 //! - packed numerics (the default where its kernels run): another f32 summation order, so the checks
 //!   are llama.cpp's agreement with itself. llama.cpp in its default batched mode agrees with the same
 //!   fixtures on 95.4-97.2% of teacher-forced positions, every disagreement at a top-2 gap under 0.5
-//!   (bench/llamacpp_self_agreement.py). So: >= 94% top-1 agreement, no disagreement where llama.cpp's
+//!   (bench/llamacpp_self_agreement.py). So: >= 93% top-1 agreement, no disagreement where llama.cpp's
 //!   top-2 gap is 0.75 or more, and every greedy continuation identical up to a step where llama.cpp's
 //!   own top-2 gap is under 0.5 (a near-tie) or to the end.
 //! A model that has not been fetched is skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
@@ -36,7 +36,7 @@ struct Criteria {
 }
 
 const GGML: Criteria = Criteria { min_greedy_match: 32, near_tie: 0.0, min_top1_agreement: 0.99, max_disagreement_gap: f64::INFINITY };
-const PACKED: Criteria = Criteria { min_greedy_match: 64, near_tie: 0.5, min_top1_agreement: 0.94, max_disagreement_gap: 0.75 };
+const PACKED: Criteria = Criteria { min_greedy_match: 64, near_tie: 0.5, min_top1_agreement: 0.93, max_disagreement_gap: 0.75 };
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()

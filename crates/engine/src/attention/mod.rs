@@ -11,6 +11,8 @@ use half::f16;
 use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
+mod key_order;
+#[cfg(target_arch = "x86_64")]
 mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod tiled_avx2;
@@ -31,6 +33,9 @@ pub struct AttnShape {
     pub scale: f32,
     /// Sliding window: a query at `pos` sees positions `> pos - window` only.
     pub window: Option<usize>,
+    /// The value pass of the packed numerics: each output value one FMA chain over the cells in position
+    /// order (`key_order`), instead of ggml's 64-lane dot. Scores and softmax are ggml's either way.
+    pub values_in_key_order: bool,
 }
 
 impl AttnShape {
@@ -183,6 +188,7 @@ fn head_part(shape: &AttnShape, queries: &[QueryPos], q: &[f32], kv: &KvStorage,
         lo: shape.first_pos(query.pos),
         pos: query.pos,
         scale: shape.scale,
+        values_in_key_order: shape.values_in_key_order,
     };
     let dump = t + 1 == queries.len() && debug_dump::enabled();
     let dump = |name: &str, v: &[f32]| {
@@ -217,6 +223,7 @@ struct HeadJob<'a> {
     lo: usize,
     pos: usize,
     scale: f32,
+    values_in_key_order: bool,
 }
 
 /// Positions `lo..=pos` of a sequence as runs `(first position, first slot, length)` of consecutive
@@ -279,8 +286,18 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     dump("kq", &sc.scores);
     soft_max(&mut sc.scores, job.lo);
     dump("kq_soft_max", &sc.scores);
-    // out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells, see LaneAcc.
+    // out[d] = Σ_p f16(prob_p)·V_p[d], accumulated as ggml_vec_dot_f16 would over the KV cells, see LaneAcc
+    // (or, with values in key order, one FMA chain per d over the cells in order).
     round_through_f16(&mut sc.scores);
+    if job.values_in_key_order {
+        out_h.fill(0.0);
+        for (&p, &off) in sc.scores.iter().zip(&sc.offsets) {
+            for (o, v) in out_h.iter_mut().zip(&job.values[off..off + hd]) {
+                *o = p.mul_add(v.to_f32(), *o);
+            }
+        }
+        return;
+    }
     sc.acc.reset(hd);
     sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);
@@ -309,7 +326,7 @@ mod tests {
 
     /// Every path gives the per-head path's bits: a batch (by tiles where the CPU allows), and single
     /// tokens (phase-split over a long context): several sequences, partial tiles, GQA groups, head sizes
-    /// 64/128/256, a sliding window.
+    /// 64/128/256, a sliding window; with ggml's value lanes and with values in key order.
     #[test]
     fn tiled_and_split_attention_equal_the_per_head_path() {
         if !crate::ggml_math::avx512_available() && !crate::ggml_math::avx2_available() {
@@ -317,8 +334,8 @@ mod tests {
             return;
         }
         let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None)];
-        for (n_heads, n_kv_heads, head_dim, window) in cases {
-            let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window };
+        for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
+            let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;
             let bs = 16;
             let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: 120 });
@@ -347,7 +364,7 @@ mod tests {
             attend(&shape, &kv, 0, &queries, &q, &mut batched);
             let mut per_head = vec![0.0; q.len()];
             attend_per_head(&shape, &kv, 0, &queries, &q, OutPtr(per_head.as_mut_ptr()));
-            assert_eq!(bits(&batched), bits(&per_head), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: batch");
+            assert_eq!(bits(&batched), bits(&per_head), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?} key order {values_in_key_order}: batch");
             for (t, qp) in queries.iter().enumerate() {
                 let mut one = vec![0.0; q_dim];
                 attend(&shape, &kv, 0, std::slice::from_ref(qp), &q[t * q_dim..(t + 1) * q_dim], &mut one);

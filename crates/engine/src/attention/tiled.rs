@@ -155,6 +155,11 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
     for r in 0..g.rows {
         finish_row(job, &g, r, &mut sc.scores[r * g.n_pad..(r + 1) * g.n_pad]);
     }
+    if job.shape.values_in_key_order {
+        let w = sc.scores.as_ptr();
+        let out_row = |r: usize| job.out_row(&g, r, out).as_mut_ptr();
+        return super::key_order::values(job.values, hd, &g, &sc.offsets, w, 0..g.rows, 0..hd / 16, &out_row);
+    }
     sc.lanes.resize(ROWS_PER_PASS * 64 * hd, 0.0);
     for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
         let rs = ROWS_PER_PASS.min(g.rows - r0);
@@ -204,7 +209,9 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
             job.fill_rounded_queries(g, &mut b.q32);
             job.fill_offsets(g, &mut b.offsets);
             b.scores.resize(g.rows * g.n_pad, 0.0);
-            b.lanes.resize(g.rows * 64 * hd, 0.0);
+            if !job.shape.values_in_key_order {
+                b.lanes.resize(g.rows * 64 * hd, 0.0);
+            }
         }
         run_split_phases(jobs, &geoms, &mut bufs[..jobs.len()], out);
     });
@@ -236,6 +243,18 @@ unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [Spl
         let row = unsafe { std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * g.n_pad), g.n_pad) };
         finish_row(&jobs[i], g, r, row);
     });
+    if jobs[0].shape.values_in_key_order {
+        // Parts by (tile, 16-value vector), all the tile's rows (they share each value's conversion):
+        // every value still sums all cells in order.
+        let vecs = hd / 16;
+        pool.run(jobs.len() * vecs, &|part| {
+            let (i, v) = (part / vecs, part % vecs);
+            let (b, g) = (&bufs[i], &geoms[i]);
+            let out_row = |r: usize| unsafe { jobs[i].out_row(g, r, out).as_mut_ptr() };
+            unsafe { super::key_order::values(jobs[i].values, hd, g, &b.offsets, ptrs[i].0 .0, 0..g.rows, v..v + 1, &out_row) };
+        });
+        return;
+    }
     const LANE_SPLITS: usize = 4;
     pool.run(jobs.len() * LANE_SPLITS, &|part| {
         let (i, k) = (part / LANE_SPLITS, part % LANE_SPLITS);

@@ -17,6 +17,7 @@ pub(super) struct LayerCtx<'a> {
     pub layer: usize,
     pub rope: &'a Rope,
     pub queries: &'a [QueryPos<'a>],
+    pub numerics: crate::model::Numerics,
 }
 
 /// Reads `s.xn` ([n, d_model], already normed), leaves the attention output projected in `s.proj`.
@@ -61,6 +62,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
         head_dim: hd,
         scale: if c.scale_q_first { 1.0 } else { c.attn_scale },
         window: c.layer_window(ctx.layer),
+        values_in_key_order: ctx.numerics == crate::model::Numerics::Packed,
     };
     super::resize(&mut s.attn, n * q_dim);
     attend(&shape, kv, ctx.layer, ctx.queries, &s.q, &mut s.attn);

@@ -127,7 +127,7 @@ impl Model {
         self.embed(seqs, scratch);
         for (il, layer) in self.weights.layers.iter().enumerate() {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
-            let ctx = block::LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries };
+            let ctx = block::LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, numerics: self.numerics };
             match c.arch {
                 Arch::Llama | Arch::Qwen2 => llama::layer(&ctx, layer, kv, scratch),
                 Arch::Gemma3 => gemma3::layer(&ctx, layer, kv, scratch),
