@@ -1,10 +1,8 @@
 //! `reckon bench`: prefill and decode tokens/s, llama-bench style (medians over repetitions).
 
 use super::common::{init_threads, model_path, ModelArgs};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use reckon_engine::gguf::GgufFile;
-use reckon_engine::model::Model;
 use reckon_lab::bench::{run as run_bench, BenchSpec};
 
 #[derive(Args)]
@@ -34,7 +32,7 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     let threads = init_threads(args.model.threads)?;
     let path = model_path(&args.model.model)?;
-    let model = Model::load(GgufFile::open(&path)?).with_context(|| format!("loading {}", path.display()))?;
+    let model = args.model.load_model(&path)?;
     let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(&model, &name, &spec)?;
@@ -44,10 +42,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    println!("| model | threads | test | t/s median | min | max |");
-    println!("|---|---|---|---|---|---|");
+    println!("| model | numerics | threads | test | t/s median | min | max |");
+    println!("|---|---|---|---|---|---|---|");
     for r in &results {
-        println!("| {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
+        println!("| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.numerics, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ pub struct ChatArgs {
 
 pub fn run(args: ChatArgs) -> Result<()> {
     init_threads(args.model.threads)?;
-    let loaded = load(&args.model.model)?;
+    let loaded = load(&args.model)?;
     let ctx = context_size(&loaded, args.ctx_size);
     let mut session = Session::new(&loaded.model, ctx);
     let mut sampler = Sampler::new(args.sampling.params()?);

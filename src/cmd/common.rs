@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::gguf::GgufFile;
-use reckon_engine::model::Model;
+use reckon_engine::model::{Model, Numerics};
 use reckon_engine::registry::{resolve_model, DEFAULT_MODEL};
 use reckon_engine::sampler::SamplingParams;
 use reckon_engine::template::ChatTemplate;
@@ -18,6 +18,41 @@ pub struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
+    /// Matmul arithmetic: `packed` (repacked weights, integer kernels; the default where the CPU has
+    /// AVX-512 VNNI) or `ggml` (llama.cpp's per-row kernels: logits bit-identical to llama.cpp's CPU path).
+    #[arg(long, value_enum)]
+    pub numerics: Option<NumericsArg>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum NumericsArg {
+    Packed,
+    Ggml,
+}
+
+impl ModelArgs {
+    /// The numerics asked for, else the process default (`RECKON_NUMERICS`, else packed where it runs).
+    pub fn numerics(&self) -> Numerics {
+        match self.numerics {
+            Some(NumericsArg::Packed) => Numerics::Packed,
+            Some(NumericsArg::Ggml) => Numerics::Ggml,
+            None => Numerics::from_env(),
+        }
+    }
+
+    /// Loads the model file with the chosen numerics (a note on stderr where packed is not available).
+    pub fn load_model(&self, path: &std::path::Path) -> Result<Model> {
+        let file = GgufFile::open(path).with_context(|| format!("loading {}", path.display()))?;
+        load_model_file(file, path, self.numerics())
+    }
+}
+
+fn load_model_file(file: GgufFile, path: &std::path::Path, numerics: Numerics) -> Result<Model> {
+    let model = Model::load_with(file, numerics).with_context(|| format!("loading {}", path.display()))?;
+    if model.numerics() != numerics {
+        eprintln!("note: this CPU has no {} kernels (AVX-512 VNNI); running {} numerics", numerics.name(), model.numerics().name());
+    }
+    Ok(model)
 }
 
 #[derive(Args, Clone)]
@@ -131,13 +166,13 @@ pub struct Loaded {
     pub template: ChatTemplate,
 }
 
-pub fn load(spec: &str) -> Result<Loaded> {
-    let path = model_path(spec)?;
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = model_path(&args.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
     let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
-    let model = Model::load(file).with_context(|| format!("loading {}", path.display()))?;
+    let model = load_model_file(file, &path, args.numerics())?;
     Ok(Loaded { model, tokenizer, template })
 }
 

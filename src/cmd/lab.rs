@@ -76,7 +76,7 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
     let turn_tokens = turn_range(&args.turn_tokens)?;
     init_threads(args.model.threads)?;
-    let loaded = load(&args.model.model)?;
+    let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;
     let engine = EngineConfig {

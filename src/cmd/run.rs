@@ -49,7 +49,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     } else {
         args.prompt.clone()
     };
-    let loaded = load(&args.model.model)?;
+    let loaded = load(&args.model)?;
     let text = if args.raw {
         prompt_text
     } else {

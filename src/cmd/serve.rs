@@ -48,7 +48,7 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     init_threads(args.model.threads)?;
-    let loaded = load(&args.model.model)?;
+    let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
     let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;

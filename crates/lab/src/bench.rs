@@ -27,6 +27,8 @@ pub struct BenchSpec {
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchResult {
     pub model: String,
+    /// The matmul arithmetic ("packed" or "ggml").
+    pub numerics: &'static str,
     pub n_prompt: usize,
     pub n_gen: usize,
     pub n_depth: usize,
@@ -38,10 +40,11 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
-    fn new(model: &str, spec: &BenchSpec, n_prompt: usize, n_gen: usize, samples: Vec<f64>) -> Self {
+    fn new(model: &str, numerics: &'static str, spec: &BenchSpec, n_prompt: usize, n_gen: usize, samples: Vec<f64>) -> Self {
         let Summary { median, min, max, .. } = summarize(&samples).unwrap_or(Summary { median: 0.0, min: 0.0, max: 0.0, n: 0 });
         BenchResult {
             model: model.to_string(),
+            numerics,
             n_prompt,
             n_gen,
             n_depth: spec.n_depth,
@@ -85,7 +88,7 @@ pub fn run(model: &Model, model_name: &str, spec: &BenchSpec) -> Result<Vec<Benc
             session.prefill(&prompt, spec.chunk)?;
             Ok(spec.n_prompt as f64 / t.elapsed().as_secs_f64())
         })?;
-        results.push(BenchResult::new(model_name, spec, spec.n_prompt, 0, samples));
+        results.push(BenchResult::new(model_name, model.numerics().name(), spec, spec.n_prompt, 0, samples));
     }
     if spec.n_gen > 0 {
         let gen = random_tokens(&mut rng, spec.n_gen, vocab);
@@ -99,7 +102,7 @@ pub fn run(model: &Model, model_name: &str, spec: &BenchSpec) -> Result<Vec<Benc
             }
             Ok(spec.n_gen as f64 / t.elapsed().as_secs_f64())
         })?;
-        results.push(BenchResult::new(model_name, spec, 0, spec.n_gen, samples));
+        results.push(BenchResult::new(model_name, model.numerics().name(), spec, 0, spec.n_gen, samples));
     }
     Ok(results)
 }

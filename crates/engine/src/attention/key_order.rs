@@ -76,8 +76,8 @@ struct Pass<'a> {
     out: &'a dyn Fn(usize) -> *mut f32,
 }
 
-/// Cells ahead whose values a pass prefetches.
-const AHEAD: usize = 8;
+/// Cells ahead whose values a pass prefetches (far enough for DRAM: see `tiled::SCORE_PREFETCH_CHUNKS`).
+const AHEAD: usize = 32;
 
 #[inline]
 #[target_feature(enable = "avx512f,fma,f16c")]

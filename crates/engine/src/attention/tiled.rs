@@ -26,6 +26,11 @@ const ROWS_PER_PASS: usize = 6;
 /// Value vectors (16 values each) per pass over a lane's cells.
 const VECS_PER_PASS: usize = 4;
 
+/// How many 16-cell chunks ahead the score pass prefetches keys: one chunk is ~40 ns of work at decode,
+/// less than a DRAM access, and serving reads K/V from DRAM (8 sequences × a few hundred cells of 30
+/// layers is more than L3).
+const SCORE_PREFETCH_CHUNKS: usize = 3;
+
 /// How many cells ahead (in a lane) the value pass prefetches.
 pub(super) const PREFETCH_CELLS: usize = 4;
 
@@ -332,7 +337,7 @@ unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf,
     for c0 in chunks.map(|c| 16 * c) {
         // The next chunk's keys: rows `kv_dim` apart within a block, blocks anywhere; the hardware
         // prefetcher did not keep up at decode (profile: the key loads waited on L3).
-        for &off in offsets.iter().skip(c0 + 16).take(16) {
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
             for line in (0..hd * 2).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
             }
