@@ -255,8 +255,8 @@ unsafe impl Sync for SidePtrs {}
 const PACKED_CHUNK_BYTES: usize = 256 << 10;
 
 /// Rows `first..last` (whole groups but for the matrix's last) of a packed matrix for every token:
-/// token chunks outer (their activations stay in L2), groups inner, tiles of `tile_tokens` tokens; the
-/// group `PREFETCH_AHEAD_BYTES` ahead is prefetched into L2 (one sequential stream).
+/// token chunks outer (their activations stay in L2), groups inner, tiles of `tile_tokens` tokens (the
+/// kernels prefetch the weights ahead themselves).
 ///
 /// # Safety
 /// Rows `first..last` of `out` belong to this call alone; `first` is a multiple of GROUP.
@@ -264,13 +264,9 @@ unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, n_tokens: usize, x:
     let p = m.packed.expect("chosen by path()");
     let tile = packed::tile_tokens(m.dtype);
     let chunk = (PACKED_CHUNK_BYTES / x.row_bytes).max(1).next_multiple_of(tile);
-    let group_bytes = p.blocks * p.block_bytes;
     for c0 in (0..n_tokens).step_by(chunk) {
         let c1 = (c0 + chunk).min(n_tokens);
         for g in first / GROUP..last.div_ceil(GROUP) {
-            // Decode and decode batches stream the weights from memory; prefill re-reads them per chunk.
-            let start = (g * group_bytes + PREFETCH_AHEAD_BYTES).min(p.bytes().len());
-            prefetch_l2(&p.bytes()[start..(start + group_bytes).min(p.bytes().len())]);
             let mut t0 = c0;
             while t0 < c1 {
                 let k = tile.min(c1 - t0);

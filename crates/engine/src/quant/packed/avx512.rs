@@ -114,6 +114,21 @@ impl Tile<'_> {
     }
 }
 
+/// Bytes ahead of the group-block being computed that each block's loop asks into L2.
+const PREFETCH_AHEAD: usize = 10 << 10;
+
+/// Prefetches the `bytes` bytes `PREFETCH_AHEAD` past `p` into L2, a line at a time, inside the block
+/// loop: the groups follow one another in memory, so this is one sequential stream. (A burst per group
+/// from the caller stalled on the full miss queue: 5% of a serving profile.)
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_AHEAD + off) as *const i8);
+        off += 64;
+    }
+}
+
 /// 4 activation codes at `p`, broadcast to every 32-bit lane.
 #[inline(always)]
 unsafe fn codes4(p: *const u8) -> __m512i {
@@ -150,6 +165,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_side(t, 0) as *const LSide);
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
         let dw = f16x16(p.add(d_off));
         let mut w = [_mm512_setzero_si512(); 8];
         if KIND == Q8_0 {
@@ -210,6 +226,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
     let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
         for c in 0..4 {
@@ -259,6 +276,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile) {
     let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
         for h in 0..2 {
