@@ -125,9 +125,17 @@ fn tiled_mode(shape: &AttnShape, queries: &[QueryPos], tiles: &[std::ops::Range<
 #[allow(clippy::too_many_arguments)]
 fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], tiles: &[std::ops::Range<usize>], q: &[f32], out_ptr: OutPtr) {
     let (keys, values) = kv.layer(layer);
-    // KV head by KV head, so consecutive parts read the same keys and values.
-    let jobs: Vec<tiled::TileJob> = (0..shape.n_kv_heads)
-        .flat_map(|kv_head| tiles.iter().map(move |t| (kv_head, t.clone())))
+    // KV head by KV head, so consecutive parts read the same keys and values (prefill: a sequence's
+    // tiles share them); but a decode batch's one-token tiles share nothing, and there a sequence's KV
+    // heads in a row read each slot's K/V rows whole, in address order.
+    let decode = tiles.iter().all(|t| t.len() == 1);
+    let order: Vec<(usize, std::ops::Range<usize>)> = if decode {
+        tiles.iter().flat_map(|t| (0..shape.n_kv_heads).map(move |h| (h, t.clone()))).collect()
+    } else {
+        (0..shape.n_kv_heads).flat_map(|h| tiles.iter().map(move |t| (h, t.clone()))).collect()
+    };
+    let jobs: Vec<tiled::TileJob> = order
+        .into_iter()
         .map(|(kv_head, tokens)| tiled::TileJob {
             shape,
             queries,
