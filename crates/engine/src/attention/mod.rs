@@ -8,6 +8,7 @@ use crate::debug_dump;
 use crate::kv::KvStorage;
 use crate::ggml_math::{dot_f16_f32, dot_f16_f32_x16, round_through_f16, soft_max, LaneAcc};
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
@@ -298,17 +299,42 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     // (or, with values in key order, one FMA chain per d over the cells in order).
     round_through_f16(&mut sc.scores);
     if job.values_in_key_order {
-        out_h.fill(0.0);
-        for (&p, &off) in sc.scores.iter().zip(&sc.offsets) {
-            for (o, v) in out_h.iter_mut().zip(&job.values[off..off + hd]) {
-                *o = p.mul_add(v.to_f32(), *o);
-            }
-        }
-        return;
+        return values_in_key_order(job.values, hd, &sc.scores, &sc.offsets, out_h, &mut sc.vrow);
     }
     sc.acc.reset(hd);
     sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);
+}
+
+/// One row's value pass in key order (see `key_order`): the vector routines where the head size allows,
+/// else the same FMA chains one value at a time.
+fn values_in_key_order(values: &[f16], hd: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if hd % 16 == 0 && (crate::ggml_math::avx512_available() || crate::ggml_math::avx2_available()) {
+        let g = tiled::TileGeom::one_row(offsets.len());
+        let o = out.as_mut_ptr();
+        let vecs = hd / 16;
+        // SAFETY: AVX-512 or AVX2 checked above; offsets hold n value rows of hd inside `values`; `out`
+        // has hd values, written by this call only.
+        unsafe {
+            if vecs % key_order::VECS == 0 {
+                key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, 0..vecs, &|_| o);
+            } else {
+                for v in 0..vecs {
+                    key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, v..v + 1, &|_| o);
+                }
+            }
+        }
+        return;
+    }
+    out.fill(0.0);
+    vrow.resize(hd, 0.0);
+    for (&p, &off) in w.iter().zip(offsets) {
+        values[off..off + hd].convert_to_f32_slice(vrow);
+        for (o, &v) in out.iter_mut().zip(vrow.iter()) {
+            *o = p.mul_add(v, *o);
+        }
+    }
 }
 
 /// Per-task buffers, reused across the (token, head) pairs a worker handles.
@@ -321,6 +347,8 @@ struct Scratch {
     offsets: Vec<usize>,
     scores: Vec<f32>,
     acc: LaneAcc,
+    /// One value row as f32 (values in key order).
+    vrow: Vec<f32>,
 }
 
 #[cfg(test)]

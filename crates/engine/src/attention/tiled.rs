@@ -93,6 +93,13 @@ pub(super) struct TileGeom {
     pub(super) n_pad: usize,
 }
 
+impl TileGeom {
+    /// One row over `n_keys` cells (the per-head path's value pass).
+    pub(super) fn one_row(n_keys: usize) -> TileGeom {
+        TileGeom { group: 1, rows: 1, lo0: 0, n_keys, n_pad: n_keys }
+    }
+}
+
 impl TileJob<'_> {
     fn lo(&self, pos: usize) -> usize {
         self.shape.first_pos(pos)
