@@ -5,8 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::acts::{KSide, LSide};
+use super::acts::LSide;
 use super::layout::*;
+use super::tile::*;
 use super::{PackedInput, PackedMatrix};
 use crate::quant::GgmlType;
 
@@ -53,79 +54,15 @@ pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: u
     }
 }
 
-/// Runs `$body` with `$t` = 0, 1, .. `$nt - 1` as separate copies (`$nt` a const generic up to 8): with
-/// constant indices the per-token accumulators stay in registers. A plain `for t in 0..NT` was left
-/// rolled by LLVM (the body is long), which kept them on the stack: a store and a reload per FMA.
-macro_rules! unroll {
-    ($nt:expr, |$t:ident| $body:block) => {
-        unroll!(@ $nt, $t, $body, 0 1 2 3 4 5 6 7)
-    };
-    (@ $nt:expr, $t:ident, $body:block, $($i:literal)*) => {
-        $(
-            if $i < $nt {
-                let $t: usize = $i;
-                $body
-            }
-        )*
-    };
-}
-
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q8_0: u8 = 3;
-
-struct Tile<'a> {
-    m: &'a PackedMatrix,
-    group: usize,
-    x: &'a PackedInput<'a>,
-    t0: usize,
-    out: *mut f32,
-    out_stride: usize,
-    /// Rows of the group that exist (16 but in a last partial group).
-    valid: usize,
-}
-
 impl Tile<'_> {
-    /// Token `t` of the tile's quantized row.
-    #[inline(always)]
-    unsafe fn act_row(&self, t: usize) -> *const u8 {
-        self.x.xq.as_ptr().add((self.t0 + t) * self.x.row_bytes)
-    }
-
-    #[inline(always)]
-    fn legacy_side(&self, t: usize, b: usize) -> &LSide {
-        &self.x.side.legacy[(self.t0 + t) * self.m.blocks + b]
-    }
-
-    #[inline(always)]
-    fn k_side(&self, t: usize, b: usize) -> &KSide {
-        &self.x.side.k[(self.t0 + t) * self.m.blocks + b]
-    }
-
     #[inline(always)]
     unsafe fn store(&self, t: usize, v: __m512) {
-        let p = self.out.add((self.t0 + t) * self.out_stride + self.group * GROUP);
+        let p = self.out_row(t);
         if self.valid == GROUP {
             _mm512_storeu_ps(p, v);
         } else {
             _mm512_mask_storeu_ps(p, ((1u32 << self.valid) - 1) as u16, v);
         }
-    }
-}
-
-/// Bytes ahead of the group-block being computed that each block's loop asks into L2.
-const PREFETCH_AHEAD: usize = 10 << 10;
-
-/// Prefetches the `bytes` bytes `PREFETCH_AHEAD` past `p` into L2, a line at a time, inside the block
-/// loop: the groups follow one another in memory, so this is one sequential stream. (A burst per group
-/// from the caller stalled on the full miss queue: 5% of a serving profile.)
-#[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
-    let mut off = 0;
-    while off < bytes {
-        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_AHEAD + off) as *const i8);
-        off += 64;
     }
 }
 

@@ -19,6 +19,8 @@
 //! to llama.cpp's logits (a different f32 summation), only as close as two correct f32 orders are;
 //! `Numerics::Ggml` keeps the ggml kernels for that.
 //!
+//! Kernels: AVX-512 VNNI (`avx512`) and AVX2 (`avx2`, the same integers from `vpmaddubsw`/`vpmaddwd`).
+//!
 //! Weights are repacked once at load (`pack`): groups of 16 rows, each block of the group stored as
 //! contiguous 64-byte vectors of `[16 rows × 4 codes]`, the layout `vpdpbusd` consumes, with the same
 //! bytes per row as the GGUF file (Q4_K: 148 instead of 144). A group's blocks follow one another, so
@@ -27,7 +29,11 @@
 mod layout;
 pub mod reference;
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod tile;
 pub mod acts;
 #[cfg(test)]
 mod tests;
@@ -49,7 +55,7 @@ pub enum Numerics {
 
 impl Numerics {
     /// The default for this process: `RECKON_NUMERICS=ggml|packed` if set, else packed where this CPU
-    /// has the packed kernels (AVX-512 VNNI), else ggml.
+    /// has the packed kernels (AVX-512 VNNI or AVX2), else ggml.
     pub fn from_env() -> Numerics {
         match std::env::var("RECKON_NUMERICS").as_deref() {
             Ok("ggml") => Numerics::Ggml,
@@ -67,11 +73,12 @@ impl Numerics {
     }
 }
 
-/// Whether the packed kernels run on this CPU (and are not turned off by `RECKON_SIMD`).
+/// Whether the packed kernels run on this CPU (AVX-512 VNNI, or AVX2 with FMA and F16C; capped by
+/// `RECKON_SIMD` like the others).
 pub fn kernels_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        super::simd_level() >= super::SimdLevel::Avx512
+        super::simd_level() >= super::SimdLevel::Avx2
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -86,6 +93,10 @@ pub fn packable(t: GgmlType) -> bool {
 
 /// Most tokens one kernel call handles for weights of type `t` (its accumulators live in registers).
 pub fn tile_tokens(t: GgmlType) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_level() < super::SimdLevel::Avx512 {
+        return avx2::tile_tokens(t);
+    }
     match t {
         GgmlType::Q4_K | GgmlType::Q6_K => 4,
         _ => 8,
@@ -108,7 +119,11 @@ pub struct PackedInput<'a> {
 pub unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     debug_assert!(nt >= 1 && nt <= tile_tokens(m.dtype));
     #[cfg(target_arch = "x86_64")]
-    avx512::tile(m, group, x, t0, nt, out, out_stride);
+    if super::simd_level() >= super::SimdLevel::Avx512 {
+        avx512::tile(m, group, x, t0, nt, out, out_stride)
+    } else {
+        avx2::tile(m, group, x, t0, nt, out, out_stride)
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (m, group, x, t0, nt, out, out_stride);
