@@ -28,18 +28,15 @@ impl Linear {
         QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len], packed: self.packed.as_deref() }
     }
 
-    /// The same matrix with a packed copy (packable types; others unchanged).
+    /// The same matrix with a packed copy (packable types; others unchanged), its pages of the map
+    /// released as the packing reads past them.
     fn packed(&self, file: &GgufFile) -> Linear {
         if !packed::packable(self.dtype) {
             return self.clone();
         }
         let bytes = &file.raw()[self.offset..self.offset + self.len];
-        Linear { packed: Some(Arc::new(packed::pack(self.dtype, self.rows, self.cols, bytes))), ..self.clone() }
-    }
-
-    /// Bytes of the file this matrix was read from.
-    fn file_range(&self) -> (usize, usize) {
-        (self.offset, self.len)
+        let release = |r: std::ops::Range<usize>| file.release_range(self.offset + r.start, r.len());
+        Linear { packed: Some(Arc::new(packed::pack_releasing(self.dtype, self.rows, self.cols, bytes, &release))), ..self.clone() }
     }
 }
 
@@ -151,9 +148,11 @@ impl LayerWeights {
     }
 }
 
-/// Packs every matrix but the embedding table (looked up by row, from the map), in parallel over the
-/// matrices, then releases the map's pages of what was packed (the embedding's stay: it is read).
+/// Packs every matrix (the embedding table is still looked up by row from the map), in parallel over
+/// the matrices, releasing the map's pages as the packing passes them: the packed copies take about the
+/// file's size, and the map's pages of them do not stay resident beside them.
 fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
+    let started = std::time::Instant::now();
     let mut all: Vec<&mut Linear> = w.layers.iter_mut().flat_map(|l| l.matrices_mut()).collect();
     all.push(&mut w.output);
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -169,12 +168,7 @@ fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
             });
         }
     });
-    let embed = w.embed.file_range();
-    for l in w.layers.iter_mut().flat_map(|l| l.matrices_mut()).chain(std::iter::once(&mut w.output)) {
-        if l.packed.is_some() && l.file_range() != embed {
-            let (off, len) = l.file_range();
-            file.release_range(off, len);
-        }
-    }
+    let bytes: usize = slots.iter().filter_map(|s| s.lock().ok().and_then(|l| l.packed.as_ref().map(|p| p.bytes().len()))).sum();
+    tracing::info!("packed {} MiB of weights in {} ms", bytes >> 20, started.elapsed().as_millis());
     w
 }

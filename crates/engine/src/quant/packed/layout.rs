@@ -82,6 +82,12 @@ impl PackedMatrix {
 
 /// Packs `rows` GGUF rows of `cols` elements of type `t` (`bytes`, row-major).
 pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix {
+    pack_releasing(t, rows, cols, bytes, &|_| {})
+}
+
+/// `pack`, calling `done(range)` with each range of `bytes` it has finished reading (a few MiB at a
+/// time), so the caller can let the pages of a memory map go while the rest is packed.
+pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>)) -> PackedMatrix {
     let row_bytes = t.row_bytes(cols).expect("cols a whole number of blocks");
     assert!(bytes.len() >= rows * row_bytes, "pack {t}: {} bytes for {rows} rows of {row_bytes}", bytes.len());
     let (groups, blocks, gbb) = (rows.div_ceil(GROUP), cols / t.block_len(), group_block_bytes(t));
@@ -90,7 +96,11 @@ pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix
     // SAFETY: `Line` is plain bytes; `total` fits in `data`.
     let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, total) };
     let zero_block = vec![0u8; t.block_bytes()];
+    let groups_per_release = ((4 << 20) / (GROUP * row_bytes)).max(1);
     for (g, group_out) in out.chunks_exact_mut(blocks * gbb).enumerate() {
+        if g % groups_per_release == 0 && g > 0 {
+            done((g - groups_per_release) * GROUP * row_bytes..g * GROUP * row_bytes);
+        }
         for (b, dst) in group_out.chunks_exact_mut(gbb).enumerate() {
             let src: [&[u8]; GROUP] = std::array::from_fn(|r| {
                 let row = g * GROUP + r;
@@ -103,6 +113,8 @@ pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix
             pack_group_block(t, &src, dst);
         }
     }
+    let last = (groups - 1) / groups_per_release * groups_per_release;
+    done(last * GROUP * row_bytes..rows * row_bytes);
     PackedMatrix { dtype: t, rows, cols, groups, blocks, block_bytes: gbb, data }
 }
 

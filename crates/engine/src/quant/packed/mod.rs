@@ -39,7 +39,7 @@ pub mod acts;
 mod tests;
 
 pub use acts::{ActSide, KSide};
-pub use layout::{pack, PackedMatrix, GROUP};
+pub use layout::{pack, pack_releasing, PackedMatrix, GROUP};
 
 use super::GgmlType;
 
