@@ -299,41 +299,45 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32], dump: &dyn Fn(&str, 
     // (or, with values in key order, one FMA chain per d over the cells in order).
     round_through_f16(&mut sc.scores);
     if job.values_in_key_order {
-        return values_in_key_order(job.values, hd, &sc.scores, &sc.offsets, out_h, &mut sc.vrow);
+        return values_in_key_order(job.values, hd, job.lo, &sc.scores, &sc.offsets, out_h, &mut sc.vrow);
     }
     sc.acc.reset(hd);
     sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);
 }
 
-/// One row's value pass in key order (see `key_order`): the vector routines where the head size allows,
-/// else the same FMA chains one value at a time.
-fn values_in_key_order(values: &[f16], hd: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
+/// One row's value pass in key order (see `key_order`: chains per run of positions, folded in order),
+/// cells from position `lo`: the vector routines where the head size allows, else the same chains one
+/// value at a time.
+fn values_in_key_order(values: &[f16], hd: usize, lo: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if hd % 16 == 0 && (crate::ggml_math::avx512_available() || crate::ggml_math::avx2_available()) {
-        let g = tiled::TileGeom::one_row(offsets.len());
+        let g = tiled::TileGeom::one_row(lo, offsets.len());
         let o = out.as_mut_ptr();
-        let vecs = hd / 16;
         // SAFETY: AVX-512 or AVX2 checked above; offsets hold n value rows of hd inside `values`; `out`
         // has hd values, written by this call only.
-        unsafe {
-            if vecs % key_order::VECS == 0 {
-                key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, 0..vecs, &|_| o);
-            } else {
-                for v in 0..vecs {
-                    key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, v..v + 1, &|_| o);
-                }
-            }
-        }
+        unsafe { key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, &|_| o) };
         return;
     }
-    out.fill(0.0);
+    const RUN: usize = 1024; // key_order::RUN, on every architecture
     vrow.resize(hd, 0.0);
-    for (&p, &off) in w.iter().zip(offsets) {
-        values[off..off + hd].convert_to_f32_slice(vrow);
-        for (o, &v) in out.iter_mut().zip(vrow.iter()) {
-            *o = p.mul_add(v, *o);
+    let mut run_sum = vec![0.0f32; hd];
+    let mut j = 0;
+    while j < offsets.len() {
+        let end = ((lo + j) / RUN + 1) * RUN - lo;
+        run_sum.fill(0.0);
+        for (&p, &off) in w[j..end.min(offsets.len())].iter().zip(&offsets[j..]) {
+            values[off..off + hd].convert_to_f32_slice(vrow);
+            for (o, &v) in run_sum.iter_mut().zip(vrow.iter()) {
+                *o = p.mul_add(v, *o);
+            }
         }
+        if j == 0 {
+            out.copy_from_slice(&run_sum);
+        } else {
+            out.iter_mut().zip(&run_sum).for_each(|(a, &b)| *a += b);
+        }
+        j = end;
     }
 }
 

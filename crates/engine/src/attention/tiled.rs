@@ -94,9 +94,9 @@ pub(super) struct TileGeom {
 }
 
 impl TileGeom {
-    /// One row over `n_keys` cells (the per-head path's value pass).
-    pub(super) fn one_row(n_keys: usize) -> TileGeom {
-        TileGeom { group: 1, rows: 1, lo0: 0, n_keys, n_pad: n_keys }
+    /// One row over `n_keys` cells from position `lo0` (the per-head path's value pass).
+    pub(super) fn one_row(lo0: usize, n_keys: usize) -> TileGeom {
+        TileGeom { group: 1, rows: 1, lo0, n_keys, n_pad: n_keys }
     }
 }
 
@@ -170,7 +170,7 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
     if job.shape.values_in_key_order {
         let w = sc.scores.as_ptr();
         let out_row = |r: usize| job.out_row(&g, r, out).as_mut_ptr();
-        return super::key_order::values(job.values, hd, &g, &sc.offsets, w, 0..g.rows, 0..hd / 16, &out_row);
+        return super::key_order::values(job.values, hd, &g, &sc.offsets, w, 0..g.rows, &out_row);
     }
     sc.lanes.resize(ROWS_PER_PASS * 64 * hd, 0.0);
     for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
@@ -221,7 +221,10 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
             job.fill_rounded_queries(g, &mut b.q32);
             job.fill_offsets(g, &mut b.offsets);
             b.scores.resize(g.rows * g.n_pad, 0.0);
-            if !job.shape.values_in_key_order {
+            if job.shape.values_in_key_order {
+                // the runs' partial sums: [run, rows, hd]
+                b.lanes.resize(super::key_order::runs(g).count() * g.rows * hd, 0.0);
+            } else {
                 b.lanes.resize(g.rows * 64 * hd, 0.0);
             }
         }
@@ -256,14 +259,27 @@ unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [Spl
         finish_row(&jobs[i], g, r, row);
     });
     if jobs[0].shape.values_in_key_order {
-        // Parts by (tile, 16-value vector), all the tile's rows (they share each value's conversion):
-        // every value still sums all cells in order.
-        let vecs = hd / 16;
-        pool.run(jobs.len() * vecs, &|part| {
-            let (i, v) = (part / vecs, part % vecs);
+        // Parts by (tile, run of positions), all the tile's rows (they share each value's conversion),
+        // into the run buffers; then each row's runs added in order (`key_order`).
+        let runs: Vec<Vec<Range<usize>>> = geoms.iter().map(|g| super::key_order::runs(g).collect()).collect();
+        let parts: Vec<(usize, usize)> = runs.iter().enumerate().flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k))).collect();
+        pool.run(parts.len(), &|part| {
+            let (i, k) = parts[part];
             let (b, g) = (&bufs[i], &geoms[i]);
-            let out_row = |r: usize| unsafe { jobs[i].out_row(g, r, out).as_mut_ptr() };
-            unsafe { super::key_order::values(jobs[i].values, hd, g, &b.offsets, ptrs[i].0 .0, 0..g.rows, v..v + 1, &out_row) };
+            let run_out = |r: usize| unsafe { ptrs[i].1 .0.add((k * g.rows + r) * hd) };
+            unsafe { super::key_order::run_values(jobs[i].values, hd, g, &b.offsets, ptrs[i].0 .0, 0..g.rows, runs[i][k].clone(), false, &run_out) };
+        });
+        pool.run(rows.len(), &|p| {
+            let (i, r) = rows[p];
+            let g = &geoms[i];
+            unsafe {
+                let o = jobs[i].out_row(g, r, out);
+                o.copy_from_slice(std::slice::from_raw_parts(ptrs[i].1 .0.add(r * hd), hd));
+                for k in 1..runs[i].len() {
+                    let run = std::slice::from_raw_parts(ptrs[i].1 .0.add((k * g.rows + r) * hd), hd);
+                    o.iter_mut().zip(run).for_each(|(a, &b)| *a += b);
+                }
+            }
         });
         return;
     }
@@ -298,7 +314,7 @@ struct SplitBufs {
     offsets: Vec<usize>,
     /// `[rows, n_pad]`
     scores: Vec<f32>,
-    /// `[rows, 64, hd]`
+    /// `[rows, 64, hd]` (ggml's value lanes), or `[runs, rows, hd]` (values in key order)
     lanes: Vec<f32>,
 }
 
