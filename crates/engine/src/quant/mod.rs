@@ -1,8 +1,9 @@
 //! ggml tensor types: block layouts, dequantization, activation quantization and the quantized dot
 //! products (`vec_dot`) that every matrix-vector product in the engine is built from.
 //!
-//! Everything here must agree bit for bit with ggml (ggml-common.h / ggml-quants.c) because the engine
-//! promises token-identical output to llama.cpp. Layouts are read straight from `&[u8]` at fixed byte
+//! Everything here but `packed` must agree bit for bit with ggml (ggml-common.h / ggml-quants.c): it is
+//! the ggml numerics, whose promise is llama.cpp's logits. `packed` is reckon's own (faster) numerics,
+//! defined by `packed::reference`. Layouts are read straight from `&[u8]` at fixed byte
 //! offsets (GGUF data is little-endian and only 2-byte aligned within a tensor), never transmuted.
 //!
 //! `vec_dot` has a scalar reference per type (`dot_scalar`, mirrors ggml's generic C) and SIMD kernels
