@@ -177,14 +177,13 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
     let (h, hd) = (32 * half, 16 * half);
     let nib = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); NT];
-    let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for c in 0..4 {
             let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
             let mut lo = [_mm256_setzero_si256(); NT];
@@ -229,14 +228,13 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
     let nib = _mm256_set1_epi8(0x0F);
     let crumb = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); NT];
-    let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for h in 0..2 {
             for cq in 0..2 {
                 // Sub-blocks 8h + cq + 2s, s = 0..4: elements 128h + 32s + 16cq.. (see `layout`).

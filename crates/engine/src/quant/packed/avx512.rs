@@ -160,12 +160,11 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
     let m = tl.m;
     let nib = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); NT];
-    let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         prefetch_ahead(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for c in 0..4 {
             let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(Q4_K_SC + 16 * (2 * c)) as *const __m128i));
             let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(Q4_K_SC + 16 * (2 * c + 1)) as *const __m128i));
@@ -210,12 +209,11 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile) {
     let nib = _mm512_set1_epi8(0x0F);
     let crumb = _mm512_set1_epi8(0x30);
     let mut acc = [_mm512_setzero_ps(); NT];
-    let rows: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         prefetch_ahead(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| rows[t].add(b * crate::quant::blocks::Q8_K_BYTES + crate::quant::blocks::Q8_K_QS));
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for h in 0..2 {
             for cq in 0..2 {
                 // Sub-blocks 8h + cq + 2s, s = 0..4: elements 128h + 32s + 16cq.. (see `layout`).

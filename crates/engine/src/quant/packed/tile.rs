@@ -52,6 +52,13 @@ impl Tile<'_> {
         &self.x.side.legacy[(self.t0 + t) * self.m.blocks + b]
     }
 
+    /// Token `t`'s 256 codes of Q8_K super-block `b`.
+    #[inline(always)]
+    pub(super) unsafe fn k_quants(&self, t: usize, b: usize) -> *const u8 {
+        use crate::quant::blocks::{Q8_K_BYTES, Q8_K_QS};
+        self.act_row(t).add(b * Q8_K_BYTES + Q8_K_QS)
+    }
+
     #[inline(always)]
     pub(super) fn k_side(&self, t: usize, b: usize) -> &KSide {
         &self.x.side.k[(self.t0 + t) * self.m.blocks + b]
