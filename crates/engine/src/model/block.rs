@@ -28,6 +28,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s:
     super::resize(&mut s.q, n * q_dim);
     super::resize(&mut s.k, n * kv_dim);
     super::resize(&mut s.v, n * kv_dim);
+    crate::attention::prefetch_decode_kv(kv, ctx.layer, ctx.queries);
     let (wq, wk, wv) = (w.wq.view(ctx.file), w.wk.view(ctx.file), w.wv.view(ctx.file));
     matmul_many(&s.xn, &mut s.act_q, &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])]);
     for (buf, bias) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
