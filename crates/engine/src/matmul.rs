@@ -413,4 +413,37 @@ mod tests {
             }
         }
     }
+
+    /// With packed weights, every (token, row) of a matmul is the packed definition's dot, whatever the
+    /// batch: one token, tile remainders, and more tokens than one chunk of `run_packed` (400).
+    #[test]
+    fn packed_matmul_is_the_definition_for_every_batch() {
+        if !packed::kernels_available() {
+            eprintln!("note: no packed kernels on this CPU; nothing to compare");
+            return;
+        }
+        let (cols, rows) = (768, 37);
+        let types = [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let mut rng = crate::sampler::Rng::new(4);
+        for (i, &t) in types.iter().enumerate() {
+            let w = random_weight_rows(t, rows, cols, 20 + i as u64);
+            let p = packed::pack(t, rows, cols, &w);
+            let m = QMatrix { dtype: t, rows, cols, bytes: &w, packed: Some(&p) };
+            let rb = m.row_bytes();
+            for n in [1usize, 3, 9, 400] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+                let (mut xq, mut out) = (Vec::new(), vec![0.0f32; n * rows]);
+                m.matmul(&x, &mut xq, &mut out);
+                let act = t.dot_activation_type();
+                let mut q = vec![0u8; activation_row_bytes(act, cols)];
+                for tok in 0..n {
+                    quantize_row_ggml_x86(act, &x[tok * cols..(tok + 1) * cols], &mut q);
+                    for r in 0..rows {
+                        let want = packed::reference::dot(t, cols, &w[r * rb..(r + 1) * rb], &q);
+                        assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} n={n} token {tok} row {r}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -8,15 +8,15 @@
 //! themselves, and its lane-by-lane walk read V 64 rows apart. Here V is read once, in order, and each
 //! row's sums stay in registers. Runs let a lone token's long context be summed by several threads at
 //! once (`tiled::attend_split`, one part per run) with the same bits as one thread. Cells outside a row's
-//! range have p = +0 and add exactly nothing, so a row's result does not depend on the tile it is in.
+//! range have p = +0 and add exactly nothing (for finite values; an f16 overflow to inf would poison
+//! them, as it does ggml's lanes), so a row's result does not depend on the tile it is in.
 
 use super::tiled::TileGeom;
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Positions per run of the value sums.
-pub(super) const RUN: usize = 1024;
+use super::RUN;
 
 /// Rows whose sums are held in registers at once (× `VECS` vectors).
 const ROWS: usize = 6;
@@ -25,6 +25,7 @@ const VECS: usize = 4;
 
 /// The tile's cells (indices into `offsets` and a score row) in each run they cover, in order.
 pub(super) fn runs(g: &TileGeom) -> impl Iterator<Item = Range<usize>> + '_ {
+    debug_assert!(g.n_keys > 0, "a tile attends at least its own cell");
     let (first, last) = (g.lo0 / RUN, (g.lo0 + g.n_keys - 1) / RUN);
     (first..=last).map(move |k| (k * RUN).max(g.lo0) - g.lo0..((k + 1) * RUN).min(g.lo0 + g.n_keys) - g.lo0)
 }

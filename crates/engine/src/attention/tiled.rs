@@ -29,7 +29,7 @@ const VECS_PER_PASS: usize = 4;
 /// How many 16-cell chunks ahead the score pass prefetches keys: one chunk is ~40 ns of work at decode,
 /// less than a DRAM access, and serving reads K/V from DRAM (8 sequences × a few hundred cells of 30
 /// layers is more than L3).
-const SCORE_PREFETCH_CHUNKS: usize = 3;
+pub(super) const SCORE_PREFETCH_CHUNKS: usize = 3;
 
 /// How many cells ahead (in a lane) the value pass prefetches.
 pub(super) const PREFETCH_CELLS: usize = 4;

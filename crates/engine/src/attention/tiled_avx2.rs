@@ -3,7 +3,7 @@
 //! `ggml_math::avx2` (four accumulators as `(lo, hi)` pairs, the same reduction tree), each lane's value
 //! sum the same FMA chain. The orchestration (tiles, softmax rows, split phases) is `tiled`'s.
 
-use super::tiled::{TileGeom, PREFETCH_CELLS};
+use super::tiled::{TileGeom, PREFETCH_CELLS, SCORE_PREFETCH_CHUNKS};
 use crate::ggml_math::avx2::{key_sum_f32, reduce_8_rows};
 use half::f16;
 use std::arch::x86_64::*;
@@ -26,8 +26,8 @@ pub(super) unsafe fn chunk_scores(keys: &[f16], hd: usize, g: &TileGeom, offsets
     debug_assert!(hd % 64 == 0);
     kbuf.resize(16 * hd, 0.0);
     for c0 in chunks.map(|c| 16 * c) {
-        // the next chunk's keys (see `tiled::chunk_scores_nv`)
-        for &off in offsets.iter().skip(c0 + 16).take(16) {
+        // keys SCORE_PREFETCH_CHUNKS chunks ahead (see `tiled::chunk_scores_nv`)
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
             for line in (0..hd * 2).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
             }

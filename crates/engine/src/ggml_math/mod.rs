@@ -20,7 +20,7 @@ pub fn avx512_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn use_avx512() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| avx512::available() && crate::quant::simd_level() >= crate::quant::SimdLevel::Avx512)
+    *AVAILABLE.get_or_init(|| avx512::available() && crate::quant::simd_cap() >= crate::quant::SimdLevel::Avx512)
 }
 
 /// Whether the AVX2 versions run here (x86 CPUs without AVX-512, e.g. AMD Zen 2/3): same bits as the

@@ -28,7 +28,10 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
     dump("ffn_gate", ctx.layer, &s.gate, n);
     dump("ffn_up", ctx.layer, &s.up, n);
-    ops::par_rows(&mut s.gate, c.ffn_dim, &s.up, c.ffn_dim, &|_, g, u| crate::ggml_math::swiglu(g, u));
+    // One call per row, as ggml: swiglu's last partial vector (if ffn_dim % 16 != 0) is per row.
+    ops::par_rows(&mut s.gate, c.ffn_dim, &s.up, c.ffn_dim, &|_, g, u| {
+        g.chunks_exact_mut(c.ffn_dim).zip(u.chunks_exact(c.ffn_dim)).for_each(|(g, u)| crate::ggml_math::swiglu(g, u))
+    });
     dump("ffn_swiglu", ctx.layer, &s.gate, n);
     w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
     dump("ffn_out", ctx.layer, &s.proj, n);

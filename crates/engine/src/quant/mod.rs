@@ -239,7 +239,7 @@ fn detect() -> SimdLevel {
     if !(has!("avx2") && has!("fma") && has!("f16c")) {
         return SimdLevel::Scalar;
     }
-    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") && has!("avx512dq") {
         return SimdLevel::Avx512;
     }
     SimdLevel::Avx2
@@ -250,17 +250,21 @@ fn detect() -> SimdLevel {
     SimdLevel::Scalar
 }
 
-/// The level `vec_dot` uses: the detected one, capped by the `RECKON_SIMD` environment variable
-/// (`scalar`, `avx2` or `avx512`; read once) so the cost of each level can be measured.
+/// The level `vec_dot` uses: the detected one, capped by `simd_cap`, so the cost of each level can be
+/// measured.
 pub fn simd_level() -> SimdLevel {
     static ACTIVE: OnceLock<SimdLevel> = OnceLock::new();
-    *ACTIVE.get_or_init(|| {
-        let cap = match std::env::var("RECKON_SIMD").as_deref() {
-            Ok("scalar") => SimdLevel::Scalar,
-            Ok("avx2") => SimdLevel::Avx2,
-            _ => SimdLevel::Avx512,
-        };
-        cap.min(SimdLevel::detected())
+    *ACTIVE.get_or_init(|| simd_cap().min(SimdLevel::detected()))
+}
+
+/// The highest level the `RECKON_SIMD` environment variable allows (`scalar`, `avx2` or `avx512`; unset:
+/// all; read once).
+pub fn simd_cap() -> SimdLevel {
+    static CAP: OnceLock<SimdLevel> = OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("RECKON_SIMD").as_deref() {
+        Ok("scalar") => SimdLevel::Scalar,
+        Ok("avx2") => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
     })
 }
 

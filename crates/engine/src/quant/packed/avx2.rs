@@ -1,8 +1,8 @@
 //! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of
 //! 8 rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `dp` makes the same
 //! 32-bit lanes from `vpmaddubsw` (u8 × s8 pairs to i16) and `vpmaddwd` by ones (pairs to i32). That is
-//! exact as long as no i16 pair sum saturates: the weight codes are at most 63 (Q6_K; 31 for Q5_0), so
-//! 2 · 63 · 128 < 32767. Q8_0's codes go to 255 and would saturate, so its signed weights are used with
+//! exact as long as no i16 pair sum saturates: the weight codes are at most 63 (Q6_K; 31 for Q5_0) and
+//! the activation codes within ±127 (ggml's quantizers scale by 127 / amax), so 2 · 63 · 127 < 32767. Q8_0's codes go to 255 and would saturate, so its signed weights are used with
 //! the sign moved onto the activations (|w| ≤ 128: 2 · 128 · 127 < 32767), as ggml's own AVX2 code does;
 //! that gives `Σ w·y` directly, the same integer as the codes' `Σ q·y − 128·Σy`. So every result is the
 //! AVX-512 kernels' and `reference::dot`'s, bit for bit (tests run this file under RECKON_SIMD=avx2).
@@ -118,7 +118,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
     let nib = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); NT];
     let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
-    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_side(t, 0) as *const LSide);
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {

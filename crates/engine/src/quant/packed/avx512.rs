@@ -99,7 +99,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
     let mut acc = [_mm512_setzero_ps(); NT];
     // Each token's quants of block b at q[t] + b·act_block, its side entry at side[t] + b.
     let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
-    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_side(t, 0) as *const LSide);
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         prefetch_ahead(p, m.block_bytes);

@@ -88,6 +88,7 @@ pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix
 /// `pack`, calling `done(range)` with each range of `bytes` it has finished reading (a few MiB at a
 /// time), so the caller can let the pages of a memory map go while the rest is packed.
 pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>)) -> PackedMatrix {
+    assert!(rows > 0 && cols > 0, "pack {t}: an empty matrix ({rows} x {cols})");
     let row_bytes = t.row_bytes(cols).expect("cols a whole number of blocks");
     assert!(bytes.len() >= rows * row_bytes, "pack {t}: {} bytes for {rows} rows of {row_bytes}", bytes.len());
     let (groups, blocks, gbb) = (rows.div_ceil(GROUP), cols / t.block_len(), group_block_bytes(t));

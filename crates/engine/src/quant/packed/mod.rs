@@ -57,9 +57,9 @@ impl Numerics {
     /// The default for this process: `RECKON_NUMERICS=ggml|packed` if set, else packed where this CPU
     /// has the packed kernels (AVX-512 VNNI or AVX2), else ggml.
     pub fn from_env() -> Numerics {
-        match std::env::var("RECKON_NUMERICS").as_deref() {
+        let asked = std::env::var("RECKON_NUMERICS").map(|v| v.to_ascii_lowercase());
+        match asked.as_deref() {
             Ok("ggml") => Numerics::Ggml,
-            Ok("packed") if kernels_available() => Numerics::Packed,
             _ if kernels_available() => Numerics::Packed,
             _ => Numerics::Ggml,
         }

@@ -48,8 +48,13 @@ impl Tile<'_> {
     }
 
     #[inline(always)]
-    pub(super) fn legacy_side(&self, t: usize, b: usize) -> &LSide {
-        &self.x.side.legacy[(self.t0 + t) * self.m.blocks + b]
+    /// Token `t`'s side entries, one per block (a pointer into the whole table, so reading entry b
+    /// through it is in bounds for every b < blocks).
+    pub(super) fn legacy_sides(&self, t: usize) -> *const LSide {
+        let first = (self.t0 + t) * self.m.blocks;
+        assert!(first + self.m.blocks <= self.x.side.legacy.len(), "side table shaped for the tile");
+        // SAFETY: in bounds, checked just above.
+        unsafe { self.x.side.legacy.as_ptr().add(first) }
     }
 
     /// Token `t`'s 256 codes of Q8_K super-block `b`.
