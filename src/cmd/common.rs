@@ -147,6 +147,11 @@ pub struct KvArgs {
     /// Token budget of one engine step (prefill chunks plus decodes).
     #[arg(long, default_value_t = 512)]
     pub max_batch_tokens: usize,
+    /// Prompt tokens of a step that also decodes (default: --max-batch-tokens): a prompt that arrives
+    /// while other requests decode is prefilled in chunks this size, which bounds how long it stalls
+    /// their next tokens (at the cost of more steps that carry a chunk).
+    #[arg(long)]
+    pub max_prefill_while_decoding: Option<usize>,
 }
 
 impl KvArgs {

@@ -83,6 +83,7 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
         block_size: args.kv.block_size,
         num_blocks,
         max_batch_tokens: args.kv.max_batch_tokens.max(1),
+        max_prefill_tokens_while_decoding: args.kv.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
         max_running: 16,
         max_waiting: 16,
         max_model_len: cfg.context_length,

@@ -56,6 +56,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         block_size: args.kv.block_size,
         num_blocks,
         max_batch_tokens: args.kv.max_batch_tokens.max(1),
+        max_prefill_tokens_while_decoding: args.kv.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
         max_running: args.max_running.max(1),
         max_waiting: args.max_waiting,
         max_model_len,

@@ -16,6 +16,13 @@ fn main() {
     let max_b = 16; // sequences prefilled (the largest batch)
     let blocks_per_seq = (depth + reps + 2).div_ceil(bs);
     let mut kv = model.new_kv(bs, max_b * blocks_per_seq);
+    // HUGE_AB=1: a second KV pool on small pages, stepped in alternation with the first (huge pages).
+    let huge_ab = std::env::var("HUGE_AB").is_ok();
+    let mut kv_small = huge_ab.then(|| {
+        // SAFETY: no other thread reads the environment here.
+        unsafe { std::env::set_var("RECKON_HUGE_PAGES", "0") };
+        model.new_kv(bs, max_b * blocks_per_seq)
+    });
     let mut scratch = Scratch::default();
     let tables: Vec<Vec<u32>> = (0..max_b).map(|s| ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()).collect();
     // Prefill every sequence to DEPTH with distinct tokens.
@@ -23,22 +30,41 @@ fn main() {
     for s in 0..max_b {
         let input = SeqInput { tokens: &prompts[s], start_pos: 0, block_table: &tables[s], logits: LogitsWanted::Last };
         model.forward(&[input], &mut kv, &mut scratch).expect("prefill");
+        if let Some(kv_small) = kv_small.as_mut() {
+            model.forward(&[input], kv_small, &mut scratch).expect("prefill");
+        }
     }
     println!("| batch | step ms (median) | ms per token | tokens/s |");
     println!("|---|---|---|---|");
     // BATCHES=4,8 in the environment times only those batch sizes (for a profiler).
     let batches: Vec<usize> = std::env::var("BATCHES").map(|v| v.split(',').map(|b| b.parse().expect("batch sizes")).collect()).unwrap_or(vec![1, 2, 4, 8, 16]);
+    // SAME_POS=1: every step decodes at position DEPTH (rewriting that cell), so a long run for a profiler
+    // stays at one depth.
+    let same_pos = std::env::var("SAME_POS").is_ok();
     for b in batches {
         let tok = [42u32];
-        let mut times = Vec::new();
+        let (mut times, mut times_small) = (Vec::new(), Vec::new());
         for r in 0..reps {
-            let inputs: Vec<SeqInput> = (0..b).map(|s| SeqInput { tokens: &tok, start_pos: depth + r, block_table: &tables[s], logits: LogitsWanted::Last }).collect();
+            let inputs: Vec<SeqInput> = (0..b).map(|s| SeqInput { tokens: &tok, start_pos: if same_pos { depth } else { depth + r }, block_table: &tables[s], logits: LogitsWanted::Last }).collect();
             let t = Instant::now();
             model.forward(&inputs, &mut kv, &mut scratch).expect("step");
             times.push(t.elapsed().as_secs_f64() * 1e3);
+            if let Some(kv_small) = kv_small.as_mut() {
+                let t = Instant::now();
+                model.forward(&inputs, kv_small, &mut scratch).expect("step");
+                times_small.push(t.elapsed().as_secs_f64() * 1e3);
+            }
         }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2];
+        let ms = median(&mut times);
         println!("| {b} | {ms:.2} | {:.2} | {:.0} |", ms / b as f64, 1e3 * b as f64 / ms);
+        if huge_ab {
+            let ms = median(&mut times_small);
+            println!("| {b} small pages | {ms:.2} | {:.2} | {:.0} |", ms / b as f64, 1e3 * b as f64 / ms);
+        }
     }
+}
+
+fn median(times: &mut [f64]) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }

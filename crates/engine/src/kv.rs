@@ -4,6 +4,7 @@
 //! so a scheduler can page, share and free blocks without touching tensors. Layout per layer:
 //! `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`, stored as f16 (llama.cpp's default).
 
+use crate::huge_buf::HugeBuf;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -18,8 +19,9 @@ pub struct KvShape {
 pub struct KvStorage {
     pub shape: KvShape,
     /// Per layer: `[num_blocks * block_size * kv_dim]` keys, then values.
-    keys: Vec<Vec<f16>>,
-    values: Vec<Vec<f16>>,
+    /// Huge pages: a decode step reads cells scattered over the whole pool (see `huge_buf`).
+    keys: Vec<HugeBuf<f16>>,
+    values: Vec<HugeBuf<f16>>,
 }
 
 impl KvStorage {
@@ -27,8 +29,8 @@ impl KvStorage {
         let len = shape.num_blocks * shape.block_size * shape.kv_dim;
         KvStorage {
             shape,
-            keys: (0..shape.num_layers).map(|_| vec![f16::ZERO; len]).collect(),
-            values: (0..shape.num_layers).map(|_| vec![f16::ZERO; len]).collect(),
+            keys: (0..shape.num_layers).map(|_| HugeBuf::zeroed(len)).collect(),
+            values: (0..shape.num_layers).map(|_| HugeBuf::zeroed(len)).collect(),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod ggml_math;
 pub mod gguf;
+pub mod huge_buf;
 pub mod kv;
 pub mod matmul;
 pub mod model;

@@ -110,24 +110,53 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
     }
     let mut paths: Vec<Path> = jobs.iter().map(|(m, _)| path(m, n_tokens)).collect();
     let (mut layouts, mut sides) = (PAIR_ACTS.take(), SIDES.take());
-    let prepared = prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
+    let pool = pool::current();
+    // A decode-sized batch on packed weights prepares its activations inside the matmul's own parallel
+    // run (parts 0..prep_parts, each a share of the tokens) instead of on the caller alone while the
+    // other threads wait: a serving step has ~120 of these.
+    let fuse_prep = pool.threads() > 1 && (2..2 * TOKENS_PER_PREP_TASK).contains(&n_tokens) && paths.iter().all(|p| matches!(p, Path::Packed { .. }));
+    let (prepared, fused) = if fuse_prep {
+        let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
+        debug_assert!(pair_types.is_empty(), "packed paths only");
+        (prepared, Some(side_types))
+    } else {
+        (prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides), None)
+    };
+    let no_pairs: [GgmlType; 0] = [];
+    let prep = fused.as_ref().map(|side_types| TokenPrep::new(x, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
+    let prep_parts = if prep.is_some() { pool.threads().min(n_tokens) } else { 0 };
     let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
     // Taken last: nothing touches `jobs` again while the tasks write through these.
     let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
-    let pool = pool::current();
     // Whole groups of GROUP rows per task (a multiple of MULTI), so the packed and multi-row kernels
     // cover every task; one task size for all matrices, so a small one (k, v) is a few tasks rather
     // than as many as a big one.
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
     let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(GROUP);
     let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
-    let (xq, layouts_ref, sides_ref) = (&xq[..], &layouts[..], &sides[..]);
-    pool.run(tasks.len(), &|task| {
-        let (j, first) = tasks[task];
+    // The tasks read the activations through a pointer taken without a reference to the buffer, and
+    // make their slices only once every preparation part has written its tokens (`prepped`).
+    let xq_base = SyncPtr(xq.as_ptr() as *mut u8);
+    let (layouts_ref, sides_ref) = (&layouts[..], &sides[..]);
+    let prepped = PrepCount::default();
+    pool.run(prep_parts + tasks.len(), &|part| {
+        if part < prep_parts {
+            let prep = prep.as_ref().expect("prep parts only when fused");
+            let _done = prepped.part();
+            // SAFETY: parts cover disjoint token ranges; the buffers were shaped above.
+            unsafe { prep.tokens(part * n_tokens / prep_parts, (part + 1) * n_tokens / prep_parts) };
+            return;
+        }
+        // Parts are claimed in order, so every preparation part is claimed and running (or done).
+        prepped.wait_for(prep_parts);
+        let xq_base = xq_base; // the whole wrapper (Sync), not its raw field
+        let (j, first) = tasks[part - prep_parts];
         let m = &mats[j];
         let last = (first + rows_per_task).min(m.rows);
         let (off, act_bytes) = prepared.plain_of(m.dtype.dot_activation_type());
-        let acts = &xq[off..off + n_tokens * act_bytes];
+        // SAFETY: inside `xq` (sized by the preparation), fully written before `wait_for` returned, and
+        // not written again during this run.
+        let acts = unsafe { std::slice::from_raw_parts(xq_base.0.add(off) as *const u8, n_tokens * act_bytes) };
         // SAFETY: rows first..last of matrix j belong to this task only; the output was sized above.
         let out = RowsOut { ptr: outs[j], rows: m.rows };
         match paths[j] {
@@ -138,6 +167,7 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
             path => unsafe { run_rows(m, path, first, last, n_tokens, acts, act_bytes, layouts_ref, &out) },
         }
     });
+    drop(prep);
     PAIR_ACTS.set(layouts);
     SIDES.set(sides);
 }
@@ -161,6 +191,33 @@ fn path(m: &QMatrix, n_tokens: usize) -> Path {
 /// paths (numbering them in `paths`); in parallel over tokens for prefill-sized batches.
 #[allow(clippy::too_many_arguments)]
 fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> Prepared {
+    let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, paths, xq, layouts, sides);
+    {
+        let prep = TokenPrep::new(x, cols, &prepared, &pair_types, &side_types, xq, layouts, sides);
+        if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
+            pool::current().run(n_tokens.div_ceil(TOKENS_PER_PREP_TASK), &|task| {
+                let first = task * TOKENS_PER_PREP_TASK;
+                // SAFETY: tasks cover disjoint token ranges.
+                unsafe { prep.tokens(first, (first + TOKENS_PER_PREP_TASK).min(n_tokens)) };
+            });
+        } else {
+            // SAFETY: the only preparation of these tokens.
+            unsafe { prep.tokens(0, n_tokens) };
+        }
+    }
+    for (l, &t) in layouts.iter_mut().zip(&pair_types) {
+        let (off, bytes) = prepared.plain_of(t.dot_activation_type());
+        l.fill_sums(t, cols, &xq[off..off + n_tokens * bytes], bytes, n_tokens);
+    }
+    prepared
+}
+
+/// Sizes `xq`, the pair layouts and the side tables for the matrices' activation types and numbers
+/// them in `paths`; returns where each type's rows go, the legacy weight types that need pair layouts
+/// and the activation types of the side tables (the first entries of `sides`; later ones are stale
+/// buffers kept for reuse). Nothing is quantized yet.
+#[allow(clippy::too_many_arguments)]
+fn shape_prep(cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> (Prepared, Vec<GgmlType>, Vec<GgmlType>) {
     let mut plain: Vec<(GgmlType, usize, usize)> = Vec::new();
     let mut pair_types: Vec<GgmlType> = Vec::new();
     let mut side_types: Vec<GgmlType> = Vec::new();
@@ -193,54 +250,108 @@ fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32]
     for (s, &act) in sides.iter_mut().zip(&side_types) {
         s.shape(act, cols, n_tokens);
     }
-    let xq_ptr = SyncPtr(xq.as_mut_ptr());
-    let line_ptrs: Vec<SyncPtr<Line>> = layouts.iter_mut().map(|l| SyncPtr(l.lines.as_mut_ptr())).collect();
-    let side_ptrs: Vec<(usize, SidePtrs)> = sides.iter_mut().zip(&side_types).map(|(s, _)| (s.blocks, SidePtrs(s.ptrs()))).collect();
-    let (plain_ref, pair_ref, side_ref) = (&plain, &pair_types, &side_types);
-    let prep_tokens = |first: usize, last: usize| {
-        let xq_ptr = xq_ptr; // the whole wrapper (Sync), not its raw field
-        for &(act, off, bytes) in plain_ref {
+    (Prepared { plain }, pair_types, side_types)
+}
+
+/// The per-token half of `prepare`: quantizes tokens' rows, fills their side entries and pair lines,
+/// through raw pointers so that parts working on different tokens can run at once.
+struct TokenPrep<'a> {
+    x: &'a [f32],
+    cols: usize,
+    plain: &'a [(GgmlType, usize, usize)],
+    pair_types: &'a [GgmlType],
+    xq: SyncPtr<u8>,
+    lines: Vec<SyncPtr<Line>>,
+    /// Per side table: its activation type, blocks per token and pointers.
+    sides: Vec<(GgmlType, usize, SidePtrs)>,
+}
+
+impl<'a> TokenPrep<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(x: &'a [f32], cols: usize, prepared: &'a Prepared, pair_types: &'a [GgmlType], side_types: &[GgmlType], xq: &mut [u8], layouts: &mut [PairActs], sides: &mut [ActSide]) -> Self {
+        TokenPrep {
+            x,
+            cols,
+            plain: &prepared.plain,
+            pair_types,
+            xq: SyncPtr(xq.as_mut_ptr()),
+            lines: layouts.iter_mut().take(pair_types.len()).map(|l| SyncPtr(l.lines.as_mut_ptr())).collect(),
+            sides: sides.iter_mut().zip(side_types).map(|(s, &act)| (act, s.blocks, SidePtrs(s.ptrs()))).collect(),
+        }
+    }
+
+    /// Tokens `first..last` (`first` even when pair layouts are filled).
+    ///
+    /// # Safety
+    /// No other call covers any of these tokens at the same time, and the buffers `new` saw are still
+    /// the shaped ones.
+    unsafe fn tokens(&self, first: usize, last: usize) {
+        let cols = self.cols;
+        for &(act, off, bytes) in self.plain {
             for t in first..last {
                 // SAFETY: token t's row of this activation type is written by this call only, inside
-                // `xq` (sized for n_tokens rows of every type above).
-                let q = unsafe { std::slice::from_raw_parts_mut(xq_ptr.0.add(off + t * bytes), bytes) };
-                quantize_row_ggml_x86(act, &x[t * cols..(t + 1) * cols], q);
-                if let Some(k) = side_ref.iter().position(|&s| s == act) {
-                    let (blocks, ptrs) = &side_ptrs[k];
+                // `xq` (sized for n_tokens rows of every type by `shape_prep`).
+                let q = unsafe { std::slice::from_raw_parts_mut(self.xq.0.add(off + t * bytes), bytes) };
+                quantize_row_ggml_x86(act, &self.x[t * cols..(t + 1) * cols], q);
+                if let Some(&(_, blocks, ptrs)) = self.sides.iter().find(|s| s.0 == act) {
                     // SAFETY: the table was shaped for n_tokens tokens of `act`; token t is this call's.
-                    unsafe { ActSide::fill_token(act, *blocks, ptrs.0, t, q) };
+                    unsafe { ActSide::fill_token(act, blocks, ptrs.0, t, q) };
                 }
             }
         }
-        for (k, &t) in pair_ref.iter().enumerate() {
-            let (off, bytes) = plain_ref.iter().find(|p| p.0 == t.dot_activation_type()).map(|p| (p.1, p.2)).expect("quantized above");
+        for (k, &t) in self.pair_types.iter().enumerate() {
+            let &(_, off, bytes) = self.plain.iter().find(|p| p.0 == t.dot_activation_type()).expect("quantized above");
             let per_pair = crate::quant::lines_per_pair(t, cols);
             let (p0, p1) = (first / 2, last.div_ceil(2));
             // SAFETY: rows first..last were written just above by this call (no one else writes them),
             // and the lines of pairs p0..p1 (made of those rows, first being even) are this call's own;
-            // both are inside their buffers, sized above.
+            // both are inside their buffers, sized by `shape_prep`.
             let (acts, lines) = unsafe {
                 (
-                    std::slice::from_raw_parts(xq_ptr.0.add(off + first * bytes) as *const u8, (last - first) * bytes),
-                    std::slice::from_raw_parts_mut(line_ptrs[k].0.add(p0 * per_pair), (p1 - p0) * per_pair),
+                    std::slice::from_raw_parts(self.xq.0.add(off + first * bytes) as *const u8, (last - first) * bytes),
+                    std::slice::from_raw_parts_mut(self.lines[k].0.add(p0 * per_pair), (p1 - p0) * per_pair),
                 )
             };
             fill_pairs(t, cols, acts, bytes, last - first, lines);
         }
-    };
-    if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
-        pool::current().run(n_tokens.div_ceil(TOKENS_PER_PREP_TASK), &|task| {
-            let first = task * TOKENS_PER_PREP_TASK;
-            prep_tokens(first, (first + TOKENS_PER_PREP_TASK).min(n_tokens));
-        });
-    } else {
-        prep_tokens(0, n_tokens);
     }
-    for (l, &t) in layouts.iter_mut().zip(&pair_types) {
-        let (off, bytes) = plain.iter().find(|p| p.0 == t.dot_activation_type()).map(|p| (p.1, p.2)).expect("quantized above");
-        l.fill_sums(t, cols, &xq[off..off + n_tokens * bytes], bytes, n_tokens);
+}
+
+/// How many preparation parts of a fused matmul run have finished; a part that panics marks the run
+/// failed instead, so the parts waiting on it panic too rather than spin forever.
+#[derive(Default)]
+struct PrepCount {
+    done: std::sync::atomic::AtomicUsize,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+/// Counts its part as done when dropped (as failed if dropped by a panic).
+struct PrepPart<'a>(&'a PrepCount);
+
+impl PrepCount {
+    fn part(&self) -> PrepPart<'_> {
+        PrepPart(self)
     }
-    Prepared { plain }
+
+    /// Returns once `n` parts are done (their writes visible here).
+    fn wait_for(&self, n: usize) {
+        use std::sync::atomic::Ordering;
+        while self.done.load(Ordering::Acquire) < n {
+            assert!(!self.failed.load(Ordering::Relaxed), "a matmul's activation preparation failed");
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Drop for PrepPart<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Relaxed);
+        } else {
+            self.0.done.fetch_add(1, Ordering::Release);
+        }
+    }
 }
 
 /// The raw table pointers of an `ActSide`, shared by the preparation tasks (each writes its own tokens).

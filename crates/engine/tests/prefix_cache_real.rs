@@ -41,7 +41,7 @@ fn check_model(name: &str) {
         [prefix, &text[500..537]].concat(),
         [prefix, &text[700..701]].concat(),
     ];
-    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true };
+    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Starts a server on a free loopback port; None if the model is not fetched.
 fn start(api_key: Option<&str>, max_model_len: usize) -> Option<SocketAddr> {
-    start_with(api_key, EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len, prefix_caching: true })
+    start_with(api_key, EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 16, max_waiting: 64, max_model_len, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX })
 }
 
 fn start_with(api_key: Option<&str>, config: EngineConfig) -> Option<SocketAddr> {
@@ -305,7 +305,7 @@ fn hang_up_after_chunks(addr: SocketAddr, body: &str, n: usize) {
 /// A full waiting queue answers 429 with OpenAI's rate-limit error, and the queued requests still finish.
 #[test]
 fn a_full_queue_is_429() {
-    let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 1, max_waiting: 1, max_model_len: 2048, prefix_caching: true };
+    let config = EngineConfig { block_size: 16, num_blocks: 256, max_batch_tokens: 256, max_running: 1, max_waiting: 1, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX };
     let Some(addr) = start_with(None, config) else { return };
     let body = ask(json!({"max_tokens": 40})).to_string();
     let clients: Vec<_> = (0..6)
@@ -327,7 +327,7 @@ fn a_full_queue_is_429() {
 /// stream ends (no `[DONE]`, no hang). Also when the engine drops a request without a last event.
 #[test]
 fn a_failure_midway_ends_the_stream_with_an_error_event() {
-    let config = EngineConfig { block_size: 16, num_blocks: 16, max_batch_tokens: 64, max_running: 4, max_waiting: 4, max_model_len: 256, prefix_caching: true };
+    let config = EngineConfig { block_size: 16, num_blocks: 16, max_batch_tokens: 64, max_running: 4, max_waiting: 4, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX };
     let Some(state) = app_state(None, config) else { return };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let sse = |events: Vec<Event>, close_early: bool| {

@@ -11,7 +11,7 @@
 
 use super::{slot_runs, AttnShape, OutPtr, QueryPos};
 use crate::debug_dump;
-use crate::ggml_math::avx512::reduce_16_rows;
+use crate::ggml_math::avx512::{reduce_16_rows, reduce_finish, reduce_pair_16, reduce_pair_4, reduce_pair_8};
 use crate::ggml_math::{avx512_available, reduce_lane_rows, round_through_f16, soft_max};
 use half::f16;
 use std::arch::x86_64::*;
@@ -343,6 +343,10 @@ unsafe fn chunk_scores_avx512(job: &TileJob, g: &TileGeom, offsets: &[usize], q3
     // A compile-time vector count keeps q and the sums in registers and unrolls the dots.
     let args = (job.keys, g, offsets, q32, chunks, kbuf, scores);
     match job.shape.head_dim / 16 {
+        // Decode tiles of a small GQA group (SmolLM2: 3 query heads per KV head).
+        4 if g.rows == 1 => chunk_scores_few_64::<1>(args),
+        4 if g.rows == 2 => chunk_scores_few_64::<2>(args),
+        4 if g.rows == 3 => chunk_scores_few_64::<3>(args),
         4 => chunk_scores_nv::<4>(args),
         8 => chunk_scores_nv::<8>(args),
         16 => chunk_scores_nv::<16>(args),
@@ -385,6 +389,80 @@ unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf,
             _mm512_storeu_ps(scores.add(r * g.n_pad + c0), s);
         }
     }
+}
+
+/// `chunk_scores_nv::<4>` for tiles of R ≤ 3 rows (head size 64), the same operations without the f32
+/// key buffer: with so few rows, writing each converted key to memory and reading it back per row cost
+/// more than the dots. Keys come in pairs, straight from f16 registers, and each row's 16-key reduction
+/// tree (`reduce_16_rows`'s levels) is run as its pairs arrive, so a row holds at most three partial sums.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn chunk_scores_few_64<const R: usize>((keys, g, offsets, q32, chunks, _kbuf, scores): ScoreArgs) {
+    let zero = _mm512_setzero_ps();
+    let mut q = [[zero; 4]; R];
+    for (r, qr) in q.iter_mut().enumerate() {
+        for (k, qk) in qr.iter_mut().enumerate() {
+            *qk = _mm512_loadu_ps(q32.as_ptr().add(r * 64 + 16 * k));
+        }
+    }
+    for c0 in chunks.map(|c| 16 * c) {
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
+            for line in (0..128).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
+            }
+        }
+        let (mut x_half, mut y_half, mut z_half, mut out) = ([zero; R], [zero; R], [zero; R], [zero; R]);
+        for pair in 0..8 {
+            let ka = key64(keys, offsets, g.n_keys, c0 + 2 * pair);
+            let kb = key64(keys, offsets, g.n_keys, c0 + 2 * pair + 1);
+            for r in 0..R {
+                let x = reduce_pair_16(key_sum64(&ka, &q[r]), key_sum64(&kb, &q[r]));
+                if pair % 2 == 0 {
+                    x_half[r] = x;
+                    continue;
+                }
+                let y = reduce_pair_8(x_half[r], x);
+                if pair % 4 == 1 {
+                    y_half[r] = y;
+                    continue;
+                }
+                let z = reduce_pair_4(y_half[r], y);
+                if pair == 3 {
+                    z_half[r] = z;
+                } else {
+                    out[r] = reduce_finish(z_half[r], z);
+                }
+            }
+        }
+        for (r, o) in out.iter().enumerate() {
+            _mm512_storeu_ps(scores.add(r * g.n_pad + c0), *o);
+        }
+    }
+}
+
+/// Key `c` of the tile (64 values) as f32, or zeros past the last key (as the key buffer's padding).
+#[inline(always)]
+unsafe fn key64(keys: &[f16], offsets: &[usize], n_keys: usize, c: usize) -> [__m512; 4] {
+    if c >= n_keys {
+        return [_mm512_setzero_ps(); 4];
+    }
+    let src = keys.as_ptr().add(offsets[c]) as *const __m256i;
+    // Spelled out, no closure: one left out of line would lose the caller's AVX-512 features.
+    [
+        _mm512_cvtph_ps(_mm256_loadu_si256(src)),
+        _mm512_cvtph_ps(_mm256_loadu_si256(src.add(1))),
+        _mm512_cvtph_ps(_mm256_loadu_si256(src.add(2))),
+        _mm512_cvtph_ps(_mm256_loadu_si256(src.add(3))),
+    ]
+}
+
+/// `key_sums::<4>`'s one step for one key: `(k0·q0 + k2·q2) + (k1·q1 + k3·q3)` as ggml's accumulators.
+#[inline(always)]
+unsafe fn key_sum64(k: &[__m512; 4], q: &[__m512; 4]) -> __m512 {
+    let zero = _mm512_setzero_ps();
+    let a02 = _mm512_fmadd_ps(k[2], q[2], _mm512_fmadd_ps(k[0], q[0], zero));
+    let a13 = _mm512_fmadd_ps(k[3], q[3], _mm512_fmadd_ps(k[1], q[1], zero));
+    _mm512_add_ps(a02, a13)
 }
 
 /// For each of 16 keys (`kbuf`, `[16, hd]` f32): ggml_vec_dot_f16's four 16-lane accumulators over the

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// Token budget of one step.
     pub max_batch_tokens: usize,
+    /// Prefill tokens of a step that also decodes (`SchedulerConfig::max_prefill_tokens_while_decoding`).
+    pub max_prefill_tokens_while_decoding: usize,
     /// Sequences running at once.
     pub max_running: usize,
     /// Requests waiting at most; more are refused (`SubmitError::QueueFull`).
@@ -274,6 +276,7 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
     let sched_config = SchedulerConfig {
         block_size: config.block_size,
         max_batch_tokens: config.max_batch_tokens,
+        max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
         max_running: config.max_running,
         max_model_len: config.max_model_len,
         prefix_caching: config.prefix_caching,
@@ -513,6 +516,8 @@ impl EngineLoop {
                 return;
             }
         };
+        let step_tokens: usize = plan.chunks.iter().map(|c| c.len).sum();
+        tracing::debug!(sequences = plan.chunks.len(), tokens = step_tokens, ms = now.elapsed().as_secs_f64() * 1e3, "step");
         let tokens: Vec<u32> = sampled.iter().map(|s| s.1).collect();
         self.sched.complete_step(&plan, &tokens);
         for (id, token, logprobs) in sampled {

@@ -302,23 +302,37 @@ pub unsafe fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], q: &[f32], 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
 pub(crate) unsafe fn reduce_16_rows(v: &[__m512; 16]) -> __m512 {
-    // 16 lanes -> 8: [lo(v_a) + hi(v_a) | lo(v_b) + hi(v_b)] for keys a = 2k, b = 2k + 1.
-    let x: [__m512; 8] = std::array::from_fn(|k| {
-        let (a, b) = (v[2 * k], v[2 * k + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
-    });
-    // 8 -> 4: quarter c of y[m] = key 4m + c's [t[0..4] + t[4..8]].
-    let y: [__m512; 4] = std::array::from_fn(|m| {
-        let (a, b) = (x[2 * m], x[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
-    });
-    // 4 -> 2 ({2,3,0,1}): quarter q of z[p] = [keys 8p+q and 8p+4+q: (u0 + u2, u1 + u3)].
-    let z: [__m512; 2] = std::array::from_fn(|p| {
-        let (a, b) = (y[2 * p], y[2 * p + 1]);
-        _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b))
-    });
-    // 2 -> 1 (lanes 0 + 1): lane 4q + k holds key 4k + q.
-    let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]));
+    let x: [__m512; 8] = std::array::from_fn(|k| reduce_pair_16(v[2 * k], v[2 * k + 1]));
+    let y: [__m512; 4] = std::array::from_fn(|m| reduce_pair_8(x[2 * m], x[2 * m + 1]));
+    let z: [__m512; 2] = std::array::from_fn(|p| reduce_pair_4(y[2 * p], y[2 * p + 1]));
+    reduce_finish(z[0], z[1])
+}
+
+// The levels of `reduce_16_rows`, each combining two neighbours of the level below, so a caller can
+// run the tree as its keys arrive (`attention::tiled`'s few-row scores).
+
+/// 16 lanes -> 8: `[lo(a) + hi(a) | lo(b) + hi(b)]` for keys a = 2k, b = 2k + 1.
+#[inline(always)]
+pub(crate) unsafe fn reduce_pair_16(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
+}
+
+/// 8 -> 4: quarter c of the result = key 4m + c's `t[0..4] + t[4..8]`.
+#[inline(always)]
+pub(crate) unsafe fn reduce_pair_8(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
+}
+
+/// 4 -> 2 ({2,3,0,1}): quarter q = keys 8p + q and 8p + 4 + q: `(u0 + u2, u1 + u3)`.
+#[inline(always)]
+pub(crate) unsafe fn reduce_pair_4(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b))
+}
+
+/// 2 -> 1 (lanes 0 + 1), then keys back in order (lane 4q + k held key 4k + q).
+#[inline(always)]
+pub(crate) unsafe fn reduce_finish(z0: __m512, z1: __m512) -> __m512 {
+    let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z0, z1), _mm512_shuffle_ps::<0xDD>(z0, z1));
     let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(idx, r)
 }

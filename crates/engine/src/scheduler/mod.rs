@@ -11,6 +11,10 @@
 //! - Running sequences are served first, oldest first; then waiting ones are admitted first come, first
 //!   served, only when their chunk's blocks are free (a large request at the head of the queue is not
 //!   overtaken).
+//! - A step that decodes carries at most `max_prefill_tokens_while_decoding` prompt tokens: a prompt that
+//!   arrives while others decode is prefilled over several steps, each of which delays their next token
+//!   by a bounded amount, instead of one step as long as the whole prompt (Sarathi-Serve's stall-free
+//!   batching). Steps with nothing to decode use the whole `max_batch_tokens`.
 //! - When a running sequence needs a block and none is free, the newest running sequence is preempted:
 //!   its blocks are released, `num_computed_tokens` returns to 0, and it goes back to the front of the
 //!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
@@ -39,6 +43,10 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// Token budget of one step (prefill chunks plus decodes).
     pub max_batch_tokens: usize,
+    /// Prompt (prefill) tokens a step may carry when it also decodes: a prompt arriving while others
+    /// decode is prefilled in chunks of at most this many tokens, so it delays their next tokens by a
+    /// bounded amount (stall-free batching, as in Sarathi-Serve). `usize::MAX`: no separate limit.
+    pub max_prefill_tokens_while_decoding: usize,
     /// Sequences running at once.
     pub max_running: usize,
     /// Longest sequence (prompt plus generated tokens) the model may see.
@@ -280,10 +288,14 @@ impl Scheduler {
     pub fn schedule(&mut self) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_batch_tokens;
+        // Prefill tokens still allowed in this step (limited only when it decodes too).
+        let decoding = self.running.iter().any(|&id| self.is_decoding(id));
+        let mut prefill_budget = if decoding { self.config.max_prefill_tokens_while_decoding } else { usize::MAX };
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let n_new = self.chunk_len(id, budget);
+            let is_decode = self.is_decoding(id);
+            let n_new = self.chunk_len(id, if is_decode { budget } else { budget.min(prefill_budget) });
             if n_new == 0 {
                 i += 1;
                 continue;
@@ -304,10 +316,13 @@ impl Scheduler {
             }
             plan.chunks.push(self.chunk(id, n_new));
             budget -= n_new;
+            if !is_decode {
+                prefill_budget -= n_new;
+            }
             i += 1;
         }
         if plan.preempted.is_empty() {
-            self.admit_waiting(&mut plan, budget);
+            self.admit_waiting(&mut plan, budget.min(prefill_budget));
         }
         plan.evicted = self.pool.take_evicted();
         plan
@@ -454,6 +469,12 @@ impl Scheduler {
     }
 
     /// Tokens of `id` not yet computed, capped by the budget.
+    /// Whether `id`'s next chunk is one generated token (a decode), not part of a prompt or a recompute.
+    fn is_decoding(&self, id: SeqId) -> bool {
+        let seq = &self.seqs[&id];
+        seq.num_computed_tokens > 0 && seq.num_computed_tokens + 1 == seq.tokens.len()
+    }
+
     fn chunk_len(&self, id: SeqId, budget: usize) -> usize {
         let seq = &self.seqs[&id];
         (seq.tokens.len() - seq.num_computed_tokens).min(budget)

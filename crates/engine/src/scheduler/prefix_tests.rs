@@ -4,7 +4,7 @@
 use super::*;
 
 fn cached_config(block_size: usize) -> SchedulerConfig {
-    SchedulerConfig { block_size, max_batch_tokens: 1000, max_running: 16, max_model_len: 1000, prefix_caching: true }
+    SchedulerConfig { block_size, max_batch_tokens: 1000, max_running: 16, max_model_len: 1000, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX }
 }
 
 /// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.

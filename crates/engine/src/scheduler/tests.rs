@@ -3,7 +3,7 @@
 use super::*;
 
 fn config(block_size: usize, max_batch_tokens: usize) -> SchedulerConfig {
-    SchedulerConfig { block_size, max_batch_tokens, max_running: 16, max_model_len: 1000, prefix_caching: false }
+    SchedulerConfig { block_size, max_batch_tokens, max_running: 16, max_model_len: 1000, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -155,7 +155,7 @@ fn removing_sequences_returns_every_block() {
 
 #[test]
 fn requests_that_can_never_run_are_refused() {
-    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 8, max_running: 4, max_model_len: 32, prefix_caching: false }, 5);
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 8, max_running: 4, max_model_len: 32, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }, 5);
     assert_eq!(s.add(1, vec![], 4), Err(AddError::EmptyPrompt));
     assert_eq!(s.add(1, prompt(32), 4), Err(AddError::TooLong { prompt: 32, max_model_len: 32 }));
     assert_eq!(s.add(1, prompt(20), 4), Err(AddError::TooLargeForPool { blocks_needed: 6, num_blocks: 5 }));
@@ -166,7 +166,7 @@ fn requests_that_can_never_run_are_refused() {
 
 #[test]
 fn the_running_limit_holds_back_admission() {
-    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, max_model_len: 100, prefix_caching: false }, 20);
+    let mut s = Scheduler::new(SchedulerConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, max_model_len: 100, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }, 20);
     for id in 1..=3 {
         s.add(id, prompt(4), 10).unwrap();
     }
@@ -175,4 +175,21 @@ fn the_running_limit_holds_back_admission() {
     s.remove(1);
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(2, 4, 1, true), chunk(3, 0, 4, true)]);
+}
+
+#[test]
+fn prompts_arriving_during_decodes_are_prefilled_in_capped_chunks() {
+    let mut s = Scheduler::new(SchedulerConfig { max_prefill_tokens_while_decoding: 8, ..config(4, 64) }, 40);
+    s.add(1, prompt(3), 10).unwrap();
+    s.add(2, prompt(20), 10).unwrap();
+    // nothing decodes yet: both prompts whole, in one step
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 20, true)]);
+    s.add(3, prompt(13), 10).unwrap();
+    // 1 and 2 decode; 3's prompt gets at most 8 tokens a step until it is in
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 20, 1, true), chunk(3, 0, 8, false)]);
+    assert_eq!(s.seq(3).unwrap().block_table, vec![7, 8]);
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 21, 1, true), chunk(3, 8, 5, true)]);
+    assert_eq!(s.seq(1).unwrap().block_table, vec![0, 9]);
+    assert_eq!(s.seq(3).unwrap().block_table, vec![7, 8, 10, 11]);
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 5, 1, true), chunk(2, 22, 1, true), chunk(3, 13, 1, true)]);
 }
