@@ -123,6 +123,22 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
             }
         }
         let mw = if KIND == Q4_1 { f16x16(p.add(Q4_1_M)) } else { _mm512_setzero_ps() };
+        // The integer dots of all tokens first, k-group outer: the tokens' chains interleave in program
+        // order, so the scheduler always has independent vpdpbusd at hand (integer sums: any order is
+        // the same result).
+        let mut sums = [_mm512_setzero_si512(); NT];
+        if NT >= 3 {
+            unroll!(NT, |t| {
+                if offset != 0 {
+                    sums[t] = _mm512_set1_epi32(-offset * (*side[t].add(b)).sum);
+                }
+            });
+            for (g, wg) in w.iter().enumerate() {
+                unroll!(NT, |t| {
+                    sums[t] = _mm512_dpbusd_epi32(sums[t], *wg, codes4(q[t].add(b * act_block + 4 * g)));
+                });
+            }
+        }
         unroll!(NT, |t| {
             let side = &*side[t].add(b);
             let q = q[t].add(b * act_block);
@@ -136,11 +152,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
                 }
                 _mm512_add_epi32(even, odd)
             } else {
-                let mut s = start;
-                for (g, wg) in w.iter().enumerate() {
-                    s = _mm512_dpbusd_epi32(s, *wg, codes4(q.add(4 * g)));
-                }
-                s
+                sums[t]
             };
             let d = _mm512_mul_ps(dw, _mm512_set1_ps(side.d));
             acc[t] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), acc[t]);
