@@ -141,8 +141,8 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
     let prepped = PrepCount::default();
     pool.run(prep_parts + tasks.len(), &|part| {
         if part < prep_parts {
-            let prep = prep.as_ref().expect("prep parts only when fused");
             let _done = prepped.part();
+            let prep = prep.as_ref().expect("prep parts only when fused");
             // SAFETY: parts cover disjoint token ranges; the buffers were shaped above.
             unsafe { prep.tokens(part * n_tokens / prep_parts, (part + 1) * n_tokens / prep_parts) };
             return;
@@ -534,26 +534,43 @@ mod tests {
             return;
         }
         let (cols, rows) = (768, 37);
-        let types = [GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 20 + i as u64)).collect();
+        let packs: Vec<_> = types.iter().zip(&weights).map(|(&t, w)| packed::pack(t, rows, cols, w)).collect();
+        let mats: Vec<QMatrix> = types.iter().zip(&weights).zip(&packs).map(|((&t, w), p)| QMatrix { dtype: t, rows, cols, bytes: w, packed: Some(p) }).collect();
         let mut rng = crate::sampler::Rng::new(4);
-        for (i, &t) in types.iter().enumerate() {
-            let w = random_weight_rows(t, rows, cols, 20 + i as u64);
-            let p = packed::pack(t, rows, cols, &w);
-            let m = QMatrix { dtype: t, rows, cols, bytes: &w, packed: Some(&p) };
-            let rb = m.row_bytes();
-            for n in [1usize, 3, 9, 400] {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
-                let (mut xq, mut out) = (Vec::new(), vec![0.0f32; n * rows]);
-                m.matmul(&x, &mut xq, &mut out);
-                let act = t.dot_activation_type();
-                let mut q = vec![0u8; activation_row_bytes(act, cols)];
-                for tok in 0..n {
-                    quantize_row_ggml_x86(act, &x[tok * cols..(tok + 1) * cols], &mut q);
-                    for r in 0..rows {
-                        let want = packed::reference::dot(t, cols, &w[r * rb..(r + 1) * rb], &q);
-                        assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} n={n} token {tok} row {r}");
+        // 1-3 threads: decode-sized batches prepare their activations inside the parallel run (also with
+        // fewer tokens than threads); 400 tokens go through several token chunks.
+        for threads in [1usize, 2, 3] {
+            pool::Pool::new(threads).install(|| {
+                for n in [1usize, 2, 3, 9, 31, 400] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+                    for m in &mats {
+                        let (mut xq, mut out) = (Vec::new(), vec![0.0f32; n * rows]);
+                        m.matmul(&x, &mut xq, &mut out);
+                        assert_is_the_definition(m, &x, &out, &format!("{} n={n} threads={threads}", m.dtype));
+                    }
+                    // several activation types (side tables) in one call: Q8_1, Q8_0 and Q8_K
+                    let (mut xq, mut outs) = (Vec::new(), vec![vec![0.0f32; n * rows]; 3]);
+                    let [a, b, c] = &mut outs[..] else { unreachable!() };
+                    matmul_many(&x, &mut xq, &mut [(mats[1], &mut a[..]), (mats[3], &mut b[..]), (mats[4], &mut c[..])]);
+                    for (m, out) in [&mats[1], &mats[3], &mats[4]].into_iter().zip(&outs) {
+                        assert_is_the_definition(m, &x, out, &format!("matmul_many {} n={n} threads={threads}", m.dtype));
                     }
                 }
+            });
+        }
+    }
+
+    fn assert_is_the_definition(m: &QMatrix, x: &[f32], out: &[f32], what: &str) {
+        let (rows, cols, rb) = (m.rows, m.cols, m.row_bytes());
+        let act = m.dtype.dot_activation_type();
+        let mut q = vec![0u8; activation_row_bytes(act, cols)];
+        for tok in 0..x.len() / cols {
+            quantize_row_ggml_x86(act, &x[tok * cols..(tok + 1) * cols], &mut q);
+            for r in 0..rows {
+                let want = packed::reference::dot(m.dtype, cols, &m.bytes[r * rb..(r + 1) * rb], &q);
+                assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{what}: token {tok} row {r}");
             }
         }
     }

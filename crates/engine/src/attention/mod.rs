@@ -408,8 +408,8 @@ mod tests {
             return;
         }
         // (9, 3, 64, Some(600)): the longest sequence's windows cross position 1024, a run boundary of the
-        // packed value sums.
-        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None), (9, 3, 64, Some(600))];
+        // packed value sums. Head size 64 with groups of 1, 2 and 3: the few-row decode scores.
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None), (9, 3, 64, Some(600)), (4, 4, 64, None), (4, 2, 64, Some(100))];
         for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;

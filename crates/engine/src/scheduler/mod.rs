@@ -468,13 +468,15 @@ impl Scheduler {
         seq.num_registered_blocks = seq.num_registered_blocks.max(full);
     }
 
-    /// Tokens of `id` not yet computed, capped by the budget.
-    /// Whether `id`'s next chunk is one generated token (a decode), not part of a prompt or a recompute.
+    /// Whether `id`'s next chunk is its one newest generated token (a decode): its whole prompt is
+    /// computed and one token is left. (The last token of a recompute after preemption counts too: one
+    /// token either way.)
     fn is_decoding(&self, id: SeqId) -> bool {
         let seq = &self.seqs[&id];
-        seq.num_computed_tokens > 0 && seq.num_computed_tokens + 1 == seq.tokens.len()
+        seq.num_computed_tokens >= seq.num_prompt_tokens && seq.num_computed_tokens + 1 == seq.tokens.len()
     }
 
+    /// Tokens of `id` not yet computed, capped by the budget.
     fn chunk_len(&self, id: SeqId, budget: usize) -> usize {
         let seq = &self.seqs[&id];
         (seq.tokens.len() - seq.num_computed_tokens).min(budget)
