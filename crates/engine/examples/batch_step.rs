@@ -1,6 +1,9 @@
 //! One model step over B sequences each decoding one token at a context of DEPTH, for B = 1, 2, 4, 8, 16:
 //! the engine's continuous-batching decode step without the scheduler. Prints the median step time, the
 //! step time per token, and tokens/s. batch_step MODEL_PATH [DEPTH] [REPS] [THREADS]
+//! Environment: BATCHES=1,8 times only those batch sizes; SAME_POS=1 decodes every step at position DEPTH
+//! (a long run stays at one depth, for a profiler); HUGE_AB=1 also steps a KV pool on small pages
+//! (`RECKON_HUGE_PAGES=0`) in alternation with the default huge-page one and prints both.
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::time::Instant;

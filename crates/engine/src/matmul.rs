@@ -111,11 +111,12 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
     let mut paths: Vec<Path> = jobs.iter().map(|(m, _)| path(m, n_tokens)).collect();
     let (mut layouts, mut sides) = (PAIR_ACTS.take(), SIDES.take());
     let pool = pool::current();
-    // A decode-sized batch on packed weights prepares its activations inside the matmul's own parallel
-    // run (parts 0..prep_parts, each a share of the tokens) instead of on the caller alone while the
-    // other threads wait: a serving step has ~120 of these.
-    let fuse_prep = pool.threads() > 1 && (2..2 * TOKENS_PER_PREP_TASK).contains(&n_tokens) && paths.iter().all(|p| matches!(p, Path::Packed { .. }));
-    let (prepared, fused) = if fuse_prep {
+    // Packed weights: the activations are prepared inside the matmul's own parallel run (parts
+    // 0..prep_parts, each a range of tokens), not by the caller alone (decode: ~120 matmuls a step while
+    // the other threads waited) nor in a run of their own (prefill: one meeting of the threads fewer).
+    // ggml's pair layouts need every token before their sums, so they keep `prepare`.
+    let packed_only = paths.iter().all(|p| matches!(p, Path::Packed { .. }));
+    let (prepared, side_types) = if packed_only {
         let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
         debug_assert!(pair_types.is_empty(), "packed paths only");
         (prepared, Some(side_types))
@@ -123,8 +124,10 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
         (prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides), None)
     };
     let no_pairs: [GgmlType; 0] = [];
-    let prep = fused.as_ref().map(|side_types| TokenPrep::new(x, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
-    let prep_parts = if prep.is_some() { pool.threads().min(n_tokens) } else { 0 };
+    let prep = side_types.as_ref().map(|side_types| TokenPrep::new(x, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
+    // Prefill-sized batches in tasks of TOKENS_PER_PREP_TASK tokens, smaller ones a share per thread.
+    let prep_chunk = if n_tokens >= 2 * TOKENS_PER_PREP_TASK { TOKENS_PER_PREP_TASK } else { n_tokens.div_ceil(pool.threads()) };
+    let prep_parts = if prep.is_some() { n_tokens.div_ceil(prep_chunk) } else { 0 };
     let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
     // Taken last: nothing touches `jobs` again while the tasks write through these.
     let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
@@ -144,7 +147,7 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
             let _done = prepped.part();
             let prep = prep.as_ref().expect("prep parts only when fused");
             // SAFETY: parts cover disjoint token ranges; the buffers were shaped above.
-            unsafe { prep.tokens(part * n_tokens / prep_parts, (part + 1) * n_tokens / prep_parts) };
+            unsafe { prep.tokens(part * prep_chunk, ((part + 1) * prep_chunk).min(n_tokens)) };
             return;
         }
         // Parts are claimed in order, so every preparation part is claimed and running (or done).
@@ -188,7 +191,8 @@ fn path(m: &QMatrix, n_tokens: usize) -> Path {
 
 /// Quantizes x once per activation type the matrices need (into `xq`), builds one pair layout per
 /// legacy weight type among the pair paths and one side table per activation type among the packed
-/// paths (numbering them in `paths`); in parallel over tokens for prefill-sized batches.
+/// paths (numbering them in `paths`); in parallel over tokens for prefill-sized batches. For calls that
+/// are not all packed (ggml numerics); packed-only calls prepare inside their matmul run.
 #[allow(clippy::too_many_arguments)]
 fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> Prepared {
     let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, paths, xq, layouts, sides);

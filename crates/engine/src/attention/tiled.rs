@@ -456,7 +456,9 @@ unsafe fn key64(keys: &[f16], offsets: &[usize], n_keys: usize, c: usize) -> [__
     ]
 }
 
-/// `key_sums::<4>`'s one step for one key: `(k0·q0 + k2·q2) + (k1·q1 + k3·q3)` as ggml's accumulators.
+/// Head size 64, one key: ggml_vec_dot_f16's one step, a_j = k_j·q_j, then `(a0 + a2) + (a1 + a3)`.
+/// Products of f16 values are exact in f32, so fma(k2, q2, a0) rounds a0 + a2 exactly as the addition
+/// does (and a0 = fma(k0, q0, +0) is never -0): 5 ops, not 7.
 #[inline(always)]
 unsafe fn key_sum64(k: &[__m512; 4], q: &[__m512; 4]) -> __m512 {
     let zero = _mm512_setzero_ps();
@@ -476,13 +478,8 @@ unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m5
     for (c, vc) in v.iter_mut().enumerate() {
         let pk = kbuf.add(c * NV * 16);
         if NV == 4 {
-            // One step: a_j = k_j·q_j. Products of f16 values are exact in f32, so fma(k2, q2, a0) rounds
-            // a0 + a2 exactly as the addition does (and a0 = fma(k0, q0, +0) is never -0): 5 ops, not 7.
-            let a0 = _mm512_fmadd_ps(_mm512_loadu_ps(pk), q[0], zero);
-            let a1 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(16)), q[1], zero);
-            let a02 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(32)), q[2], a0);
-            let a13 = _mm512_fmadd_ps(_mm512_loadu_ps(pk.add(48)), q[3], a1);
-            *vc = _mm512_add_ps(a02, a13);
+            let k = [_mm512_loadu_ps(pk), _mm512_loadu_ps(pk.add(16)), _mm512_loadu_ps(pk.add(32)), _mm512_loadu_ps(pk.add(48))];
+            *vc = key_sum64(&k, &[q[0], q[1], q[2], q[3]]);
             continue;
         }
         let mut acc = [zero; 4];
