@@ -95,12 +95,40 @@ impl Prepared {
     }
 }
 
+/// Writes token rows `first..last` of a matmul's input (`rows`: those rows) just before they are
+/// quantized: the row-wise operation that makes the input (RMSNorm, SwiGLU, a residual add) then runs
+/// inside the matmul's parallel run, a share of the tokens per thread, instead of on the calling thread
+/// alone while the others wait. Each row must be computed as it would be alone (the split varies).
+pub type FillRows<'f> = &'f (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
 /// `matmul` for several matrices with the same `cols` over the same input x: `[n_tokens, cols]`; each
 /// `out` is `[n_tokens, rows]` of its matrix. Bit-identical to separate `matmul` calls.
 pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+    // SAFETY: without a fill nothing writes through the pointer.
+    unsafe { matmul_many_impl(x.as_ptr() as *mut f32, x.len(), None, xq, jobs) }
+}
+
+/// `matmul_many` over an input that `fill` writes first (see `FillRows`); the same results as calling
+/// `fill(0, n_tokens, x)` and then `matmul_many(x, ..)`.
+pub fn matmul_many_filled(x: &mut [f32], fill: FillRows, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+    // SAFETY: `x` is borrowed mutably for the call.
+    unsafe { matmul_many_impl(x.as_mut_ptr(), x.len(), Some(fill), xq, jobs) }
+}
+
+/// # Safety
+/// `x_ptr..x_ptr + x_len` is one live buffer, writable when `fill` is given, not otherwise accessed
+/// during the call.
+unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     let Some(cols) = jobs.first().map(|j| j.0.cols) else { return };
-    let n_tokens = x.len() / cols;
-    assert_eq!(x.len(), n_tokens * cols, "matmul input is not [n, {cols}]");
+    let n_tokens = x_len / cols;
+    let x_rows = SyncPtr(x_ptr);
+    // Token rows first..last of x, for the one part that fills or quantizes them.
+    let rows_of = move |first: usize, last: usize| {
+        let x_rows = x_rows; // the whole wrapper (Sync), not its raw field
+        // SAFETY: inside the buffer; parts take disjoint token ranges (see the callers).
+        unsafe { std::slice::from_raw_parts_mut(x_rows.0.add(first * cols), (last - first) * cols) }
+    };
+    assert_eq!(x_len, n_tokens * cols, "matmul input is not [n, {cols}]");
     for (m, out) in jobs.iter() {
         assert_eq!(m.cols, cols, "matmul_many: matrices of {} and {cols} columns", m.cols);
         assert_eq!(out.len(), n_tokens * m.rows, "matmul output is not [n, {}]", m.rows);
@@ -121,10 +149,13 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
         debug_assert!(pair_types.is_empty(), "packed paths only");
         (prepared, Some(side_types))
     } else {
-        (prepare(x, cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides), None)
+        if let Some(fill) = fill {
+            fill(0, n_tokens, rows_of(0, n_tokens));
+        }
+        (prepare(rows_of(0, n_tokens), cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides), None)
     };
     let no_pairs: [GgmlType; 0] = [];
-    let prep = side_types.as_ref().map(|side_types| TokenPrep::new(x, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
+    let prep = side_types.as_ref().map(|side_types| TokenPrep::new(x_rows, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
     // Prefill-sized batches in tasks of TOKENS_PER_PREP_TASK tokens, smaller ones a share per thread.
     let prep_chunk = if n_tokens >= 2 * TOKENS_PER_PREP_TASK { TOKENS_PER_PREP_TASK } else { n_tokens.div_ceil(pool.threads()) };
     let prep_parts = if prep.is_some() { n_tokens.div_ceil(prep_chunk) } else { 0 };
@@ -146,8 +177,12 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
         if part < prep_parts {
             let _done = prepped.part();
             let prep = prep.as_ref().expect("prep parts only when fused");
+            let (first, last) = (part * prep_chunk, ((part + 1) * prep_chunk).min(n_tokens));
+            if let Some(fill) = fill {
+                fill(first, last, rows_of(first, last));
+            }
             // SAFETY: parts cover disjoint token ranges; the buffers were shaped above.
-            unsafe { prep.tokens(part * prep_chunk, ((part + 1) * prep_chunk).min(n_tokens)) };
+            unsafe { prep.tokens(first, last) };
             return;
         }
         // Parts are claimed in order, so every preparation part is claimed and running (or done).
@@ -197,7 +232,7 @@ fn path(m: &QMatrix, n_tokens: usize) -> Path {
 fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> Prepared {
     let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, paths, xq, layouts, sides);
     {
-        let prep = TokenPrep::new(x, cols, &prepared, &pair_types, &side_types, xq, layouts, sides);
+        let prep = TokenPrep::new(SyncPtr(x.as_ptr() as *mut f32), cols, &prepared, &pair_types, &side_types, xq, layouts, sides);
         if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
             pool::current().run(n_tokens.div_ceil(TOKENS_PER_PREP_TASK), &|task| {
                 let first = task * TOKENS_PER_PREP_TASK;
@@ -260,7 +295,8 @@ fn shape_prep(cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], path
 /// The per-token half of `prepare`: quantizes tokens' rows, fills their side entries and pair lines,
 /// through raw pointers so that parts working on different tokens can run at once.
 struct TokenPrep<'a> {
-    x: &'a [f32],
+    /// The input rows, read per token range (a fill may have written them just before).
+    x: SyncPtr<f32>,
     cols: usize,
     plain: &'a [(GgmlType, usize, usize)],
     pair_types: &'a [GgmlType],
@@ -272,7 +308,7 @@ struct TokenPrep<'a> {
 
 impl<'a> TokenPrep<'a> {
     #[allow(clippy::too_many_arguments)]
-    fn new(x: &'a [f32], cols: usize, prepared: &'a Prepared, pair_types: &'a [GgmlType], side_types: &[GgmlType], xq: &mut [u8], layouts: &mut [PairActs], sides: &mut [ActSide]) -> Self {
+    fn new(x: SyncPtr<f32>, cols: usize, prepared: &'a Prepared, pair_types: &'a [GgmlType], side_types: &[GgmlType], xq: &mut [u8], layouts: &mut [PairActs], sides: &mut [ActSide]) -> Self {
         TokenPrep {
             x,
             cols,
@@ -296,7 +332,10 @@ impl<'a> TokenPrep<'a> {
                 // SAFETY: token t's row of this activation type is written by this call only, inside
                 // `xq` (sized for n_tokens rows of every type by `shape_prep`).
                 let q = unsafe { std::slice::from_raw_parts_mut(self.xq.0.add(off + t * bytes), bytes) };
-                quantize_row_ggml_x86(act, &self.x[t * cols..(t + 1) * cols], q);
+                // SAFETY: token t's input row, complete (filled, if at all, by this same part) and not
+                // written while this call reads it.
+                let x = unsafe { std::slice::from_raw_parts(self.x.0.add(t * cols) as *const f32, cols) };
+                quantize_row_ggml_x86(act, x, q);
                 if let Some(&(_, blocks, ptrs)) = self.sides.iter().find(|s| s.0 == act) {
                     // SAFETY: the table was shaped for n_tokens tokens of `act`; token t is this call's.
                     unsafe { ActSide::fill_token(act, blocks, ptrs.0, t, q) };

@@ -41,16 +41,46 @@ pub fn par_rows(out: &mut [f32], dim: usize, input: &[f32], in_dim: usize, f: &(
 /// RMSNorm of every `dim`-long row of `x` into `out`: out = x / sqrt(mean(x²) + eps) * weight.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
-    par_rows(&mut out[..x.len()], dim, x, dim, &|_, out, x| {
-        for (rows, out_rows) in x.chunks(SCALE_ROWS * dim).zip(out.chunks_mut(SCALE_ROWS * dim)) {
-            let scales = rms_scales(rows, dim, eps);
-            for ((row, out_row), &scale) in rows.chunks_exact(dim).zip(out_rows.chunks_exact_mut(dim)).zip(&scales) {
-                for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
-                    *o = v * scale * w;
-                }
+    par_rows(&mut out[..x.len()], dim, x, dim, &|_, out, x| rms_norm_here(x, weight, eps, out));
+}
+
+/// `rms_norm` on the calling thread (for a part of a parallel run, e.g. a matmul's `FillRows`).
+pub fn rms_norm_here(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = weight.len();
+    for (rows, out_rows) in x.chunks(SCALE_ROWS * dim).zip(out.chunks_mut(SCALE_ROWS * dim)) {
+        let scales = rms_scales(rows, dim, eps);
+        for ((row, out_row), &scale) in rows.chunks_exact(dim).zip(out_rows.chunks_exact_mut(dim)).zip(&scales) {
+            for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
+                *o = v * scale * w;
             }
         }
-    });
+    }
+}
+
+/// Rows of a `[n, dim]` buffer handed out by range to the parts of a parallel run (each part its own
+/// rows), while the buffer itself stays borrowed by whoever made this.
+#[derive(Clone, Copy)]
+pub struct SharedRows {
+    ptr: RowsPtr,
+    len: usize,
+    dim: usize,
+}
+
+impl SharedRows {
+    pub fn new(buf: &mut [f32], dim: usize) -> Self {
+        SharedRows { ptr: RowsPtr(buf.as_mut_ptr()), len: buf.len(), dim }
+    }
+
+    /// Rows `first..last`.
+    ///
+    /// # Safety
+    /// No one else uses these rows while the slice lives, and the buffer outlives it.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn rows(&self, first: usize, last: usize) -> &mut [f32] {
+        assert!(first <= last && last * self.dim <= self.len, "rows {first}..{last} of a buffer of {} rows", self.len / self.dim);
+        // SAFETY: in bounds (checked); exclusive by the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.0.add(first * self.dim), (last - first) * self.dim) }
+    }
 }
 
 /// RMSNorm in place (used for per-head q/k norms, where rows are heads).

@@ -31,6 +31,8 @@ struct Shared {
     pending: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
+    /// Set by `rest`: idle workers park now instead of spinning out SPIN_FOR; cleared by `run`.
+    rest: AtomicBool,
     sleepers: Mutex<usize>,
     wake: Condvar,
 }
@@ -65,6 +67,7 @@ impl Pool {
             pending: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            rest: AtomicBool::new(false),
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
         });
@@ -97,6 +100,13 @@ impl Pool {
         f()
     }
 
+    /// Tells idle workers to park now rather than spin: the caller knows that no run comes for a while
+    /// and that other threads of the process need the cores meanwhile (the engine between two steps,
+    /// while the HTTP threads stream its tokens). The next `run` wakes them.
+    pub fn rest(&self) {
+        self.shared.rest.store(true, Ordering::Relaxed);
+    }
+
     /// Calls `f(part)` for `part in 0..n_parts`, spread over the pool; returns when all have returned.
     /// A panic in a part is re-raised here after the others finish.
     pub fn run(&self, n_parts: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -119,6 +129,7 @@ impl Pool {
         s.next_part.store(0, Ordering::Relaxed);
         s.panicked.store(false, Ordering::Relaxed);
         s.pending.store(self.workers.len(), Ordering::Relaxed);
+        s.rest.store(false, Ordering::Relaxed);
         s.epoch.fetch_add(1, Ordering::Release);
         if *s.sleepers.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
             s.wake.notify_all();
@@ -176,7 +187,7 @@ fn worker(s: &Shared) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || start.elapsed() < SPIN_FOR {
+            if spins % 1024 != 0 || (start.elapsed() < SPIN_FOR && !s.rest.load(Ordering::Relaxed)) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -252,6 +263,28 @@ mod tests {
             }
         }
         assert_eq!(total.load(Ordering::Relaxed), 2000 * 10);
+    }
+
+    #[test]
+    fn runs_after_rest_wake_the_parked_workers() {
+        let pool = Pool::new(3);
+        let total = AtomicU64::new(0);
+        for i in 0..200u64 {
+            pool.run(6, &|_| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+            pool.rest();
+            if i % 50 == 0 {
+                // Resting workers park long before SPIN_FOR (which a plain idle pool spins out) is over;
+                // waited for with a generous deadline, as a busy machine may hold a worker off its core.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while *pool.shared.sleepers.lock().unwrap() < 2 {
+                    assert!(Instant::now() < deadline, "resting workers park");
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 200 * 6);
     }
 
     #[test]

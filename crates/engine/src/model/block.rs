@@ -1,7 +1,7 @@
 //! The attention sub-block shared by every architecture: q/k/v projections (+ biases, + per-head
 //! norms where present), RoPE, writing k/v into the paged storage, attention, output projection.
 
-use crate::matmul::matmul_many;
+use crate::matmul::{matmul_many_filled, QMatrix};
 use super::config::ModelConfig;
 use super::weights::LayerWeights;
 use super::Scratch;
@@ -20,17 +20,44 @@ pub(super) struct LayerCtx<'a> {
     pub numerics: crate::model::Numerics,
 }
 
-/// Reads `s.xn` ([n, d_model], already normed), leaves the attention output projected in `s.proj`.
-pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
+/// A sub-block's input: `xn = rmsnorm(x) · weight`, after `x += proj` (the previous sub-block's output,
+/// its residual add deferred to here) when `add_proj`.
+pub(super) struct NormedInput<'w> {
+    pub weight: &'w [f32],
+    pub add_proj: bool,
+}
+
+/// The matmuls of `jobs` over `xn` made from `x` as `input` says (`xn`: `[n, d_model]`, written). The
+/// add and the norm run inside the matmul's parallel run (`FillRows`), each token's row as alone.
+pub(super) fn normed_matmul(input: &NormedInput, eps: f32, x: &mut [f32], proj: &[f32], xn: &mut [f32], act_q: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+    let d = input.weight.len();
+    let x_rows = ops::SharedRows::new(x, d);
+    let fill = |first: usize, last: usize, out: &mut [f32]| {
+        // SAFETY: the matmul hands each token range to one part; `x` is borrowed for the call.
+        let x = unsafe { x_rows.rows(first, last) };
+        if input.add_proj {
+            x.iter_mut().zip(&proj[first * d..last * d]).for_each(|(a, &b)| *a += b);
+        }
+        ops::rms_norm_here(x, input.weight, eps, out);
+    };
+    matmul_many_filled(xn, &fill, act_q, jobs);
+}
+
+/// Makes `s.xn` from `s.x` as `input` says (see `normed_matmul`), leaves the attention output projected
+/// in `s.proj`.
+pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, input: &NormedInput, kv: &mut KvStorage, s: &mut Scratch) {
     let c = ctx.cfg;
     let n = ctx.queries.len();
     let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
+    super::resize(&mut s.xn, n * c.d_model);
     super::resize(&mut s.q, n * q_dim);
     super::resize(&mut s.k, n * kv_dim);
     super::resize(&mut s.v, n * kv_dim);
     crate::attention::prefetch_decode_kv(kv, ctx.layer, ctx.queries);
     let (wq, wk, wv) = (w.wq.view(ctx.file), w.wk.view(ctx.file), w.wv.view(ctx.file));
-    matmul_many(&s.xn, &mut s.act_q, &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])]);
+    let jobs = &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])];
+    normed_matmul(input, c.norm_eps, &mut s.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
+    dump("attn_norm", ctx.layer, &s.xn, n);
     for (buf, bias) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
         if let Some(b) = bias {
             ops::add_bias(buf, b);

@@ -5,7 +5,7 @@
 //!   x += postnorm2(Wdown·(gelu(Wgate·n2) ⊙ Wup·n2))
 
 use crate::matmul::matmul_many;
-use super::block::{attention, LayerCtx};
+use super::block::{attention, LayerCtx, NormedInput};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
 use crate::kv::KvStorage;
@@ -17,10 +17,7 @@ pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mu
     let n = ctx.queries.len();
     let post_attn = w.post_attn_norm.as_ref().expect("gemma3 layers have post_attention_norm");
     let post_ffn = w.post_ffn_norm.as_ref().expect("gemma3 layers have post_ffw_norm");
-    resize(&mut s.xn, n * c.d_model);
-    ops::rms_norm(&s.x, &w.attn_norm, c.norm_eps, &mut s.xn);
-    dump("attn_norm", ctx.layer, &s.xn, n);
-    attention(ctx, w, kv, s);
+    attention(ctx, w, &NormedInput { weight: &w.attn_norm, add_proj: false }, kv, s);
     ops::rms_norm_inplace(&mut s.proj, post_attn, c.norm_eps);
     ops::add_inplace(&mut s.x, &s.proj);
     dump("ffn_inp", ctx.layer, &s.x, n);

@@ -2,8 +2,8 @@
 //!   x += Wo·attn(rope(Wq·n1), rope(Wk·n1), Wv·n1),   n1 = rmsnorm(x)
 //!   x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2),             n2 = rmsnorm(x)
 
-use crate::matmul::matmul_many;
-use super::block::{attention, LayerCtx};
+use crate::matmul::matmul_many_filled;
+use super::block::{attention, normed_matmul, LayerCtx, NormedInput};
 use super::weights::LayerWeights;
 use super::{resize, Scratch};
 use crate::kv::KvStorage;
@@ -13,28 +13,32 @@ use crate::ops;
 pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
     let c = ctx.cfg;
     let n = ctx.queries.len();
-    resize(&mut s.xn, n * c.d_model);
-    ops::rms_norm(&s.x, &w.attn_norm, c.norm_eps, &mut s.xn);
-    dump("attn_norm", ctx.layer, &s.xn, n);
-    attention(ctx, w, kv, s);
+    // The previous layer's last residual add (x += its FFN output) happens in this layer's first fill.
+    let add_proj = std::mem::take(&mut s.residual_pending);
+    attention(ctx, w, &NormedInput { weight: &w.attn_norm, add_proj }, kv, s);
     dump("attn_out", ctx.layer, &s.proj, n);
-    ops::add_inplace(&mut s.x, &s.proj);
-    dump("ffn_inp", ctx.layer, &s.x, n);
-    ops::rms_norm(&s.x, &w.ffn_norm, c.norm_eps, &mut s.xn);
-    dump("ffn_norm", ctx.layer, &s.xn, n);
     resize(&mut s.gate, n * c.ffn_dim);
     resize(&mut s.up, n * c.ffn_dim);
     let (w_gate, w_up) = (w.w_gate.view(ctx.file), w.w_up.view(ctx.file));
-    matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
+    let ffn_input = NormedInput { weight: &w.ffn_norm, add_proj: true };
+    normed_matmul(&ffn_input, c.norm_eps, &mut s.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
+    dump("ffn_inp", ctx.layer, &s.x, n);
+    dump("ffn_norm", ctx.layer, &s.xn, n);
     dump("ffn_gate", ctx.layer, &s.gate, n);
     dump("ffn_up", ctx.layer, &s.up, n);
-    // One call per row, as ggml: swiglu's last partial vector (if ffn_dim % 16 != 0) is per row.
-    ops::par_rows(&mut s.gate, c.ffn_dim, &s.up, c.ffn_dim, &|_, g, u| {
-        g.chunks_exact_mut(c.ffn_dim).zip(u.chunks_exact(c.ffn_dim)).for_each(|(g, u)| crate::ggml_math::swiglu(g, u))
-    });
+    // SwiGLU in the down projection's fill. One call per row, as ggml: swiglu's last partial vector (if
+    // ffn_dim % 16 != 0) is per row.
+    let (ffn, up) = (c.ffn_dim, &s.up[..]);
+    let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
+        gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::ggml_math::swiglu(g, u))
+    };
+    matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(w.w_down.view(ctx.file), &mut s.proj[..])]);
     dump("ffn_swiglu", ctx.layer, &s.gate, n);
-    w.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
     dump("ffn_out", ctx.layer, &s.proj, n);
-    ops::add_inplace(&mut s.x, &s.proj);
-    dump("l_out", ctx.layer, &s.x, n);
+    if crate::debug_dump::enabled() {
+        ops::add_inplace(&mut s.x, &s.proj);
+        dump("l_out", ctx.layer, &s.x, n);
+    } else {
+        s.residual_pending = true;
+    }
 }

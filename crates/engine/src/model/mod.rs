@@ -55,6 +55,9 @@ pub struct Scratch {
     pub(crate) gate: Vec<f32>,     // [n, ffn_dim]
     pub(crate) up: Vec<f32>,       // [n, ffn_dim]
     pub(crate) act_q: Vec<u8>,     // quantized activations for matmul
+    /// `x += proj` is still to be done (a llama layer leaves its last residual add to whoever reads x
+    /// next, which does it inside its own parallel run).
+    pub(crate) residual_pending: bool,
     logits: Vec<f32>,              // [n_logit_rows, vocab]
 }
 
@@ -133,6 +136,9 @@ impl Model {
                 Arch::Gemma3 => gemma3::layer(&ctx, layer, kv, scratch),
             }
         }
+        if std::mem::take(&mut scratch.residual_pending) {
+            ops::add_inplace(&mut scratch.x, &scratch.proj);
+        }
         let rows = logit_rows(seqs);
         resize(&mut scratch.xn, rows.len() * c.d_model);
         for (out, &t) in scratch.xn.chunks_exact_mut(c.d_model).zip(&rows) {
@@ -171,6 +177,7 @@ impl Model {
         let d = self.config.d_model;
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
         resize(&mut scratch.x, tokens.len() * d);
+        scratch.residual_pending = false;
         let table = self.weights.embed.view(&self.file);
         let row_bytes = table.dtype.row_bytes(d).expect("checked at load");
         for (out, &t) in scratch.x.chunks_exact_mut(d).zip(&tokens) {
