@@ -11,7 +11,7 @@
 
 use crate::pool;
 use crate::quant::packed::{self, ActSide, PackedInput, PackedMatrix, GROUP};
-use crate::quant::{activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, prefetch_l2, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
+use crate::quant::{activation_row_bytes, fill_pairs, quantize_row_legacy_with_sides, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, prefetch_l2, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`
 /// (`bytes`, ggml layout), and its packed copy if it has one: then the matmul runs the packed kernels
@@ -335,9 +335,19 @@ impl<'a> TokenPrep<'a> {
                 // SAFETY: token t's input row, complete (filled, if at all, by this same part) and not
                 // written while this call reads it.
                 let x = unsafe { std::slice::from_raw_parts(self.x.0.add(t * cols) as *const f32, cols) };
-                quantize_row_ggml_x86(act, x, q);
-                if let Some(&(_, blocks, ptrs)) = self.sides.iter().find(|s| s.0 == act) {
-                    // SAFETY: the table was shaped for n_tokens tokens of `act`; token t is this call's.
+                let Some(&(_, blocks, ptrs)) = self.sides.iter().find(|s| s.0 == act) else {
+                    quantize_row_ggml_x86(act, x, q);
+                    continue;
+                };
+                let fused = matches!(act, GgmlType::Q8_0 | GgmlType::Q8_1) && {
+                    // SAFETY: the table was shaped for n_tokens tokens of `act`, legacy entries for these
+                    // types, `blocks` per token; token t's entries are this call's.
+                    let legacy_sides = unsafe { std::slice::from_raw_parts_mut(ptrs.0 .0.add(t * blocks), blocks) };
+                    quantize_row_legacy_with_sides(act, x, q, legacy_sides)
+                };
+                if !fused {
+                    quantize_row_ggml_x86(act, x, q);
+                    // SAFETY: as above.
                     unsafe { ActSide::fill_token(act, blocks, ptrs.0, t, q) };
                 }
             }

@@ -54,7 +54,7 @@ use std::sync::OnceLock;
 use blocks::QK;
 
 pub use dequant::dequantize_row;
-pub use quantize::{quantize_row, quantize_row_ggml_x86};
+pub use quantize::{quantize_row, quantize_row_ggml_x86, quantize_row_legacy_with_sides};
 
 /// A ggml tensor element type (the subset reckon supports). Q8_1 and Q8_K only ever hold activations.
 #[allow(non_camel_case_types)] // ggml's own names

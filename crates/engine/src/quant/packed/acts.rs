@@ -15,6 +15,12 @@ pub struct LSide {
     _pad: i32,
 }
 
+impl LSide {
+    pub fn new(d: f32, s: f32, sum: i32) -> Self {
+        LSide { d, s, sum, _pad: 0 }
+    }
+}
+
 /// One Q8_K activation super-block: `d`, the 8 sums of 32 (Q4_K's min term, as the i16 pairs
 /// `vpdpwssd` takes) and −32 × the 16 sums of 16 (Q6_K's offset, as i32 accumulator starts).
 #[repr(C, align(32))]

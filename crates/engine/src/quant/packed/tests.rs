@@ -106,3 +106,36 @@ fn packed_size_is_the_file_size() {
         assert_eq!(m.bytes().len(), w.len() + extra, "{t}");
     }
 }
+
+/// Quantizing with the side entries in one pass gives the bytes of `quantize_row_ggml_x86` and the
+/// entries `fill_token` reads back from them, for ordinary rows, an all-zero block, blocks whose codes
+/// saturate at ±127 and values that round to f16 subnormals.
+#[test]
+fn quantizing_with_sides_is_quantizing_then_reading_the_sides() {
+    use crate::quant::quantize_row_legacy_with_sides;
+    let cols = 256;
+    let mut rng = Rng::new(5);
+    let mut rows: Vec<Vec<f32>> = (0..4).map(|_| (0..cols).map(|_| rng.activation()).collect()).collect();
+    let mut special: Vec<f32> = (0..cols).map(|i| (i as f32 - 128.0) * 1e-6).collect();
+    special[..32].iter_mut().for_each(|v| *v = 0.0);
+    special[32..64].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1e4 } else { -1e4 });
+    special[64..96].iter_mut().for_each(|v| *v *= 1e-3);
+    rows.push(special);
+    for act in [GgmlType::Q8_0, GgmlType::Q8_1] {
+        let ab = act.row_bytes(cols).unwrap();
+        for (i, row) in rows.iter().enumerate() {
+            let (mut want_q, mut got_q) = (vec![0u8; ab], vec![0u8; ab]);
+            quantize_row_ggml_x86(act, row, &mut want_q);
+            let want = side_of(if act == GgmlType::Q8_0 { GgmlType::Q8_0 } else { GgmlType::Q4_1 }, cols, 1, &want_q);
+            let mut got = vec![acts::LSide::default(); cols / 32];
+            if !quantize_row_legacy_with_sides(act, row, &mut got_q, &mut got) {
+                eprintln!("note: no AVX2/F16C here; nothing to compare");
+                return;
+            }
+            assert_eq!(got_q, want_q, "{act} row {i}: bytes");
+            for (b, (g, w)) in got.iter().zip(&want.legacy).enumerate() {
+                assert_eq!((g.d.to_bits(), g.s.to_bits(), g.sum), (w.d.to_bits(), w.s.to_bits(), w.sum), "{act} row {i} block {b}");
+            }
+        }
+    }
+}
