@@ -2,8 +2,10 @@
 //! the engine's continuous-batching decode step without the scheduler. Prints the median step time, the
 //! step time per token, and tokens/s. batch_step MODEL_PATH [DEPTH] [REPS] [THREADS]
 //! Environment: BATCHES=1,8 times only those batch sizes; SAME_POS=1 decodes every step at position DEPTH
-//! (a long run stays at one depth, for a profiler); HUGE_AB=1 also steps a KV pool on small pages
-//! (`RECKON_HUGE_PAGES=0`) in alternation with the default huge-page one and prints both.
+//! (a long run stays at one depth, for a profiler); HUGE_AB=1 also steps a second copy of the model
+//! whose packed weights and KV pool are on small pages (`RECKON_HUGE_PAGES=0`), in alternation with the
+//! default huge-page one, and prints both (HUGE_AB=kv: only the KV pool on small pages, the weights
+//! shared).
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::time::Instant;
@@ -20,12 +22,19 @@ fn main() {
     let blocks_per_seq = (depth + reps + 2).div_ceil(bs);
     let mut kv = model.new_kv(bs, max_b * blocks_per_seq);
     // HUGE_AB=1: a second KV pool on small pages, stepped in alternation with the first (huge pages).
-    let huge_ab = std::env::var("HUGE_AB").is_ok();
-    let mut kv_small = huge_ab.then(|| {
-        // SAFETY: no other thread reads the environment here.
-        unsafe { std::env::set_var("RECKON_HUGE_PAGES", "0") };
-        model.new_kv(bs, max_b * blocks_per_seq)
-    });
+    let huge_ab = std::env::var("HUGE_AB").ok();
+    let (model_small, mut kv_small) = match huge_ab.as_deref() {
+        None => (None, None),
+        Some(what) => {
+            // SAFETY: no other thread reads the environment here.
+            unsafe { std::env::set_var("RECKON_HUGE_PAGES", "0") };
+            let small = (what != "kv").then(|| Model::load(GgufFile::open(path).expect("model")).expect("load"));
+            let kv = small.as_ref().unwrap_or(&model).new_kv(bs, max_b * blocks_per_seq);
+            (small, Some(kv))
+        }
+    };
+    let model_small = model_small.as_ref().unwrap_or(&model);
+    let huge_ab = huge_ab.is_some();
     let mut scratch = Scratch::default();
     let tables: Vec<Vec<u32>> = (0..max_b).map(|s| ((s * blocks_per_seq) as u32..((s + 1) * blocks_per_seq) as u32).collect()).collect();
     // Prefill every sequence to DEPTH with distinct tokens.
@@ -34,7 +43,7 @@ fn main() {
         let input = SeqInput { tokens: &prompts[s], start_pos: 0, block_table: &tables[s], logits: LogitsWanted::Last };
         model.forward(&[input], &mut kv, &mut scratch).expect("prefill");
         if let Some(kv_small) = kv_small.as_mut() {
-            model.forward(&[input], kv_small, &mut scratch).expect("prefill");
+            model_small.forward(&[input], kv_small, &mut scratch).expect("prefill");
         }
     }
     println!("| batch | step ms (median) | ms per token | tokens/s |");
@@ -54,7 +63,7 @@ fn main() {
             times.push(t.elapsed().as_secs_f64() * 1e3);
             if let Some(kv_small) = kv_small.as_mut() {
                 let t = Instant::now();
-                model.forward(&inputs, kv_small, &mut scratch).expect("step");
+                model_small.forward(&inputs, kv_small, &mut scratch).expect("step");
                 times_small.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }

@@ -19,6 +19,7 @@ unsafe impl Zeroable for i8 {}
 unsafe impl Zeroable for u16 {}
 unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for half::f16 {}
+unsafe impl Zeroable for crate::quant::Line {}
 
 /// `len` elements of `T`, zeroed, in their own anonymous mapping advised for huge pages (or on the heap
 /// when small, or when the map cannot be made).

@@ -7,7 +7,9 @@ use super::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
 use crate::matmul::QMatrix;
-use crate::quant::packed::{self, Numerics, PackedMatrix};
+use crate::huge_buf::HugeBuf;
+use crate::quant::packed::{self, Numerics, PackedMatrix, PackedShape};
+use crate::quant::Line;
 use crate::quant::{dequantize_row, GgmlType};
 use std::sync::Arc;
 
@@ -28,15 +30,12 @@ impl Linear {
         QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len], packed: self.packed.as_deref() }
     }
 
-    /// The same matrix with a packed copy (packable types; others unchanged), its pages of the map
-    /// released as the packing reads past them.
-    fn packed(&self, file: &GgufFile) -> Linear {
-        if !packed::packable(self.dtype) {
-            return self.clone();
-        }
+    /// Packs this matrix (a packable type) into `out`, its pages of the map released as the packing
+    /// reads past them.
+    fn pack_into(&self, file: &GgufFile, out: &mut [Line]) -> PackedShape {
         let bytes = &file.raw()[self.offset..self.offset + self.len];
         let release = |r: std::ops::Range<usize>| file.release_range(self.offset + r.start, r.len());
-        Linear { packed: Some(Arc::new(packed::pack_releasing(self.dtype, self.rows, self.cols, bytes, &release))), ..self.clone() }
+        packed::pack_into(self.dtype, self.rows, self.cols, bytes, &release, out)
     }
 }
 
@@ -150,25 +149,47 @@ impl LayerWeights {
 
 /// Packs every matrix (the embedding table is still looked up by row from the map), in parallel over
 /// the matrices, releasing the map's pages as the packing passes them: the packed copies take about the
-/// file's size, and the map's pages of them do not stay resident beside them.
+/// file's size, and the map's pages of them do not stay resident beside them. All packed matrices share
+/// one arena that may live on 2 MiB pages (`HugeBuf`): a step reads every weight once, and on 4 KiB
+/// pages that was a TLB miss every 4 KiB of the stream (most matrices of a small model are below the
+/// size a buffer of their own would get huge pages for).
 fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
     let started = std::time::Instant::now();
     let mut all: Vec<&mut Linear> = w.layers.iter_mut().flat_map(|l| l.matrices_mut()).collect();
     all.push(&mut w.output);
+    all.retain(|l| packed::packable(l.dtype));
+    let shapes: Vec<PackedShape> = all.iter().map(|l| PackedShape::new(l.dtype, l.rows, l.cols)).collect();
+    let mut arena = HugeBuf::<Line>::zeroed(shapes.iter().map(PackedShape::lines).sum());
+    // Each matrix's lines, split off the arena in order.
+    let mut firsts = Vec::with_capacity(shapes.len());
+    let mut outs: Vec<&mut [Line]> = Vec::with_capacity(shapes.len());
+    let (mut rest, mut first) = (&mut arena[..], 0);
+    for shape in &shapes {
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(shape.lines());
+        outs.push(mine);
+        firsts.push(first);
+        first += shape.lines();
+        rest = after;
+    }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let slots: Vec<std::sync::Mutex<&mut Linear>> = all.into_iter().map(std::sync::Mutex::new).collect();
+    let jobs: Vec<std::sync::Mutex<(&Linear, &mut [Line])>> = all.iter().map(|l| &**l).zip(outs).map(std::sync::Mutex::new).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(slot) = slots.get(i) else { break };
-                let mut lin = slot.lock().expect("one packer per matrix");
-                **lin = lin.packed(file);
+                let Some(job) = jobs.get(i) else { break };
+                let mut job = job.lock().expect("one packer per matrix");
+                let (lin, out) = &mut *job;
+                lin.pack_into(file, out);
             });
         }
     });
-    let bytes: usize = slots.iter().filter_map(|s| s.lock().ok().and_then(|l| l.packed.as_ref().map(|p| p.bytes().len()))).sum();
-    tracing::info!("packed {} MiB of weights in {} ms", bytes >> 20, started.elapsed().as_millis());
+    drop(jobs);
+    let arena = Arc::new(arena);
+    for ((lin, shape), first) in all.into_iter().zip(shapes).zip(firsts) {
+        lin.packed = Some(Arc::new(PackedMatrix::in_arena(shape, arena.clone(), first)));
+    }
+    tracing::info!("packed {} MiB of weights in {} ms", (arena.len() * 64) >> 20, started.elapsed().as_millis());
     w
 }

@@ -19,6 +19,8 @@
 //!         row bytes qh[32h+4c..]) | scales [16][16 rows] i8 @3072 | d @3328                  3360 B
 
 use super::super::{blocks, GgmlType, Line};
+use crate::huge_buf::HugeBuf;
+use std::sync::Arc;
 use super::reference::{legacy_codes, q4_k_codes, q6_k_codes};
 
 /// Weight rows per group.
@@ -51,7 +53,8 @@ pub fn group_block_bytes(t: GgmlType) -> usize {
     }
 }
 
-/// A weight matrix in the packed layout, owning its (64-byte aligned) bytes.
+/// A weight matrix in the packed layout, its (64-byte aligned) bytes in memory of its own or in a range
+/// of an arena shared with the model's other matrices (`pack_into`, `in_arena`).
 pub struct PackedMatrix {
     pub dtype: GgmlType,
     pub rows: usize,
@@ -61,22 +64,64 @@ pub struct PackedMatrix {
     pub blocks: usize,
     /// Bytes per group-block.
     pub block_bytes: usize,
-    data: Vec<Line>,
+    data: Store,
+}
+
+enum Store {
+    Own(Vec<Line>),
+    /// Lines `first..` of a shared arena.
+    Arena(Arc<HugeBuf<Line>>, usize),
+}
+
+/// What `pack_into` learnt of a matrix: everything of a `PackedMatrix` but where its bytes are.
+#[derive(Clone, Copy, Debug)]
+pub struct PackedShape {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub groups: usize,
+    pub blocks: usize,
+    pub block_bytes: usize,
+}
+
+impl PackedShape {
+    pub fn new(t: GgmlType, rows: usize, cols: usize) -> Self {
+        PackedShape { dtype: t, rows, cols, groups: rows.div_ceil(GROUP), blocks: cols / t.block_len(), block_bytes: group_block_bytes(t) }
+    }
+
+    /// 64-byte lines the packed matrix takes.
+    pub fn lines(&self) -> usize {
+        (self.groups * self.blocks * self.block_bytes).div_ceil(64)
+    }
 }
 
 impl PackedMatrix {
+    /// The matrix `shape` packed (by `pack_into`) into `arena` from line `first` on.
+    pub fn in_arena(shape: PackedShape, arena: Arc<HugeBuf<Line>>, first: usize) -> PackedMatrix {
+        assert!(first + shape.lines() <= arena.len(), "packed matrix outside its arena");
+        let PackedShape { dtype, rows, cols, groups, blocks, block_bytes } = shape;
+        PackedMatrix { dtype, rows, cols, groups, blocks, block_bytes, data: Store::Arena(arena, first) }
+    }
+
+    fn lines(&self) -> &[Line] {
+        match &self.data {
+            Store::Own(v) => v,
+            Store::Arena(a, first) => &a[*first..],
+        }
+    }
+
     /// The first byte of group `g`'s first group-block.
     #[inline]
     pub fn group_ptr(&self, g: usize) -> *const u8 {
         debug_assert!(g < self.groups);
-        // SAFETY: inside `data` (groups × blocks × block_bytes bytes).
-        unsafe { (self.data.as_ptr() as *const u8).add(g * self.blocks * self.block_bytes) }
+        // SAFETY: inside the matrix's lines (groups × blocks × block_bytes bytes).
+        unsafe { (self.lines().as_ptr() as *const u8).add(g * self.blocks * self.block_bytes) }
     }
 
     /// All bytes (for prefetching and size reports).
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `Line` is plain bytes.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.groups * self.blocks * self.block_bytes) }
+        // SAFETY: `Line` is plain bytes, and the matrix's lines hold this many.
+        unsafe { std::slice::from_raw_parts(self.lines().as_ptr() as *const u8, self.groups * self.blocks * self.block_bytes) }
     }
 }
 
@@ -88,14 +133,24 @@ pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix
 /// `pack`, calling `done(range)` with each range of `bytes` it has finished reading (a few MiB at a
 /// time), so the caller can let the pages of a memory map go while the rest is packed.
 pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>)) -> PackedMatrix {
+    let shape = PackedShape::new(t, rows, cols);
+    let mut data = vec![Line([0; 64]); shape.lines()];
+    pack_into(t, rows, cols, bytes, done, &mut data);
+    let PackedShape { dtype, rows, cols, groups, blocks, block_bytes } = shape;
+    PackedMatrix { dtype, rows, cols, groups, blocks, block_bytes, data: Store::Own(data) }
+}
+
+/// `pack_releasing` into `out` (`PackedShape::lines` zeroed lines, e.g. a range of an arena).
+pub fn pack_into(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>), out: &mut [Line]) -> PackedShape {
     assert!(rows > 0 && cols > 0, "pack {t}: an empty matrix ({rows} x {cols})");
     let row_bytes = t.row_bytes(cols).expect("cols a whole number of blocks");
     assert!(bytes.len() >= rows * row_bytes, "pack {t}: {} bytes for {rows} rows of {row_bytes}", bytes.len());
-    let (groups, blocks, gbb) = (rows.div_ceil(GROUP), cols / t.block_len(), group_block_bytes(t));
+    let shape = PackedShape::new(t, rows, cols);
+    let (groups, blocks, gbb) = (shape.groups, shape.blocks, shape.block_bytes);
+    assert_eq!(out.len(), shape.lines(), "pack {t}: output lines");
     let total = groups * blocks * gbb;
-    let mut data = vec![Line([0; 64]); total.div_ceil(64)];
-    // SAFETY: `Line` is plain bytes; `total` fits in `data`.
-    let out = unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut u8, total) };
+    // SAFETY: `Line` is plain bytes; `total` fits in `out`.
+    let out = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, total) };
     let zero_block = vec![0u8; t.block_bytes()];
     let groups_per_release = ((4 << 20) / (GROUP * row_bytes)).max(1);
     for (g, group_out) in out.chunks_exact_mut(blocks * gbb).enumerate() {
@@ -116,7 +171,7 @@ pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done:
     }
     let last = (groups - 1) / groups_per_release * groups_per_release;
     done(last * GROUP * row_bytes..rows * row_bytes);
-    PackedMatrix { dtype: t, rows, cols, groups, blocks, block_bytes: gbb, data }
+    shape
 }
 
 /// Row r's 4 codes at `codes[4·kgroup..]` into vector byte 4r.

@@ -39,7 +39,7 @@ pub mod acts;
 mod tests;
 
 pub use acts::{ActSide, KSide};
-pub use layout::{pack, pack_releasing, PackedMatrix, GROUP};
+pub use layout::{pack, pack_into, pack_releasing, PackedMatrix, PackedShape, GROUP};
 
 use super::GgmlType;
 
