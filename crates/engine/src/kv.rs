@@ -46,6 +46,14 @@ impl KvStorage {
         block_table[pos / bs] as usize * bs + pos % bs
     }
 
+    /// A writer of `layer`'s cells that the parts of a parallel run share, each writing its own tokens'
+    /// cells (see `LayerWriter::write`).
+    pub fn layer_writer(&mut self, layer: usize) -> LayerWriter<'_> {
+        let kv_dim = self.shape.kv_dim;
+        let (k, v) = (&mut self.keys[layer], &mut self.values[layer]);
+        LayerWriter { keys: k.as_mut_ptr(), values: v.as_mut_ptr(), len: k.len(), kv_dim, _storage: std::marker::PhantomData }
+    }
+
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.shape.kv_dim;
         // `half`'s slice conversion (F16C where present) rounds to nearest even, as `f16::from_f32`.
@@ -92,6 +100,35 @@ impl KvStorage {
     /// All keys and values of one layer, indexed by slot.
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
         (&self.keys[layer], &self.values[layer])
+    }
+}
+
+/// One layer's keys and values, written cell by cell from several threads (`KvStorage::layer_writer`).
+pub struct LayerWriter<'a> {
+    keys: *mut f16,
+    values: *mut f16,
+    len: usize,
+    kv_dim: usize,
+    _storage: std::marker::PhantomData<&'a mut KvStorage>,
+}
+
+// SAFETY: the writer only hands out writes of whole cells, and `write`'s callers promise that no two
+// threads write the same cell at once (a batch's tokens have distinct slots).
+unsafe impl Send for LayerWriter<'_> {}
+unsafe impl Sync for LayerWriter<'_> {}
+
+impl LayerWriter<'_> {
+    /// `KvStorage::write` of one cell.
+    ///
+    /// # Safety
+    /// No other thread writes or reads cell `slot` of this layer during the call.
+    pub unsafe fn write(&self, slot: usize, k: &[f32], v: &[f32]) {
+        let d = self.kv_dim;
+        assert!((slot + 1) * d <= self.len && k.len() == d && v.len() == d, "KV cell {slot} out of range");
+        // SAFETY: in bounds (checked), exclusive by the caller's promise; the storage outlives `self`.
+        let (kc, vc) = unsafe { (std::slice::from_raw_parts_mut(self.keys.add(slot * d), d), std::slice::from_raw_parts_mut(self.values.add(slot * d), d)) };
+        kc.convert_from_f32_slice(k);
+        vc.convert_from_f32_slice(v);
     }
 }
 

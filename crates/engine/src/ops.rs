@@ -86,16 +86,20 @@ impl SharedRows {
 /// RMSNorm in place (used for per-head q/k norms, where rows are heads).
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
-    par_rows(x, dim, &[], 0, &|_, x, _| {
-        for rows in x.chunks_mut(SCALE_ROWS * dim) {
-            let scales = rms_scales(rows, dim, eps);
-            for (row, &scale) in rows.chunks_exact_mut(dim).zip(&scales) {
-                for (v, &w) in row.iter_mut().zip(weight) {
-                    *v = *v * scale * w;
-                }
+    par_rows(x, dim, &[], 0, &|_, x, _| rms_norm_inplace_here(x, weight, eps));
+}
+
+/// `rms_norm_inplace` on the calling thread.
+pub fn rms_norm_inplace_here(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    for rows in x.chunks_mut(SCALE_ROWS * dim) {
+        let scales = rms_scales(rows, dim, eps);
+        for (row, &scale) in rows.chunks_exact_mut(dim).zip(&scales) {
+            for (v, &w) in row.iter_mut().zip(weight) {
+                *v = *v * scale * w;
             }
         }
-    });
+    }
 }
 
 /// Rows whose RMS sums run side by side.

@@ -43,6 +43,47 @@ pub(super) fn normed_matmul(input: &NormedInput, eps: f32, x: &mut [f32], proj: 
     matmul_many_filled(xn, &fill, act_q, jobs);
 }
 
+/// Tokens below which `finish_qkv` stays on the calling thread (a parallel run costs a few µs).
+const FINISH_PAR_MIN_TOKENS: usize = 2;
+
+/// Per token, in ggml's order: q/k/v biases, per-head q/k norms, RoPE of q and k, then k and v into the
+/// token's KV cell. One parallel run over the tokens (each token's rows as alone), not one serial or
+/// parallel pass per operation: at decode batches these ran on one thread while the other waited.
+fn finish_qkv(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
+    let c = ctx.cfg;
+    let n = ctx.queries.len();
+    let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
+    let slots: Vec<usize> = ctx.queries.iter().map(|qp| kv.slot(qp.block_table, qp.pos)).collect();
+    let writer = kv.layer_writer(ctx.layer);
+    let (q, k, v) = (ops::SharedRows::new(&mut s.q, q_dim), ops::SharedRows::new(&mut s.k, kv_dim), ops::SharedRows::new(&mut s.v, kv_dim));
+    let tokens = |first: usize, last: usize| {
+        // SAFETY: each token range goes to one part; the buffers are borrowed for the run.
+        let (q, k, v) = unsafe { (q.rows(first, last), k.rows(first, last), v.rows(first, last)) };
+        for (buf, bias) in [(&mut *q, &w.bq), (&mut *k, &w.bk), (&mut *v, &w.bv)] {
+            if let Some(b) = bias {
+                buf.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            ops::rms_norm_inplace_here(q, qn, c.norm_eps);
+            ops::rms_norm_inplace_here(k, kn, c.norm_eps);
+        }
+        for (t, qp) in (first..last).zip(&ctx.queries[first..last]) {
+            let i = t - first;
+            ctx.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, qp.pos);
+            ctx.rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, qp.pos);
+            // SAFETY: a batch's tokens have distinct cells, and this part alone handles token t.
+            unsafe { writer.write(slots[t], &k[i * kv_dim..(i + 1) * kv_dim], &v[i * kv_dim..(i + 1) * kv_dim]) };
+        }
+    };
+    let pool = crate::pool::current();
+    if n < FINISH_PAR_MIN_TOKENS || pool.threads() == 1 {
+        return tokens(0, n);
+    }
+    let parts = n.min(4 * pool.threads());
+    pool.run(parts, &|p| tokens(p * n / parts, (p + 1) * n / parts));
+}
+
 /// Makes `s.xn` from `s.x` as `input` says (see `normed_matmul`), leaves the attention output projected
 /// in `s.proj`.
 pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, input: &NormedInput, kv: &mut KvStorage, s: &mut Scratch) {
@@ -58,26 +99,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &LayerWeights, input: &NormedInput, k
     let jobs = &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])];
     normed_matmul(input, c.norm_eps, &mut s.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
     dump("attn_norm", ctx.layer, &s.xn, n);
-    for (buf, bias) in [(&mut s.q, &w.bq), (&mut s.k, &w.bk), (&mut s.v, &w.bv)] {
-        if let Some(b) = bias {
-            ops::add_bias(buf, b);
-        }
-    }
-    if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
-        ops::rms_norm_inplace(&mut s.q, qn, c.norm_eps);
-        ops::rms_norm_inplace(&mut s.k, kn, c.norm_eps);
-    }
-    for (x, dim) in [(&mut s.q, q_dim), (&mut s.k, kv_dim)] {
-        ops::par_rows(x, dim, &[], 0, &|first, rows, _| {
-            for (row, qp) in rows.chunks_exact_mut(dim).zip(&ctx.queries[first..]) {
-                ctx.rope.apply(row, hd, qp.pos);
-            }
-        });
-    }
-    for (t, qp) in ctx.queries.iter().enumerate() {
-        let slot = kv.slot(qp.block_table, qp.pos);
-        kv.write(ctx.layer, slot, &s.k[t * kv_dim..(t + 1) * kv_dim], &s.v[t * kv_dim..(t + 1) * kv_dim]);
-    }
+    finish_qkv(ctx, w, kv, s);
     dump("Qcur", ctx.layer, &s.q, n);
     dump("Kcur", ctx.layer, &s.k, n);
     dump("Vcur", ctx.layer, &s.v, n);
