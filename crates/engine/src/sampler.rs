@@ -195,13 +195,49 @@ fn has_penalties(p: &SamplingParams) -> bool {
 
 /// Index of the largest logit; the lowest index wins ties (as llama.cpp's greedy sampler).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { argmax_avx2(logits) };
+    }
+    argmax_lanes(logits)
+}
+
+/// `argmax_lanes` compiled for AVX2 (its lane loops become vector compares and blends).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn argmax_avx2(logits: &[f32]) -> u32 {
+    argmax_lanes(logits)
+}
+
+/// Lanes the running maxima are kept in (two AVX2 vectors, one AVX-512 vector).
+const ARGMAX_LANES: usize = 16;
+
+/// The first index of the largest logit, as the plain loop `if l > logits[best] { best = i }` from
+/// best = 0 gives it (ties to the lowest id; a NaN never wins, but one at index 0 stays), in two passes
+/// the compiler vectorizes: the maximum in independent lanes, then the first chunk that holds it. The
+/// plain loop took 55 µs over SmolLM2's 49,152 logits, once per sequence and step on the engine thread.
+#[inline(always)]
+fn argmax_lanes(logits: &[f32]) -> u32 {
+    let Some(&first) = logits.first() else { return 0 };
+    if first.is_nan() {
+        return 0;
+    }
+    let mut lanes = [first; ARGMAX_LANES];
+    let chunks = logits.chunks_exact(ARGMAX_LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let max = lanes.iter().chain(tail).fold(first, |m, &v| if v > m { v } else { m });
+    for (k, c) in logits.chunks(ARGMAX_LANES).enumerate() {
+        if c.iter().fold(false, |hit, &v| hit | (v == max)) {
+            return (k * ARGMAX_LANES + c.iter().position(|&v| v == max).expect("the chunk holds it")) as u32;
+        }
+    }
+    unreachable!("the maximum is one of the logits")
 }
 
 fn softmax(cands: &[(u32, f32)], temperature: f32) -> Vec<f64> {
@@ -233,6 +269,38 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect()
+    }
+
+    #[test]
+    fn argmax_is_the_plain_loop_with_ties_nans_zeros_and_infinities() {
+        let plain = |l: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in l.iter().enumerate() {
+                if v > l[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let mut rng = Rng::new(11);
+        let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0];
+        for len in (0..70).chain([49152, 49157]) {
+            for case in 0..40 {
+                let l: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let r = rng.next_f64();
+                        if case % 4 == 0 && r < 0.3 {
+                            specials[(r * 100.0) as usize % specials.len()]
+                        } else {
+                            // few distinct values, so ties are common
+                            ((rng.next_f64() * 8.0) as i32 - 4) as f32
+                        }
+                    })
+                    .collect();
+                assert_eq!(argmax(&l), plain(&l), "len {len} case {case}: {l:?}");
+                assert_eq!(argmax_lanes(&l), plain(&l), "len {len} case {case} (portable)");
+            }
+        }
     }
 
     #[test]
