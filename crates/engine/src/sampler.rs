@@ -84,12 +84,15 @@ impl Rng {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
+    /// The vocabulary's probabilities, reused from token to token (a fresh 200 KB-1 MB buffer per token
+    /// was a map and unmap of its own).
+    probs: Vec<f32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng }
+        Sampler { params, rng, probs: Vec::new() }
     }
 
     /// Picks the next token. `history` holds the tokens so far (prompt and output), for penalties.
@@ -111,10 +114,11 @@ impl Sampler {
             // No cut (OpenAI's default): every token, in id order, probabilities by ggml's vectorized
             // softmax rather than a double-precision `exp` per vocabulary entry.
             // (l - max) / T: never above 0, so a tiny temperature underflows to 0 rather than overflowing.
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut probs: Vec<f32> = logits.iter().map(|&l| (l - max) / p.temperature).collect();
-            crate::ggml_math::soft_max(&mut probs, 0);
-            return draw(self.rng.next_f64(), probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
+            let max = max_logit(logits);
+            self.probs.clear();
+            self.probs.extend(logits.iter().map(|&l| (l - max) / p.temperature));
+            crate::ggml_math::soft_max(&mut self.probs, 0);
+            return draw(self.rng.next_f64(), self.probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
         };
         let probs = softmax(&cands, p.temperature);
         draw(self.rng.next_f64(), cands.iter().zip(probs).map(|(&(id, _), q)| (id, q)))
@@ -210,6 +214,36 @@ unsafe fn argmax_avx2(logits: &[f32]) -> u32 {
     argmax_lanes(logits)
 }
 
+/// The largest non-NaN logit (−∞ if none), as `fold(−∞, f32::max)` but in lanes the compiler
+/// vectorizes; where ±0 tie it may pick the other zero, which no difference `l − max` can tell apart.
+fn max_logit(logits: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { max_logit_avx2(logits) };
+    }
+    max_logit_lanes(logits)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_logit_avx2(logits: &[f32]) -> f32 {
+    max_logit_lanes(logits)
+}
+
+#[inline(always)]
+fn max_logit_lanes(logits: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; ARGMAX_LANES];
+    let chunks = logits.chunks_exact(ARGMAX_LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
 /// Lanes the running maxima are kept in (two AVX2 vectors, one AVX-512 vector).
 const ARGMAX_LANES: usize = 16;
 
@@ -301,6 +335,16 @@ mod tests {
                 assert_eq!(argmax_lanes(&l), plain(&l), "len {len} case {case} (portable)");
             }
         }
+    }
+
+    #[test]
+    fn max_logit_is_the_fold_of_f32_max() {
+        let mut rng = Rng::new(12);
+        for len in 0..60 {
+            let l: Vec<f32> = (0..len).map(|i| if i % 7 == 3 { f32::NAN } else { (rng.next_f64() * 10.0 - 5.0) as f32 }).collect();
+            assert_eq!(max_logit(&l).to_bits(), l.iter().copied().fold(f32::NEG_INFINITY, f32::max).to_bits(), "{l:?}");
+        }
+        assert_eq!(max_logit(&[f32::NAN; 20]), f32::NEG_INFINITY);
     }
 
     #[test]
