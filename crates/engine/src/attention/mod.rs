@@ -71,15 +71,19 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     attend_per_head(shape, kv, layer, queries, q, out_ptr);
 }
 
-/// K/V bytes of one layer a decode batch may prefetch at most (beyond, they would not stay in cache).
-const PREFETCH_KV_MAX: usize = 2 << 20;
+/// K/V bytes of one layer a decode batch may prefetch at most: beyond, the prefetched cells push the
+/// layer's weights and activations out of the cores' L2 (1 MiB each) and the step gets slower. With the
+/// KV pool and the weights on huge pages, `batch_step` SmolLM2 steps alternating with and without the
+/// prefetch in one process: 8 sequences at depth 60 (737 KB a layer) 6.63 vs 6.79 ms, at depth 150
+/// (1.8 MB) 10.78 vs 10.39 and 11.11 vs 10.48; 4 at depth 150 (0.9 MB) 6.55 vs 6.48, 6.45 vs 6.26.
+const PREFETCH_KV_MAX: usize = 768 << 10;
 
 /// Asks for the K/V rows a decode batch (one token of each of several sequences) will attend to in
 /// `layer` to be brought into L2, one part per sequence. Called before the layer's q/k/v matmul, which
 /// at decode-batch sizes is bound by arithmetic, so the DRAM reads of the cache overlap it instead of
-/// stalling attention later (`batch_step`, SmolLM2, 8 sequences at depth 200, alternating steps in one
-/// process: 11.4 vs 11.7, 12.4 vs 13.2, 11.4 vs 11.8 ms). Does nothing for prefill chunks or a lone
-/// token, or when the cells are more than `PREFETCH_KV_MAX`.
+/// stalling attention later (measured before huge pages: SmolLM2, 8 sequences at depth 200, 11.4 vs 11.7,
+/// 12.4 vs 13.2, 11.4 vs 11.8 ms). Does nothing for prefill chunks or a lone token, or when the cells
+/// are more than `PREFETCH_KV_MAX`.
 pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
     let distinct = queries.windows(2).all(|w| !std::ptr::eq(w[0].block_table, w[1].block_table));
     let bytes_per_cell = 2 * 2 * kv.shape.kv_dim;
