@@ -187,7 +187,8 @@ fn worker(s: &Shared) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || (start.elapsed() < SPIN_FOR && !s.rest.load(Ordering::Relaxed)) {
+            let rest = s.rest.load(Ordering::Relaxed);
+            if !rest && (spins % 1024 != 0 || start.elapsed() < SPIN_FOR) {
                 std::hint::spin_loop();
                 continue;
             }
