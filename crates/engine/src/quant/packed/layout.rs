@@ -53,17 +53,11 @@ pub fn group_block_bytes(t: GgmlType) -> usize {
     }
 }
 
-/// A weight matrix in the packed layout, its (64-byte aligned) bytes in memory of its own or in a range
-/// of an arena shared with the model's other matrices (`pack_into`, `in_arena`).
+/// A weight matrix in the packed layout (its `PackedShape`, which it derefs to), its (64-byte aligned)
+/// bytes in memory of its own or in a range of an arena shared with the model's other matrices
+/// (`pack_into`, `in_arena`).
 pub struct PackedMatrix {
-    pub dtype: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    pub groups: usize,
-    /// Blocks per row (`cols / dtype.block_len()`).
-    pub blocks: usize,
-    /// Bytes per group-block.
-    pub block_bytes: usize,
+    shape: PackedShape,
     data: Store,
 }
 
@@ -73,15 +67,24 @@ enum Store {
     Arena(Arc<HugeBuf<Line>>, usize),
 }
 
-/// What `pack_into` learnt of a matrix: everything of a `PackedMatrix` but where its bytes are.
+/// A packed matrix but for where its bytes are.
 #[derive(Clone, Copy, Debug)]
 pub struct PackedShape {
     pub dtype: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub groups: usize,
+    /// Blocks per row (`cols / dtype.block_len()`).
     pub blocks: usize,
+    /// Bytes per group-block.
     pub block_bytes: usize,
+}
+
+impl std::ops::Deref for PackedMatrix {
+    type Target = PackedShape;
+    fn deref(&self) -> &PackedShape {
+        &self.shape
+    }
 }
 
 impl PackedShape {
@@ -99,8 +102,7 @@ impl PackedMatrix {
     /// The matrix `shape` packed (by `pack_into`) into `arena` from line `first` on.
     pub fn in_arena(shape: PackedShape, arena: Arc<HugeBuf<Line>>, first: usize) -> PackedMatrix {
         assert!(first + shape.lines() <= arena.len(), "packed matrix outside its arena");
-        let PackedShape { dtype, rows, cols, groups, blocks, block_bytes } = shape;
-        PackedMatrix { dtype, rows, cols, groups, blocks, block_bytes, data: Store::Arena(arena, first) }
+        PackedMatrix { shape, data: Store::Arena(arena, first) }
     }
 
     fn lines(&self) -> &[Line] {
@@ -136,8 +138,7 @@ pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done:
     let shape = PackedShape::new(t, rows, cols);
     let mut data = vec![Line([0; 64]); shape.lines()];
     pack_into(t, rows, cols, bytes, done, &mut data);
-    let PackedShape { dtype, rows, cols, groups, blocks, block_bytes } = shape;
-    PackedMatrix { dtype, rows, cols, groups, blocks, block_bytes, data: Store::Own(data) }
+    PackedMatrix { shape, data: Store::Own(data) }
 }
 
 /// `pack_releasing` into `out` (`PackedShape::lines` zeroed lines, e.g. a range of an arena).
