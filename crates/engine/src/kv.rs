@@ -51,7 +51,7 @@ impl KvStorage {
     pub fn layer_writer(&mut self, layer: usize) -> LayerWriter<'_> {
         let kv_dim = self.shape.kv_dim;
         let (k, v) = (&mut self.keys[layer], &mut self.values[layer]);
-        LayerWriter { keys: k.as_mut_ptr(), values: v.as_mut_ptr(), len: k.len(), kv_dim, _storage: std::marker::PhantomData }
+        LayerWriter { keys: k.as_mut_ptr(), values: v.as_mut_ptr(), len: k.len(), kv_dim, block_size: self.shape.block_size, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
@@ -109,6 +109,7 @@ pub struct LayerWriter<'a> {
     values: *mut f16,
     len: usize,
     kv_dim: usize,
+    block_size: usize,
     _storage: std::marker::PhantomData<&'a mut KvStorage>,
 }
 
@@ -118,6 +119,11 @@ unsafe impl Send for LayerWriter<'_> {}
 unsafe impl Sync for LayerWriter<'_> {}
 
 impl LayerWriter<'_> {
+    /// `KvStorage::slot`.
+    pub fn slot(&self, block_table: &[u32], pos: usize) -> usize {
+        block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+
     /// `KvStorage::write` of one cell.
     ///
     /// # Safety

@@ -135,15 +135,6 @@ pub fn add_inplace(acc: &mut [f32], x: &[f32]) {
     par_rows(acc, 1, x, 1, &|_, acc, x| acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b));
 }
 
-/// Adds a bias vector to every row.
-pub fn add_bias(x: &mut [f32], bias: &[f32]) {
-    par_rows(x, bias.len(), &[], 0, &|_, x, _| {
-        for row in x.chunks_exact_mut(bias.len()) {
-            row.iter_mut().zip(bias).for_each(|(a, &b)| *a += b);
-        }
-    });
-}
-
 pub fn scale_inplace(x: &mut [f32], s: f32) {
     x.iter_mut().for_each(|v| *v *= s);
 }

@@ -31,8 +31,10 @@ struct Shared {
     pending: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
-    /// Set by `rest`: idle workers park now instead of spinning out SPIN_FOR; cleared by `run`.
+    /// Set by `rest`: idle workers park now instead of spinning out `spin_for`; cleared by `run`.
     rest: AtomicBool,
+    /// How long an idle worker spins before it parks (SPIN_FOR but in tests).
+    spin_for: Duration,
     sleepers: Mutex<usize>,
     wake: Condvar,
 }
@@ -59,6 +61,10 @@ thread_local! {
 impl Pool {
     /// A pool that runs parts on `threads` threads in all: the caller plus `threads - 1` workers.
     pub fn new(threads: usize) -> Pool {
+        Pool::with_spin(threads, SPIN_FOR)
+    }
+
+    fn with_spin(threads: usize, spin_for: Duration) -> Pool {
         let shared = Arc::new(Shared {
             epoch: AtomicUsize::new(0),
             job: UnsafeCell::new(None),
@@ -68,6 +74,7 @@ impl Pool {
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             rest: AtomicBool::new(false),
+            spin_for,
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
         });
@@ -188,7 +195,7 @@ fn worker(s: &Shared) {
             }
             spins = spins.wrapping_add(1);
             let rest = s.rest.load(Ordering::Relaxed);
-            if !rest && (spins % 1024 != 0 || start.elapsed() < SPIN_FOR) {
+            if !rest && (spins % 1024 != 0 || start.elapsed() < s.spin_for) {
                 std::hint::spin_loop();
                 continue;
             }
@@ -268,18 +275,21 @@ mod tests {
 
     #[test]
     fn runs_after_rest_wake_the_parked_workers() {
-        let pool = Pool::new(3);
+        // Workers that would spin for a minute: only `rest` can make them park within the test.
+        let pool = Pool::with_spin(3, Duration::from_secs(60));
         let total = AtomicU64::new(0);
+        let sleepers = || *pool.shared.sleepers.lock().unwrap();
         for i in 0..200u64 {
             pool.run(6, &|_| {
                 total.fetch_add(1, Ordering::Relaxed);
             });
-            pool.rest();
             if i % 50 == 0 {
-                // Resting workers park long before SPIN_FOR (which a plain idle pool spins out) is over;
-                // waited for with a generous deadline, as a busy machine may hold a worker off its core.
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while *pool.shared.sleepers.lock().unwrap() < 2 {
+                std::thread::sleep(Duration::from_millis(20));
+                assert_eq!(sleepers(), 0, "without rest the workers keep spinning");
+                pool.rest();
+                // a generous deadline: a busy machine may hold a worker off its core
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while sleepers() < 2 {
                     assert!(Instant::now() < deadline, "resting workers park");
                     std::thread::sleep(Duration::from_micros(100));
                 }

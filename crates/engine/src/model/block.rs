@@ -53,7 +53,6 @@ fn finish_qkv(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scra
     let c = ctx.cfg;
     let n = ctx.queries.len();
     let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
-    let slots: Vec<usize> = ctx.queries.iter().map(|qp| kv.slot(qp.block_table, qp.pos)).collect();
     let writer = kv.layer_writer(ctx.layer);
     let (q, k, v) = (ops::SharedRows::new(&mut s.q, q_dim), ops::SharedRows::new(&mut s.k, kv_dim), ops::SharedRows::new(&mut s.v, kv_dim));
     let tokens = |first: usize, last: usize| {
@@ -68,12 +67,11 @@ fn finish_qkv(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scra
             ops::rms_norm_inplace_here(q, qn, c.norm_eps);
             ops::rms_norm_inplace_here(k, kn, c.norm_eps);
         }
-        for (t, qp) in (first..last).zip(&ctx.queries[first..last]) {
-            let i = t - first;
+        for (i, qp) in ctx.queries[first..last].iter().enumerate() {
             ctx.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, qp.pos);
             ctx.rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, qp.pos);
-            // SAFETY: a batch's tokens have distinct cells, and this part alone handles token t.
-            unsafe { writer.write(slots[t], &k[i * kv_dim..(i + 1) * kv_dim], &v[i * kv_dim..(i + 1) * kv_dim]) };
+            // SAFETY: a batch's tokens have distinct cells, and this part alone handles this token.
+            unsafe { writer.write(writer.slot(qp.block_table, qp.pos), &k[i * kv_dim..(i + 1) * kv_dim], &v[i * kv_dim..(i + 1) * kv_dim]) };
         }
     };
     let pool = crate::pool::current();
