@@ -43,15 +43,47 @@ CHATS = [
     ("chat_system", [{"role": "system", "content": "You are a helpful assistant."},
                      {"role": "user", "content": "What is 17 * 23? Answer briefly."}]),
 ]
-# Gemma-3-270M's GGUF has no chat template; reckon uses Gemma's turn format (BOS from add_bos).
-GEMMA_TEMPLATE = ("{%- if messages and messages[0]['role'] == 'system' -%}"
-                  "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set msgs = messages[1:] -%}"
-                  "{%- else -%}{%- set prefix = '' -%}{%- set msgs = messages -%}{%- endif -%}"
-                  "{%- for m in msgs -%}"
-                  "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + (prefix if loop.first else '') }}"
-                  "{{- m['content'] | trim }}{{ '<end_of_turn>\n' }}"
-                  "{%- endfor -%}"
-                  "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
+# Gemma-3-270M's GGUF has no chat template. Its prompts are rendered by llama.cpp's own built-in "gemma"
+# template (llama_chat_apply_template), an independent renderer of Gemma's turn format, so the fixture
+# checks reckon's fallback template rather than copying it.
+GEMMA_BUILTIN = "gemma"
+
+
+def llama_cpp_builtin_chat(name, messages):
+    import ctypes
+    arr = (llama_cpp.llama_chat_message * len(messages))()
+    keep = []
+    for i, m in enumerate(messages):
+        role, content = m["role"].encode(), m["content"].encode()
+        keep += [role, content]
+        arr[i].role, arr[i].content = role, content
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), True, buf, len(buf))
+    assert 0 < n <= len(buf), n
+    return buf.raw[:n].decode()
+
+
+def sha256_of(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cpu_description():
+    """The CPU model and the ISA extensions ggml's x86 kernels choose between: llama.cpp's arithmetic
+    depends on them, so a fixture names the ones it was recorded with."""
+    model, flags = "unknown", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "unknown":
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    isa = [x for x in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512_vnni", "avx512_bf16") if x in flags]
+    return {"cpu": model, "isa": isa}
 
 
 def license_text(name):
@@ -71,7 +103,9 @@ def cut_to_tokens(llm, text, n):
 
 
 def chat_text(llm, meta, messages):
-    tmpl = meta.get("tokenizer.chat_template") or GEMMA_TEMPLATE
+    tmpl = meta.get("tokenizer.chat_template")
+    if tmpl is None:
+        return llama_cpp_builtin_chat(GEMMA_BUILTIN, messages)
     env = jinja2.Environment(trim_blocks=False, lstrip_blocks=False)
     bos = llm.detokenize([llm.token_bos()], special=True).decode() if llm.token_bos() >= 0 else ""
     eos = llm.detokenize([llm.token_eos()], special=True).decode() if llm.token_eos() >= 0 else ""
@@ -128,7 +162,9 @@ def record(name):
     fixture = {
         "model": name,
         "file": MODELS[name],
+        "model_sha256": sha256_of(path),
         "llama_cpp_python": llama_cpp.__version__,
+        "recorded_on": cpu_description(),
         "use_extra_bufts": False,
         "n_batch": 1,
         "n_greedy": N_GREEDY,

@@ -23,7 +23,8 @@ fn lab(out: &Path, extra: &[&str]) -> (String, Vec<serde_json::Value>) {
 
 #[test]
 fn lab_prefix_replays_a_small_session() {
-    let model = reckon_engine::registry::known_model_path("smollm2-135m").expect("known model");
+    let dir = std::env::var_os("RECKON_HOME").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/reckon/models"));
+    let model = reckon_engine::registry::known_model_path(&dir, "smollm2-135m").expect("known model");
     if !model.exists() {
         assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing", model.display());
         eprintln!("note: {} not found; skipping", model.display());

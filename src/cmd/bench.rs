@@ -1,6 +1,6 @@
 //! `reckon bench`: prefill and decode tokens/s, llama-bench style (medians over repetitions).
 
-use super::common::{init_threads, model_path, ModelArgs};
+use super::common::{model_path, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 use reckon_lab::bench::{run as run_bench, BenchSpec};
@@ -30,12 +30,12 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let threads = init_threads(args.model.threads)?;
+    let threads = args.model.init_process()?;
     let path = model_path(&args.model.model)?;
-    let model = args.model.load_model(&path)?;
+    let model = std::sync::Arc::new(args.model.load_model(&path)?);
     let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
-    let results = run_bench(&model, &name, &spec)?;
+    let results = run_bench(model, &name, &spec)?;
     if args.json {
         for r in &results {
             println!("{}", serde_json::to_string(r)?);

@@ -1,12 +1,12 @@
-//! `reckon chat`: an interactive conversation. Each turn re-renders the whole conversation with the chat
-//! template; the session reuses the KV of the unchanged prefix, so only the new turn is prefilled.
+//! `reckon chat`: an interactive conversation. Each turn renders the whole conversation with the chat
+//! template and submits it to the engine, whose prefix cache holds the earlier turns' blocks, so only the
+//! new turn is prefilled.
 
-use super::common::{init_threads, load, ModelArgs, SamplingArgs};
-use super::run::{context_size, stream};
+use super::common::{load, ModelArgs, SamplingArgs};
+use super::run::{context_size, start_engine, stream};
 use anyhow::Result;
 use clap::Args;
-use reckon_engine::sampler::Sampler;
-use reckon_engine::session::Session;
+use reckon_engine::engine::GenerateParams;
 use reckon_engine::template::ChatMessage;
 use std::io::{BufRead, Write};
 
@@ -30,11 +30,10 @@ pub struct ChatArgs {
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
-    init_threads(args.model.threads)?;
+    let mut sampling = args.sampling.params()?;
     let loaded = load(&args.model)?;
     let ctx = context_size(&loaded, args.ctx_size);
-    let mut session = Session::new(&loaded.model, ctx);
-    let mut sampler = Sampler::new(args.sampling.params()?);
+    let (engine, tokenizer, template) = start_engine(loaded, ctx);
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
     let stdin = std::io::stdin();
@@ -50,17 +49,18 @@ pub fn run(args: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(ChatMessage::new("user", line.trim_end_matches(['\n', '\r'])));
-        let prompt = loaded.tokenizer.encode(&loaded.template.render(&messages, true)?, true, true)?;
+        let prompt = tokenizer.encode(&template.render(&messages, true)?, true, true)?;
         if prompt.len() + 1 >= ctx {
             eprintln!("error: the conversation ({} tokens) no longer fits the context of {ctx}; /reset to start over", prompt.len());
             messages.pop();
             continue;
         }
-        let budget = args.max_tokens.min(ctx - prompt.len());
-        let stats = stream(&loaded, &mut session, &prompt, budget, &mut sampler)?;
+        let params = GenerateParams { sampling: sampling.clone(), ..GenerateParams::greedy(prompt, args.max_tokens) };
+        // each reply draws fresh random numbers (the same seed every turn would repeat choices)
+        sampling.seed = sampling.seed.wrapping_add(1);
+        let stats = stream(&engine, params)?;
         println!();
-        let reply = loaded.tokenizer.decode(&stats.tokens, false);
-        messages.push(ChatMessage::new("assistant", &reply));
+        messages.push(ChatMessage::new("assistant", &stats.text));
         if args.stats {
             eprintln!("{stats}");
         }

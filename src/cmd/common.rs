@@ -2,8 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
+use reckon_engine::engine::EngineConfig;
 use reckon_engine::gguf::GgufFile;
-use reckon_engine::model::{Model, Numerics};
+use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
+use reckon_engine::model::{LoadOptions, Model, Numerics};
 use reckon_engine::registry::{resolve_model, DEFAULT_MODEL};
 use reckon_engine::sampler::SamplingParams;
 use reckon_engine::template::ChatTemplate;
@@ -19,9 +21,22 @@ pub struct ModelArgs {
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
     /// Matmul arithmetic: `packed` (repacked weights, integer kernels; the default where the CPU has
-    /// AVX-512 VNNI) or `ggml` (llama.cpp's per-row kernels: logits bit-identical to llama.cpp's CPU path).
+    /// AVX2 or AVX-512 VNNI) or `ggml` (llama.cpp's per-row kernels: logits bit-identical to llama.cpp's
+    /// CPU path, see docs/correctness.md).
     #[arg(long, value_enum)]
     pub numerics: Option<NumericsArg>,
+    /// Highest SIMD level the kernels may use: `avx512`, `avx2` or `scalar` (default: the best this CPU
+    /// has). For measuring what each level buys, or running the AVX2 paths on an AVX-512 machine.
+    #[arg(long, value_enum)]
+    pub simd: Option<SimdArg>,
+    /// Keep weights and the KV cache on ordinary 4 KiB pages (by default they are advised onto 2 MiB
+    /// pages where the kernel allows).
+    #[arg(long)]
+    pub no_huge_pages: bool,
+    /// Write named activations of the last token of every forward step to this directory as raw f32
+    /// (`{name}-{layer}.f32`), to compare with llama.cpp's (bench/llamacpp_tensors.py). Debugging only.
+    #[arg(long)]
+    pub dump_dir: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -30,27 +45,55 @@ pub enum NumericsArg {
     Ggml,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum SimdArg {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
 impl ModelArgs {
-    /// The numerics asked for, else the process default (`RECKON_NUMERICS`, else packed where it runs).
+    /// The numerics asked for, else packed where it runs.
     pub fn numerics(&self) -> Numerics {
         match self.numerics {
             Some(NumericsArg::Packed) => Numerics::Packed,
             Some(NumericsArg::Ggml) => Numerics::Ggml,
-            None => Numerics::from_env(),
+            None => Numerics::default_for_cpu(),
         }
     }
 
-    /// Loads the model file with the chosen numerics (a note on stderr where packed is not available).
+    /// The process-wide options (threads, SIMD cap, huge pages): call once, before loading a model.
+    /// Returns the number of worker threads.
+    pub fn init_process(&self) -> Result<usize> {
+        if let Some(simd) = self.simd {
+            let level = match simd {
+                SimdArg::Avx512 => SimdLevel::Avx512,
+                SimdArg::Avx2 => SimdLevel::Avx2,
+                SimdArg::Scalar => SimdLevel::Scalar,
+            };
+            anyhow::ensure!(set_simd_cap(level), "--simd: the kernels already chose their level");
+        }
+        reckon_engine::huge_buf::set_huge_pages(!self.no_huge_pages);
+        init_threads(self.threads)
+    }
+
+    /// The options a model is loaded with.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions { numerics: self.numerics(), dump_dir: self.dump_dir.clone() }
+    }
+
+    /// Loads the model file with the chosen options (a note on stderr where packed is not available).
     pub fn load_model(&self, path: &std::path::Path) -> Result<Model> {
         let file = GgufFile::open(path).with_context(|| format!("loading {}", path.display()))?;
-        load_model_file(file, path, self.numerics())
+        load_model_file(file, path, self.load_options())
     }
 }
 
-fn load_model_file(file: GgufFile, path: &std::path::Path, numerics: Numerics) -> Result<Model> {
-    let model = Model::load_with(file, numerics).with_context(|| format!("loading {}", path.display()))?;
-    if model.numerics() != numerics {
-        eprintln!("note: this CPU has no {} kernels (AVX-512 VNNI); running {} numerics", numerics.name(), model.numerics().name());
+fn load_model_file(file: GgufFile, path: &std::path::Path, options: LoadOptions) -> Result<Model> {
+    let wanted = options.numerics;
+    let model = Model::load_with(file, options).with_context(|| format!("loading {}", path.display()))?;
+    if model.numerics() != wanted {
+        eprintln!("note: this CPU has no {} kernels (AVX2 or AVX-512 VNNI); running {} numerics", wanted.name(), model.numerics().name());
     }
     Ok(model)
 }
@@ -97,20 +140,28 @@ impl SamplingArgs {
             penalty_last_n: self.penalty_last_n,
             seed,
         };
-        p.validate()?;
         Ok(p)
     }
 }
 
-pub fn init_threads(threads: Option<usize>) -> Result<usize> {
+fn init_threads(threads: Option<usize>) -> Result<usize> {
     let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     anyhow::ensure!(n >= 1, "--threads must be at least 1");
     anyhow::ensure!(reckon_engine::pool::init_global(n), "the thread pool was already started");
     Ok(n)
 }
 
+/// Where fetched models live: `$RECKON_HOME`, default `~/.cache/reckon/models` (as scripts/fetch-models).
+pub fn models_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(home);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache").join("reckon").join("models")
+}
+
 pub fn model_path(spec: &str) -> Result<PathBuf> {
-    Ok(resolve_model(spec)?)
+    Ok(resolve_model(&models_dir(), spec)?)
 }
 
 /// A byte size with a unit (`512MiB`, `2GiB`, `1GB`, `100B`); `None` without a unit.
@@ -152,6 +203,11 @@ pub struct KvArgs {
     /// their next tokens (at the cost of more steps that carry a chunk).
     #[arg(long)]
     pub max_prefill_while_decoding: Option<usize>,
+    /// Keep the thread pool's workers spinning between engine steps (by default they park while the
+    /// engine sends a step's token events, which on a 2-core host kept those wake-ups from preempting
+    /// the engine thread).
+    #[arg(long)]
+    pub no_pool_rest: bool,
 }
 
 impl KvArgs {
@@ -162,6 +218,21 @@ impl KvArgs {
         anyhow::ensure!(blocks > 0, "--kv-memory {} holds no block of {} tokens", self.kv_memory, self.block_size);
         Ok(blocks)
     }
+
+    /// The engine's configuration for this cache and these limits.
+    pub fn engine_config(&self, bytes_per_token: usize, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
+        Ok(EngineConfig {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks(bytes_per_token)?,
+            max_batch_tokens: self.max_batch_tokens.max(1),
+            max_prefill_tokens_while_decoding: self.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
+            max_running: max_running.max(1),
+            max_waiting,
+            max_model_len,
+            prefix_caching,
+            rest_pool_between_steps: !self.no_pool_rest,
+        })
+    }
 }
 
 /// Everything needed to turn text into tokens and back around a model.
@@ -171,13 +242,15 @@ pub struct Loaded {
     pub template: ChatTemplate,
 }
 
+/// Sets up the process (`ModelArgs::init_process`) and loads the model, its tokenizer and template.
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    args.init_process()?;
     let path = model_path(&args.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
     let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
-    let model = load_model_file(file, &path, args.numerics())?;
+    let model = load_model_file(file, &path, args.load_options())?;
     Ok(Loaded { model, tokenizer, template })
 }
 

@@ -1,9 +1,8 @@
 //! `reckon lab ...`: experiments that show what an optimization costs and buys, on this machine.
 
-use crate::cmd::common::{init_threads, load, KvArgs, ModelArgs};
+use crate::cmd::common::{load, KvArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use reckon_engine::engine::EngineConfig;
 use reckon_lab::prefix::{self, report, PrefixSpec};
 use std::io::Write;
 use std::path::PathBuf;
@@ -75,20 +74,9 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     anyhow::ensure!(args.turns >= 1 && args.sessions >= 1 && args.passes >= 1, "--turns, --sessions and --passes must be at least 1");
     anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
     let turn_tokens = turn_range(&args.turn_tokens)?;
-    init_threads(args.model.threads)?;
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
-    let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;
-    let engine = EngineConfig {
-        block_size: args.kv.block_size,
-        num_blocks,
-        max_batch_tokens: args.kv.max_batch_tokens.max(1),
-        max_prefill_tokens_while_decoding: args.kv.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
-        max_running: 16,
-        max_waiting: 16,
-        max_model_len: cfg.context_length,
-        prefix_caching: true,
-    };
+    let engine = args.kv.engine_config(cfg.kv_f16_bytes_per_token(), cfg.context_length, 16, 16, true)?;
     let spec = PrefixSpec { turns: args.turns, sessions: args.sessions, prefix_tokens: args.prefix_tokens, turn_tokens, max_tokens: args.max_tokens, passes: args.passes, timestamp: args.timestamp, engine };
     let out = args.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

@@ -1,13 +1,13 @@
-//! `reckon run`: one prompt in, the generated text streamed to stdout (logs and stats on stderr).
+//! `reckon run`: one prompt in, the generated text streamed to stdout (logs and stats on stderr). It
+//! drives the same engine as `reckon serve`, with one request.
 
-use super::common::{init_threads, load, Loaded, ModelArgs, SamplingArgs};
+use super::common::{load, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::sampler::Sampler;
-use reckon_engine::session::{FinishReason, Session};
+use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
 use reckon_engine::template::ChatMessage;
-use reckon_engine::tokenizer::IncrementalDecoder;
 use std::io::{Read, Write};
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -39,9 +39,17 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
     requested.unwrap_or(loaded.model.config.context_length.min(8192))
 }
 
+/// An engine for one conversation: a KV cache as large as the context (plus a block), prefix caching
+/// on so a conversation's next turn reuses the last one's blocks.
+pub fn start_engine(loaded: Loaded, ctx: usize) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
+    const BLOCK_SIZE: usize = 16;
+    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, ..EngineConfig::default() };
+    let tokenizer = Arc::new(loaded.tokenizer);
+    (spawn(Arc::new(loaded.model), tokenizer.clone(), config), tokenizer, loaded.template)
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
-    init_threads(args.model.threads)?;
-    let params = args.sampling.params()?;
+    let sampling = args.sampling.params()?;
     let prompt_text = if args.prompt == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
@@ -50,6 +58,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         args.prompt.clone()
     };
     let loaded = load(&args.model)?;
+    let ctx = context_size(&loaded, args.ctx_size);
     let text = if args.raw {
         prompt_text
     } else {
@@ -61,15 +70,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         loaded.template.render(&msgs, true)?
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
-    let ctx = context_size(&loaded, args.ctx_size);
-    anyhow::ensure!(
-        prompt.len() < ctx,
-        "the prompt is {} tokens, which does not fit the context of {ctx} tokens (raise --ctx-size)",
-        prompt.len()
-    );
-    let mut session = Session::new(&loaded.model, ctx);
-    let mut sampler = Sampler::new(params);
-    let stats = stream(&loaded, &mut session, &prompt, args.max_tokens, &mut sampler)?;
+    let (engine, _, _) = start_engine(loaded, ctx);
+    let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
+    let stats = stream(&engine, params)?;
     if !args.raw {
         println!();
     }
@@ -81,12 +84,13 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 pub struct GenStats {
     pub prompt_tokens: usize,
+    pub cached_tokens: usize,
     pub generated: usize,
-    /// The generated token ids (end-of-generation token excluded).
-    pub tokens: Vec<u32>,
+    /// The generated text.
+    pub text: String,
     pub first_token_s: f64,
     pub total_s: f64,
-    pub finish: FinishReason,
+    pub finish: Option<FinishReason>,
 }
 
 impl std::fmt::Display for GenStats {
@@ -94,47 +98,49 @@ impl std::fmt::Display for GenStats {
         let decode_s = (self.total_s - self.first_token_s).max(1e-9);
         write!(
             f,
-            "prompt: {} tokens, first token after {:.3} s | generated: {} tokens, {:.1} tok/s | finish: {:?}",
+            "prompt: {} tokens ({} cached), first token after {:.3} s | generated: {} tokens, {:.1} tok/s | finish: {}",
             self.prompt_tokens,
+            self.cached_tokens,
             self.first_token_s,
             self.generated,
             self.generated.saturating_sub(1) as f64 / decode_s,
-            self.finish
+            self.finish.map_or("stopped reading".to_string(), |r| format!("{r:?}"))
         )
     }
 }
 
-/// Generates and prints text to stdout as it is decoded.
-pub fn stream(loaded: &Loaded, session: &mut Session, prompt: &[u32], max_tokens: usize, sampler: &mut Sampler) -> Result<GenStats> {
-    let mut decoder = IncrementalDecoder::new(&loaded.tokenizer, false);
-    let mut out = std::io::stdout().lock();
+/// Submits a request and prints its text to stdout as it is generated. A closed stdout (`| head`) ends
+/// the request early.
+pub fn stream(engine: &EngineHandle, params: GenerateParams) -> Result<GenStats> {
+    let prompt_tokens = params.prompt.len();
     let start = Instant::now();
-    let mut first = None;
-    let mut tokens = Vec::new();
-    let mut write_err = None;
-    let finish = session.generate(prompt, max_tokens, sampler, loaded.tokenizer.eog_ids(), |tok| {
-        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        tokens.push(tok);
-        let piece = decoder.push(tok);
-        if let Err(e) = out.write_all(piece.as_bytes()).and_then(|_| out.flush()) {
-            write_err = Some(e);
-            return false;
-        }
-        true
-    })?;
-    if let Some(e) = write_err {
-        // A closed pipe (`| head`) is a normal way to stop reading.
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e.into());
+    let (id, mut events) = engine.submit(params).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut out = std::io::stdout().lock();
+    let mut stats = GenStats { prompt_tokens, cached_tokens: 0, generated: 0, text: String::new(), first_token_s: 0.0, total_s: 0.0, finish: None };
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            Event::Token { text, .. } => {
+                if stats.generated == 0 {
+                    stats.first_token_s = start.elapsed().as_secs_f64();
+                }
+                stats.generated += 1;
+                stats.text.push_str(&text);
+                if let Err(e) = out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+                    engine.abort(id);
+                    // a closed pipe is a normal way to stop reading
+                    if e.kind() != std::io::ErrorKind::BrokenPipe {
+                        return Err(e.into());
+                    }
+                }
+            }
+            Event::Finished { reason, usage, .. } => {
+                stats.finish = Some(reason);
+                stats.cached_tokens = usage.cached_tokens;
+                break;
+            }
+            Event::Error(e) => anyhow::bail!("generation failed: {e}"),
         }
     }
-    let _ = out.write_all(decoder.finish().as_bytes()).and_then(|_| out.flush());
-    Ok(GenStats {
-        prompt_tokens: prompt.len(),
-        generated: tokens.len(),
-        tokens,
-        first_token_s: first.unwrap_or(0.0),
-        total_s: start.elapsed().as_secs_f64(),
-        finish,
-    })
+    stats.total_s = start.elapsed().as_secs_f64();
+    Ok(stats)
 }

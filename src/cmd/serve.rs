@@ -1,10 +1,12 @@
 //! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
-use crate::cmd::common::{byte_size, init_threads, load, KvArgs, ModelArgs};
+use crate::cmd::common::{byte_size, load, KvArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{spawn_with, DiskTierConfig, EngineConfig, EngineHandle};
-use reckon_server::{router, AppState};
+use reckon_engine::engine::{spawn_with, EngineHandle};
+use reckon_engine::kv::DiskTierConfig;
+use reckon_server::{router, AppState, DEFAULT_MAX_BODY_BYTES};
+use std::time::Duration;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -44,24 +46,27 @@ pub struct ServeArgs {
     /// Longest sequence (prompt and output), default the model's context up to 8192.
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
+    /// On SIGTERM or Ctrl-C: seconds running requests may take to finish (new ones get 503 meanwhile);
+    /// any still running then ends with an error event.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// Largest request body accepted (bytes with a unit); larger ones get 413.
+    #[arg(long)]
+    pub max_body_size: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    init_threads(args.model.threads)?;
+    anyhow::ensure!(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0, "--drain-timeout must be a number of seconds");
+    let drain = Duration::from_secs_f64(args.drain_timeout);
+    let max_body_bytes = match &args.max_body_size {
+        Some(s) => byte_size(s, "--max-body-size")?.context("--max-body-size needs a unit (32MiB, 500KB)")?,
+        None => DEFAULT_MAX_BODY_BYTES,
+    };
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let num_blocks = args.kv.num_blocks(cfg.kv_f16_bytes_per_token())?;
-    let config = EngineConfig {
-        block_size: args.kv.block_size,
-        num_blocks,
-        max_batch_tokens: args.kv.max_batch_tokens.max(1),
-        max_prefill_tokens_while_decoding: args.kv.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
-        max_running: args.max_running.max(1),
-        max_waiting: args.max_waiting,
-        max_model_len,
-        prefix_caching: !args.no_prefix_cache,
-    };
+    let config = args.kv.engine_config(cfg.kv_f16_bytes_per_token(), max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    let num_blocks = config.num_blocks;
     let model_id = args.model.model.clone();
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {
@@ -74,23 +79,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let engine = spawn_with(Arc::new(loaded.model), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone(), metrics: Default::default() };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size);
         let engine = state.engine.clone();
-        let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone())).await;
+        let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends
-        let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+        let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")
     })
 }
 
-/// Resolves on SIGINT or SIGTERM, once the engine has stopped: running requests end (aborted), the
-/// prefix cache is saved to its disk tier, and then the server stops.
-async fn stop_on_signal(engine: EngineHandle) {
+/// Resolves on SIGINT or SIGTERM, once the engine has stopped: new requests get 503 at once, running ones
+/// finish within `drain` (the rest end with an error event), the prefix cache is saved to its disk tier,
+/// and then the server stops (after the open streams have sent their last event).
+async fn stop_on_signal(engine: EngineHandle, drain: Duration) {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     let terminate = async {
@@ -107,11 +113,11 @@ async fn stop_on_signal(engine: EngineHandle) {
         _ = interrupt => {}
         _ = terminate => {}
     }
-    eprintln!("reckon: stopping (saving the prefix cache if it has a disk tier; interrupt again to quit now)");
+    eprintln!("reckon: stopping: finishing running requests for up to {:.0} s, then saving the prefix cache if it has a disk tier (interrupt again to quit now)", drain.as_secs_f64());
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
             std::process::exit(130);
         }
     });
-    let _ = tokio::task::spawn_blocking(move || engine.shutdown()).await;
+    let _ = tokio::task::spawn_blocking(move || engine.shutdown(drain)).await;
 }

@@ -19,7 +19,7 @@ unsafe impl Zeroable for i8 {}
 unsafe impl Zeroable for u16 {}
 unsafe impl Zeroable for f32 {}
 unsafe impl Zeroable for half::f16 {}
-unsafe impl Zeroable for crate::quant::Line {}
+unsafe impl Zeroable for crate::kernels::ggml::Line {}
 
 /// `len` elements of `T`, zeroed, in their own anonymous mapping advised for huge pages (or on the heap
 /// when small, or when the map cannot be made).
@@ -59,9 +59,16 @@ impl<T: Zeroable> HugeBuf<T> {
     }
 }
 
-/// `RECKON_HUGE_PAGES=0` keeps buffers made from now on on the heap's small pages (for measuring).
+static HUGE_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether buffers made from now on may get huge pages (the default); false keeps them on the heap's
+/// small pages (`--no-huge-pages`, and for measuring what huge pages buy).
+pub fn set_huge_pages(on: bool) {
+    HUGE_PAGES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn huge_pages_wanted() -> bool {
-    std::env::var("RECKON_HUGE_PAGES").map_or(true, |v| v != "0")
+    HUGE_PAGES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl<T: Zeroable> Deref for HugeBuf<T> {

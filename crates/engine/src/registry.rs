@@ -1,5 +1,5 @@
-//! Where models live: short names of the fetched models and the cache directory (`$RECKON_HOME`,
-//! default `~/.cache/reckon/models`), kept in step with `scripts/fetch-models`.
+//! Short names of the fetched models and their file names in the models directory, kept in step with
+//! `scripts/fetch-models`. The directory itself is the caller's (the binary reads `$RECKON_HOME`).
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -13,22 +13,14 @@ pub const KNOWN_MODELS: [(&str, &str); 3] = [
     ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
 ];
 
-pub fn models_dir() -> PathBuf {
-    if let Some(home) = std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(home);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    home.join(".cache").join("reckon").join("models")
+/// The path of a known model's file in `dir`, whether or not it has been fetched.
+pub fn known_model_path(dir: &Path, name: &str) -> Option<PathBuf> {
+    KNOWN_MODELS.iter().find(|(n, _)| *n == name).map(|(_, f)| dir.join(f))
 }
 
-/// The path of a known model's file, whether or not it has been fetched.
-pub fn known_model_path(name: &str) -> Option<PathBuf> {
-    KNOWN_MODELS.iter().find(|(n, _)| *n == name).map(|(_, f)| models_dir().join(f))
-}
-
-/// Resolves `-m`: an existing path, or the short name of a fetched model.
-pub fn resolve_model(spec: &str) -> Result<PathBuf> {
-    if let Some(path) = known_model_path(spec) {
+/// Resolves `-m`: an existing path, or the short name of a model fetched into `dir`.
+pub fn resolve_model(dir: &Path, spec: &str) -> Result<PathBuf> {
+    if let Some(path) = known_model_path(dir, spec) {
         if path.exists() {
             return Ok(path);
         }

@@ -3,7 +3,6 @@
 //!
 //! Order as in llama.cpp's default chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 
-use crate::error::{Error, Result};
 use std::collections::HashMap;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -45,17 +44,6 @@ impl Default for SamplingParams {
 impl SamplingParams {
     pub fn greedy() -> Self {
         SamplingParams { temperature: 0.0, ..Self::default() }
-    }
-
-    /// Rejects values that would make sampling undefined, naming the parameter and the limit.
-    pub fn validate(&self) -> Result<()> {
-        let check = |ok: bool, msg: String| if ok { Ok(()) } else { Err(Error::InvalidRequest(msg)) };
-        check(self.temperature.is_finite() && self.temperature >= 0.0, format!("temperature must be >= 0. Given: {}", self.temperature))?;
-        check(self.top_p > 0.0 && self.top_p <= 1.0, format!("top_p must be in (0, 1]. Given: {}", self.top_p))?;
-        check((0.0..=1.0).contains(&self.min_p), format!("min_p must be in [0, 1]. Given: {}", self.min_p))?;
-        check(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0, format!("repetition_penalty must be > 0. Given: {}", self.repetition_penalty))?;
-        check((-2.0..=2.0).contains(&self.presence_penalty), format!("presence_penalty must be in [-2, 2]. Given: {}", self.presence_penalty))?;
-        check((-2.0..=2.0).contains(&self.frequency_penalty), format!("frequency_penalty must be in [-2, 2]. Given: {}", self.frequency_penalty))
     }
 }
 
@@ -117,7 +105,7 @@ impl Sampler {
             let max = max_logit(logits);
             self.probs.clear();
             self.probs.extend(logits.iter().map(|&l| (l - max) / p.temperature));
-            crate::ggml_math::soft_max(&mut self.probs, 0);
+            crate::kernels::ggml::math::soft_max(&mut self.probs, 0);
             return draw(self.rng.next_f64(), self.probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
         };
         let probs = softmax(&cands, p.temperature);
@@ -160,7 +148,7 @@ fn candidates(logits: &[f32], p: &SamplingParams) -> Option<Vec<(u32, f32)>> {
     }
     // Probabilities (temperature 1) over the pool top-k left, for the top-p and min-p cuts.
     let mut probs: Vec<f32> = all.iter().map(|c| c.1).collect();
-    crate::ggml_math::soft_max(&mut probs, 0);
+    crate::kernels::ggml::math::soft_max(&mut probs, 0);
     all.iter_mut().zip(probs).for_each(|(c, q)| c.2 = q);
     let mut head = 256.min(all.len());
     loop {
@@ -199,8 +187,8 @@ fn has_penalties(p: &SamplingParams) -> bool {
 
 /// Index of the largest logit; the lowest index wins ties (as llama.cpp's greedy sampler). The result
 /// of the plain loop `if l > logits[best] { best = i }` from best = 0 (a NaN never wins, but one at index
-/// 0 stays), which took 55 µs over SmolLM2's 49,152 logits, once per sequence and step on the engine
-/// thread; `largest` vectorizes it.
+/// 0 stays). It runs once per sequence and step on the engine thread, over the whole vocabulary, so
+/// `largest` vectorizes it.
 pub fn argmax(logits: &[f32]) -> u32 {
     match logits.first() {
         Some(first) if !first.is_nan() => largest(logits, true).1,
@@ -217,7 +205,7 @@ fn max_logit(logits: &[f32]) -> f32 {
 /// The largest non-NaN logit and, if `index`, the first index holding it (0 if none does).
 fn largest(logits: &[f32], index: bool) -> (f32, u32) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if crate::kernels::cpu::CpuFeatures::get().avx2 {
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { largest_avx2(logits, index) };
     }
@@ -282,139 +270,4 @@ fn apply_penalties(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn logits() -> Vec<f32> {
-        (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect()
-    }
-
-    #[test]
-    fn argmax_is_the_plain_loop_with_ties_nans_zeros_and_infinities() {
-        let plain = |l: &[f32]| {
-            let mut best = 0;
-            for (i, &v) in l.iter().enumerate() {
-                if v > l[best] {
-                    best = i;
-                }
-            }
-            best as u32
-        };
-        let mut rng = Rng::new(11);
-        let specials = [f32::NAN, -0.0, 0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0];
-        for len in (0..70).chain([49152, 49157]) {
-            for case in 0..40 {
-                let l: Vec<f32> = (0..len)
-                    .map(|_| {
-                        let r = rng.next_f64();
-                        if case % 4 == 0 && r < 0.3 {
-                            specials[(r * 100.0) as usize % specials.len()]
-                        } else {
-                            // few distinct values, so ties are common
-                            ((rng.next_f64() * 8.0) as i32 - 4) as f32
-                        }
-                    })
-                    .collect();
-                assert_eq!(argmax(&l), plain(&l), "len {len} case {case}: {l:?}");
-                let portable = if l.first().is_some_and(|v| !v.is_nan()) { largest_lanes(&l, true).1 } else { 0 };
-                assert_eq!(portable, plain(&l), "len {len} case {case} (portable)");
-            }
-        }
-    }
-
-    #[test]
-    fn max_logit_is_the_fold_of_f32_max() {
-        let mut rng = Rng::new(12);
-        for len in 0..60 {
-            let l: Vec<f32> = (0..len).map(|i| if i % 7 == 3 { f32::NAN } else { (rng.next_f64() * 10.0 - 5.0) as f32 }).collect();
-            assert_eq!(max_logit(&l).to_bits(), l.iter().copied().fold(f32::NEG_INFINITY, f32::max).to_bits(), "{l:?}");
-        }
-        assert_eq!(max_logit(&[f32::NAN; 20]), f32::NEG_INFINITY);
-    }
-
-    #[test]
-    fn greedy_is_argmax_with_lowest_index_on_ties() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
-        let mut s = Sampler::new(SamplingParams::greedy());
-        assert_eq!(s.sample(&logits(), &[]), argmax(&logits()));
-    }
-
-    #[test]
-    fn same_seed_same_tokens_and_different_seed_differs() {
-        let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed, ..Default::default() });
-            (0..50).map(|_| s.sample(&logits(), &[])).collect::<Vec<_>>()
-        };
-        assert_eq!(draw(7), draw(7));
-        assert_ne!(draw(7), draw(8));
-    }
-
-    #[test]
-    fn top_k_one_is_greedy() {
-        let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 1, seed: 3, ..Default::default() });
-        for _ in 0..20 {
-            assert_eq!(s.sample(&logits(), &[]), argmax(&logits()));
-        }
-    }
-
-    #[test]
-    fn top_p_and_min_p_restrict_the_candidates() {
-        let l = vec![10.0, 9.9, 0.0, 0.0, 0.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 1, ..Default::default() });
-        assert!((0..200).all(|_| s.sample(&l, &[]) < 2));
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 1, ..Default::default() });
-        assert!((0..200).all(|_| s.sample(&l, &[]) < 2));
-    }
-
-    #[test]
-    fn penalties_push_repeated_tokens_down() {
-        let l = vec![5.0, 4.9, 1.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, repetition_penalty: 1.5, ..Default::default() });
-        assert_eq!(s.sample(&l, &[0]), 1);
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, frequency_penalty: 0.05, ..Default::default() });
-        assert_eq!(s.sample(&l, &[0, 0, 0]), 1);
-        let mut s = Sampler::new(SamplingParams { temperature: 0.0, presence_penalty: 0.2, ..Default::default() });
-        assert_eq!(s.sample(&l, &[0]), 1);
-    }
-
-    /// The cuts from a sorted head equal the cuts over the whole vocabulary sorted (a vocabulary wider
-    /// than the first head, so the head has to grow for a top-p near 1).
-    #[test]
-    fn candidates_equal_a_full_sort() {
-        let mut rng = Rng::new(5);
-        let logits: Vec<f32> = (0..5000).map(|_| (rng.next_f64() * 8.0) as f32).collect();
-        for (top_k, top_p, min_p) in [(0, 0.9, 0.0), (0, 0.999, 0.0), (0, 1.0, 0.05), (0, 1.0, 0.0001), (40, 0.95, 0.05), (300, 1.0, 0.0), (0, 0.5, 0.5)] {
-            let p = SamplingParams { temperature: 1.0, top_k, top_p, min_p, ..Default::default() };
-            let mut want: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-            want.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            if top_k > 0 {
-                want.truncate(top_k);
-            }
-            let probs = softmax(&want, 1.0);
-            let mut keep = want.len();
-            if top_p < 1.0 {
-                let mut cum = 0.0;
-                keep = probs.iter().position(|&q| { cum += q; cum >= top_p as f64 }).map_or(keep, |i| i + 1);
-            }
-            if min_p > 0.0 {
-                keep = keep.min(probs.iter().take_while(|&&q| q >= probs[0] * min_p as f64).count().max(1));
-            }
-            want.truncate(keep);
-            assert_eq!(candidates(&logits, &p), Some(want), "top_k {top_k} top_p {top_p} min_p {min_p}");
-        }
-    }
-
-    /// A tiny temperature is greedy, not NaN probabilities (the no-cut path divides in f32).
-    #[test]
-    fn tiny_temperature_draws_the_argmax() {
-        let mut s = Sampler::new(SamplingParams { temperature: 1e-38, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 2, ..Default::default() });
-        assert!((0..20).all(|_| s.sample(&logits(), &[]) == argmax(&logits())));
-    }
-
-    #[test]
-    fn invalid_params_are_named() {
-        let e = SamplingParams { top_p: 0.0, ..Default::default() }.validate().unwrap_err();
-        assert!(e.to_string().contains("top_p"));
-        assert!(SamplingParams { temperature: -1.0, ..Default::default() }.validate().is_err());
-    }
-}
+mod tests;

@@ -5,10 +5,11 @@
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
-use reckon_engine::engine::{spawn, spawn_with, Completion, Detokenizer, DiskTierConfig, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SubmitError, Usage};
+use reckon_engine::engine::{spawn, spawn_with, Completion, Detokenizer, EngineConfig, EngineHandle, Event, Field, FinishReason, GenerateParams, RequestError, Usage};
+use reckon_engine::kv::DiskTierConfig;
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
-use reckon_engine::quant::GgmlType;
+use reckon_engine::kernels::ggml::GgmlType;
 use reckon_engine::sampler::SamplingParams;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -50,10 +51,10 @@ fn drain_usage(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, St
     (c.ids, c.text, c.reason, c.usage)
 }
 
-fn requests() -> Vec<GenerateRequest> {
+fn requests() -> Vec<GenerateParams> {
     (0..16u64)
         .map(|i| {
-            let mut r = GenerateRequest::greedy(prompt(i, 3 + (i as usize * 7) % 40), 12 + i as usize % 5);
+            let mut r = GenerateParams::greedy(prompt(i, 3 + (i as usize * 7) % 40), 12 + i as usize % 5);
             if i % 4 == 3 {
                 r.sampling = SamplingParams { temperature: 0.9, seed: 100 + i, ..SamplingParams::default() };
             }
@@ -110,7 +111,7 @@ fn tokens_do_not_depend_on_batch_budget_or_preemption() {
 fn aborted_and_abandoned_requests_free_their_blocks() {
     let model = model();
     let engine = spawn(model, Arc::new(Names), config(64, 64));
-    let (id, mut rx) = engine.submit(GenerateRequest::greedy(prompt(1, 20), 200)).unwrap();
+    let (id, mut rx) = engine.submit(GenerateParams::greedy(prompt(1, 20), 200)).unwrap();
     assert!(matches!(rx.blocking_recv(), Some(Event::Token { .. })));
     engine.abort(id);
     let mut reason = None;
@@ -121,9 +122,9 @@ fn aborted_and_abandoned_requests_free_their_blocks() {
     }
     assert_eq!(reason, Some(FinishReason::Abort));
     // a client that goes away without a word
-    let (_, rx) = engine.submit(GenerateRequest::greedy(prompt(2, 30), 200)).unwrap();
+    let (_, rx) = engine.submit(GenerateParams::greedy(prompt(2, 30), 200)).unwrap();
     drop(rx);
-    let (ids, text, reason) = drain(engine.submit(GenerateRequest::greedy(prompt(3, 5), 4)).unwrap().1);
+    let (ids, text, reason) = drain(engine.submit(GenerateParams::greedy(prompt(3, 5), 4)).unwrap().1);
     assert_eq!((ids.len(), reason), (4, FinishReason::Length));
     assert_eq!(text, ids.iter().map(|i| format!("<{i}>")).collect::<String>());
     wait_idle(&engine);
@@ -133,38 +134,39 @@ fn aborted_and_abandoned_requests_free_their_blocks() {
 #[test]
 fn bad_requests_are_refused_with_a_reason() {
     let engine = spawn(model(), Arc::new(Names), EngineConfig { max_waiting: 2, ..config(64, 64) });
-    let err = engine.submit(GenerateRequest::greedy(prompt(1, 300), 4)).unwrap_err();
-    assert_eq!(err, SubmitError::Prompt("this model's maximum context length is 256 tokens; the prompt has 300 tokens".into()));
-    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![500], 4)), Err(SubmitError::Prompt(m)) if m.contains("outside the vocabulary")));
-    assert!(matches!(engine.submit(GenerateRequest::greedy(vec![], 4)), Err(SubmitError::Prompt(_))));
-    let bad = GenerateRequest { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..GenerateRequest::greedy(vec![1], 4) };
-    assert!(matches!(engine.submit(bad), Err(SubmitError::Sampling(m)) if m.contains("top_p")));
-    assert_eq!(engine.submit(GenerateRequest::greedy(vec![1], 0)).unwrap_err(), SubmitError::NoNewTokens);
+    let err = engine.submit(GenerateParams::greedy(prompt(1, 300), 4)).unwrap_err();
+    let invalid = |field, message: &str| RequestError::Invalid { field, message: message.into() };
+    assert_eq!(err, invalid(Field::Prompt, "this model's maximum context length is 256 tokens; the prompt has 300 tokens"));
+    assert!(matches!(engine.submit(GenerateParams::greedy(vec![500], 4)), Err(RequestError::Invalid { field: Field::Prompt, message }) if message.contains("outside the vocabulary")));
+    assert!(matches!(engine.submit(GenerateParams::greedy(vec![], 4)), Err(RequestError::Invalid { field: Field::Prompt, .. })));
+    let bad = GenerateParams { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..GenerateParams::greedy(vec![1], 4) };
+    assert!(matches!(engine.submit(bad), Err(RequestError::Invalid { field: Field::TopP, message }) if message.contains("top_p")));
+    assert_eq!(engine.submit(GenerateParams::greedy(vec![1], 0)).unwrap_err(), invalid(Field::MaxTokens, "max_tokens must be at least 1. Given: 0"));
     // a prompt that fits the context (256) but not the whole KV pool (8 blocks of 4 tokens) is refused
     // up front, not failed after the stream has begun
     let small = spawn(model(), Arc::new(Names), config(8, 64));
-    let err = small.submit(GenerateRequest::greedy(prompt(2, 40), 4)).unwrap_err();
-    assert_eq!(err, SubmitError::Prompt("the prompt has 40 tokens; the KV cache holds 32 tokens in all (raise --kv-memory)".into()));
+    let err = small.submit(GenerateParams::greedy(prompt(2, 40), 4)).unwrap_err();
+    assert_eq!(err, invalid(Field::Prompt, "the prompt has 40 tokens; the KV cache holds 32 tokens in all (raise --kv-memory)"));
     // the waiting limit: the engine may take some off the queue quickly, so submit until refused
     let mut held = Vec::new();
-    let refused = (0..200).find_map(|i| match engine.submit(GenerateRequest::greedy(prompt(i, 40), 100)) {
+    let refused = (0..200).find_map(|i| match engine.submit(GenerateParams::greedy(prompt(i, 40), 100)) {
         Ok(ok) => {
             held.push(ok);
             None
         }
         Err(e) => Some(e),
     });
-    assert!(matches!(refused, Some(SubmitError::QueueFull { .. })), "{refused:?}");
+    assert!(matches!(refused, Some(RequestError::QueueFull { .. })), "{refused:?}");
 }
 
 /// Requests sharing a 37-token system prefix (9 blocks of 4 and one token), some repeated exactly, one
 /// seeded sample.
-fn shared_prefix_requests() -> Vec<GenerateRequest> {
+fn shared_prefix_requests() -> Vec<GenerateParams> {
     let system = prompt(77, 37);
     (0..10u64)
         .map(|i| {
             let tail = prompt(200 + i % 6, 1 + (i as usize * 5) % 13);
-            let mut r = GenerateRequest::greedy([system.clone(), tail].concat(), 10);
+            let mut r = GenerateParams::greedy([system.clone(), tail].concat(), 10);
             if i == 4 || i == 9 {
                 r.sampling = SamplingParams { temperature: 0.9, seed: 5, ..SamplingParams::default() };
             }
@@ -228,8 +230,8 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     // first life: compute it, shut down (every cached block is written)
     let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
     assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
-    engine.shutdown();
-    assert!(matches!(engine.submit(first.clone()), Err(SubmitError::Stopped)));
+    engine.shutdown(std::time::Duration::ZERO);
+    assert!(matches!(engine.submit(first.clone()), Err(RequestError::ShuttingDown)));
     let files = block_files(&dir);
     assert!(files.len() >= 9, "the prompt's full blocks are on disk: {files:?}");
     // second life: the same prompt is read back, not computed, and gives the same tokens
@@ -238,7 +240,7 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     assert_eq!(ids, reference);
     assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
     assert_eq!(engine.stats().prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), usage.cached_tokens as u64);
-    engine.shutdown();
+    engine.shutdown(std::time::Duration::ZERO);
     // a client that drops its engine handle at once still gets the disk read and every token
     let rx = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap().submit(first.clone()).unwrap().1;
     let (ids, _, reason, usage) = drain_usage(rx);
@@ -248,7 +250,7 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     let other = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 12)).unwrap()).unwrap());
     let engine = spawn_with(other, Arc::new(Names), config(64, 64), disk.clone()).unwrap();
     assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
-    engine.shutdown();
+    engine.shutdown(std::time::Duration::ZERO);
     // damaged files, every other one with a flipped data byte, the rest truncated: none is served and the
     // tokens stay right
     for f in block_files(&dir) {
@@ -256,7 +258,7 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     }
     let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
     drain(engine.submit(first.clone()).unwrap().1);
-    engine.shutdown();
+    engine.shutdown(std::time::Duration::ZERO);
     for (i, f) in block_files(&dir).into_iter().enumerate() {
         let mut bytes = std::fs::read(&f).unwrap();
         let last = bytes.len() - 1;
@@ -285,7 +287,7 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
     let engine = spawn_with(model.clone(), Arc::new(Names), config(16, 64), disk).unwrap();
     drain(engine.submit(requests[0].clone()).unwrap().1);
     for seed in 0..4 {
-        drain(engine.submit(GenerateRequest::greedy(prompt(900 + seed, 40), 4)).unwrap().1);
+        drain(engine.submit(GenerateParams::greedy(prompt(900 + seed, 40), 4)).unwrap().1);
     }
     // the writer runs in the background: poke the engine (stats are published after each step) until it
     // has indexed the evicted blocks
@@ -295,7 +297,7 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
             break;
         }
         assert!(i < 999, "the evicted blocks never reached the disk tier");
-        drain(engine.submit(GenerateRequest::greedy(vec![1], 1)).unwrap().1);
+        drain(engine.submit(GenerateParams::greedy(vec![1], 1)).unwrap().1);
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let (ids, _, _, usage) = drain_usage(engine.submit(requests[0].clone()).unwrap().1);
@@ -303,6 +305,6 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
     // 9 full blocks are on disk; a request restores at most half the pool (8 blocks)
     assert_eq!(usage.cached_tokens, 32, "{stats:?}");
     assert_eq!(stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), 32);
-    engine.shutdown();
+    engine.shutdown(std::time::Duration::ZERO);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -20,7 +20,8 @@ mod common;
 use common::{open_real_model as open, parity_fixture as fixture};
 use reckon_engine::model::{Model, Numerics};
 use reckon_engine::sampler::argmax;
-use reckon_engine::session::Session;
+use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateParams};
+use std::sync::Arc;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -54,15 +55,16 @@ fn chat_messages(case: &str) -> Vec<ChatMessage> {
     }
 }
 
-fn greedy(session: &mut Session, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut logits = session.prefill(prompt, 512).expect("prefill");
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = argmax(&logits);
-        out.push(t);
-        logits = session.decode(t).expect("decode").to_vec();
-    }
-    out
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `n` greedy tokens through the engine (the serving path), going on past end-of-generation tokens as
+/// the fixtures do.
+fn greedy(engine: &EngineHandle, prompt: &[u32], n: usize) -> Vec<u32> {
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt.to_vec(), n) };
+    Completion::wait(engine.submit(params).expect("valid request").1).expect("completes").ids
 }
 
 fn check_model(name: &str, numerics: Numerics) {
@@ -72,7 +74,8 @@ fn check_model(name: &str, numerics: Numerics) {
         Numerics::Packed => PACKED,
     };
     let fx = fixture(name);
-    let tok = Tokenizer::from_gguf(&file).unwrap();
+    assert_eq!(sha256_hex(file.raw()), fx["model_sha256"].as_str().expect("fixtures name their model's sha256"), "{name}: the model file is not the one the fixture was recorded with");
+    let tok = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
     let template = ChatTemplate::from_gguf(&file, &text(tok.bos_id()), &text(tok.eos_id())).unwrap();
     let model = Model::load_with(file, numerics).unwrap();
@@ -80,7 +83,9 @@ fn check_model(name: &str, numerics: Numerics) {
         eprintln!("note: {name}: no {} kernels on this CPU, nothing to check", numerics.name());
         return;
     }
-    let mut session = Session::new(&model, 4096);
+    let model = Arc::new(model);
+    let config = EngineConfig { max_model_len: 4096, num_blocks: 4096 / 16 + 1, max_running: 1, ..EngineConfig::default() };
+    let engine = spawn(model.clone(), tok.clone(), config);
     let mut report = Vec::new();
     let mut failures = Vec::new();
     for case in fx["prompts"].as_array().unwrap() {
@@ -92,8 +97,7 @@ fn check_model(name: &str, numerics: Numerics) {
         let prompt = ids(&case["tokens"]);
         assert_eq!(tok.encode(ptext, true, true).unwrap(), prompt, "{name}/{cname}: tokenization");
         let want = ids(&case["greedy"]);
-        session.truncate(0);
-        let got = greedy(&mut session, &prompt, want.len());
+        let got = greedy(&engine, &prompt, want.len());
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         report.push(format!("{cname}: {same}/{}", want.len()));
         if same < want.len() {
@@ -107,13 +111,8 @@ fn check_model(name: &str, numerics: Numerics) {
     let tf = &fx["teacher_forced"];
     let tokens = ids(&tf["tokens"]);
     let want = ids(&tf["argmax"]);
-    session.truncate(0);
-    let vocab = model.config.vocab_size;
-    let mut got = Vec::new();
-    for chunk in tokens.chunks(512) {
-        let logits = session.forward_all(chunk).unwrap();
-        got.extend(logits.chunks_exact(vocab).map(argmax));
-    }
+    let mut got: Vec<u32> = Vec::with_capacity(tokens.len());
+    model.for_each_logits(&tokens, 512, |logits| got.push(argmax(logits)));
     let agree = got.iter().zip(&want).filter(|(a, b)| a == b).count();
     let rate = agree as f64 / want.len() as f64;
     let gap_at = |i: usize| tf["top2_gap"][i].as_f64().unwrap();

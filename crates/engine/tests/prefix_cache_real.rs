@@ -6,7 +6,7 @@
 mod common;
 
 use common::{open_real_model as open, parity_fixture};
-use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateRequest};
+use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
 use reckon_engine::model::Model;
 use reckon_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ fn text_tokens(name: &str) -> Vec<u32> {
 
 /// Token ids and cached prompt tokens of one greedy request.
 fn run(engine: &reckon_engine::engine::EngineHandle, prompt: &[u32]) -> (Vec<u32>, usize) {
-    let mut req = GenerateRequest::greedy(prompt.to_vec(), NEW_TOKENS);
+    let mut req = GenerateParams::greedy(prompt.to_vec(), NEW_TOKENS);
     req.ignore_eos = true;
     let c = Completion::wait(engine.submit(req).unwrap().1).unwrap();
     (c.ids, c.usage.cached_tokens)
@@ -41,7 +41,7 @@ fn check_model(name: &str) {
         [prefix, &text[500..537]].concat(),
         [prefix, &text[700..701]].concat(),
     ];
-    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX };
+    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);

@@ -1,16 +1,25 @@
-//! `reckon bench`: llama-bench-style prefill (pp) and decode (tg) throughput, optionally at a context depth.
+//! `reckon bench`: llama-bench-style prefill (pp) and decode (tg) throughput, optionally at a context depth,
+//! measured through the same engine that serves (scheduler, paged KV, prefix cache, sampler).
 //!
-//! A pp test times the prefill of `n_prompt` tokens after `n_depth` tokens already in the KV cache; a tg
-//! test times `n_gen` single-token decode steps after the depth. Tokens are seeded pseudo-random ids (as
-//! llama-bench's), so runs are comparable. One untimed warm-up precedes the timed repetitions.
+//! A pp test times the prefill of `n_prompt` tokens after `n_depth` tokens already in the KV cache: the
+//! depth is one request's prompt, cached, and each repetition's prompt is the depth plus `n_prompt` fresh
+//! tokens, so the prefix cache supplies the depth and the time to first token is the prefill of the rest
+//! (plus the depth's partial last block, none when the depth is a multiple of the block size). A tg test
+//! times `n_gen` decode steps (from the first generated token to the last) after the depth. Prompt tokens
+//! are seeded pseudo-random ids (as llama-bench's), so runs are comparable; decoding is greedy and ignores
+//! end-of-generation tokens. One untimed warm-up precedes the timed repetitions.
 
 use crate::stats::{summarize, Summary};
+use crate::LabError;
+use reckon_engine::engine::{spawn, Completion, Detokenizer, EngineConfig, EngineHandle, GenerateParams};
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
-use reckon_engine::session::Session;
-use reckon_engine::Result;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Tokens per KV block of the benchmark's engine.
+const BLOCK_SIZE: usize = 16;
 
 #[derive(Clone, Debug)]
 pub struct BenchSpec {
@@ -67,48 +76,71 @@ fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
+/// Benchmarks never read the text.
+struct NoText;
+
+impl Detokenizer for NoText {
+    fn token_bytes(&self, _: u32) -> Vec<u8> {
+        Vec::new()
+    }
+    fn is_end_of_generation(&self, _: u32) -> bool {
+        false
+    }
+}
+
 /// Runs the pp test (if n_prompt > 0) and the tg test (if n_gen > 0).
-pub fn run(model: &Model, model_name: &str, spec: &BenchSpec) -> Result<Vec<BenchResult>> {
-    let vocab = model.config.vocab_size;
+pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<BenchResult>, LabError> {
+    let (vocab, numerics) = (model.config.vocab_size, model.numerics().name());
     let mut rng = Rng::new(1234);
     let depth = random_tokens(&mut rng, spec.n_depth, vocab);
-    let mut session = Session::new(model, spec.n_depth + spec.n_prompt.max(spec.n_gen) + 1);
+    // Room for the cached depth and a few repetitions' own tokens besides.
+    let per_rep = spec.n_prompt.max(spec.n_gen + 2) + BLOCK_SIZE;
+    let config = EngineConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks: (spec.n_depth + 4 * per_rep).div_ceil(BLOCK_SIZE) + 2,
+        max_batch_tokens: spec.chunk.max(1),
+        max_running: 1,
+        max_waiting: 1,
+        max_model_len: spec.n_depth + per_rep + 1,
+        prefix_caching: true,
+        ..EngineConfig::default()
+    };
+    let engine = spawn(model, Arc::new(NoText), config);
+    let generate = |prompt: Vec<u32>, n: usize| -> Result<(Completion, Vec<Instant>), LabError> {
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
+        let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
+        let mut arrivals = Vec::with_capacity(n);
+        let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
+        Ok((done, arrivals))
+    };
+    if !depth.is_empty() {
+        generate(depth.clone(), 1)?; // the depth, cached from now on
+    }
     let mut results = Vec::new();
     if spec.n_prompt > 0 {
-        let mut prompt = depth.clone();
-        prompt.extend(random_tokens(&mut rng, spec.n_prompt, vocab));
         let samples = timed_reps(spec.reps, || {
-            // Back to the depth tokens: computed once, then reused (prefill recomputes only the last one).
-            if depth.is_empty() {
-                session.truncate(0);
-            } else {
-                session.prefill(&depth, spec.chunk)?;
-            }
-            let t = Instant::now();
-            session.prefill(&prompt, spec.chunk)?;
-            Ok(spec.n_prompt as f64 / t.elapsed().as_secs_f64())
+            let prompt = [depth.as_slice(), &random_tokens(&mut rng, spec.n_prompt, vocab)].concat();
+            let (done, _) = generate(prompt, 1)?;
+            Ok(spec.n_prompt as f64 / done.timings.time_to_first_token.as_secs_f64())
         })?;
-        results.push(BenchResult::new(model_name, model.numerics().name(), spec, spec.n_prompt, 0, samples));
+        results.push(BenchResult::new(model_name, numerics, spec, spec.n_prompt, 0, samples));
     }
     if spec.n_gen > 0 {
-        let gen = random_tokens(&mut rng, spec.n_gen, vocab);
+        // Depth 0 still needs one token in the cache to decode after.
+        let start = if depth.is_empty() { vec![1] } else { depth.clone() };
         let samples = timed_reps(spec.reps, || {
-            // Depth 0 still needs one token in the cache to decode after.
-            let start: &[u32] = if depth.is_empty() { &gen[..1] } else { &depth };
-            session.prefill(start, spec.chunk)?;
-            let t = Instant::now();
-            for &tok in &gen {
-                session.decode(tok)?;
-            }
-            Ok(spec.n_gen as f64 / t.elapsed().as_secs_f64())
+            let (_, arrivals) = generate(start.clone(), spec.n_gen + 1)?;
+            let decode = arrivals[spec.n_gen].duration_since(arrivals[0]);
+            Ok(spec.n_gen as f64 / decode.as_secs_f64())
         })?;
-        results.push(BenchResult::new(model_name, model.numerics().name(), spec, 0, spec.n_gen, samples));
+        results.push(BenchResult::new(model_name, numerics, spec, 0, spec.n_gen, samples));
     }
+    drop::<EngineHandle>(engine);
     Ok(results)
 }
 
 /// One warm-up run, then `reps` timed ones.
-fn timed_reps(reps: usize, mut f: impl FnMut() -> Result<f64>) -> Result<Vec<f64>> {
+fn timed_reps(reps: usize, mut f: impl FnMut() -> Result<f64, LabError>) -> Result<Vec<f64>, LabError> {
     f()?;
     (0..reps.max(1)).map(|_| f()).collect()
 }

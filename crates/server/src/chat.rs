@@ -51,8 +51,22 @@ enum Prompt {
     Tokens(Vec<u32>),
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("invalid request body: {e}"), None))
+/// The request, or a 400 whose `param` names the field at fault: the first that does not parse on its own
+/// beside the least a request needs (`skeleton`), else the missing one.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8], skeleton: Value) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let message = e.to_string();
+        let wrong = match serde_json::from_slice(body) {
+            Ok(Value::Object(fields)) => fields.into_iter().find_map(|(k, v)| {
+                let mut alone = skeleton.clone();
+                alone[k.as_str()] = v;
+                serde_json::from_value::<T>(alone).is_err().then_some(k)
+            }),
+            _ => None,
+        };
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()).map(str::to_string);
+        ApiError::invalid(format!("invalid request body: {message}"), wrong.or(missing).as_deref())
+    })
 }
 
 fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -76,31 +90,30 @@ fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse(body)?;
+    let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
     let text = state.template.render(&chat_messages(&req.messages)?, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let mut engine_req = req.params.to_engine_request(state, prompt)?;
-    engine_req.logprobs = match (req.logprobs, req.top_logprobs) {
-        (_, Some(k)) if k > 20 => return Err(ApiError::invalid(format!("top_logprobs must be between 0 and 20; got {k}"), Some("top_logprobs"))),
+    let mut params = req.params.to_params(state, prompt)?;
+    params.logprobs = match (req.logprobs, req.top_logprobs) {
         (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    generate(state, Api::Chat, &req.params, engine_req).await
+    generate(state, Api::Chat, &req.params, params).await
 }
 
 pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse(body)?;
+    let req: CompletionRequest = parse(body, serde_json::json!({"model": "", "prompt": ""}))?;
     // Legacy completions: `logprobs` is the number of alternatives (0-5), as OpenAI.
     if let Some(k) = req.logprobs.filter(|&k| k > 5) {
-        return Err(ApiError::invalid(format!("logprobs must be between 0 and 5; got {k}"), Some("logprobs")));
+        return Err(ApiError::invalid(format!("logprobs must be between 0 and 5. Given: {k}"), Some("logprobs")));
     }
     let prompt = match &req.prompt {
         // As llama-server: the model's BOS if it wants one; special tokens in the text are parsed.
         Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => ids.clone(),
     };
-    let mut engine_req = req.params.to_engine_request(state, prompt)?;
-    engine_req.logprobs = req.logprobs;
-    generate(state, Api::Completion, &req.params, engine_req).await
+    let mut params = req.params.to_params(state, prompt)?;
+    params.logprobs = req.logprobs;
+    generate(state, Api::Completion, &req.params, params).await
 }

@@ -1,11 +1,16 @@
 //! Errors as OpenAI shapes them: `{"error": {"message", "type", "param", "code"}}` with the HTTP status a
-//! client library maps to its exception classes.
+//! client library maps to its exception classes. The engine's refusals are mapped in one function
+//! (`ApiError::from_request`); the server's own (authentication, the body, the model name) are made here.
 
-use axum::http::StatusCode;
+use crate::Api;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use reckon_engine::engine::SubmitError;
+use reckon_engine::engine::{Field, RequestError};
 use serde_json::json;
+
+/// Seconds a client is told to wait after a 429 (the queue drains in seconds at these model sizes).
+const RETRY_AFTER_SECONDS: u64 = 1;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -15,11 +20,13 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// `Retry-After` seconds (429 answers).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code: None }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code: None, retry_after: None }
     }
 
     pub fn not_found(message: impl Into<String>, param: Option<&str>, code: &'static str) -> Self {
@@ -29,15 +36,37 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         ApiError {
             status: StatusCode::UNAUTHORIZED,
-            message: "missing or wrong API key: send 'Authorization: Bearer KEY'".into(),
             kind: "authentication_error",
-            param: None,
             code: Some("invalid_api_key"),
+            ..Self::invalid("missing or wrong API key: send 'Authorization: Bearer KEY'", None)
         }
     }
 
+    /// A body over the server's size limit.
+    pub fn too_large(limit: usize) -> Self {
+        ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, code: Some("request_too_large"), ..Self::invalid(format!("the request body is larger than {limit} bytes"), None) }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into(), kind: "server_error", param: None, code: None }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", ..Self::invalid(message, None) }
+    }
+
+    /// The engine's refusal, for a request of `api` (which names the fields).
+    pub fn from_request(e: RequestError, api: Api) -> Self {
+        let message = e.to_string();
+        match e {
+            RequestError::Invalid { field, .. } => Self::invalid(message, Some(param_name(field, api))),
+            RequestError::QueueFull { .. } => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                kind: "rate_limit_error",
+                code: Some("queue_full"),
+                retry_after: Some(RETRY_AFTER_SECONDS),
+                ..Self::invalid(message, None)
+            },
+            RequestError::ShuttingDown | RequestError::Stopped => {
+                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", code: Some("unavailable"), ..Self::invalid(message, None) }
+            }
+        }
     }
 
     /// The `error` object, also sent as a server-sent event when a stream fails midway.
@@ -46,21 +75,37 @@ impl ApiError {
     }
 }
 
-impl ApiError {
-    /// The engine's refusal; `prompt_param` names the field the prompt came from (`messages`, `prompt`).
-    pub fn from_submit(e: SubmitError, prompt_param: &str) -> Self {
-        match e {
-            SubmitError::QueueFull { .. } => ApiError { status: StatusCode::TOO_MANY_REQUESTS, kind: "rate_limit_error", code: Some("queue_full"), ..Self::invalid(e.to_string(), None) },
-            SubmitError::Prompt(m) => Self::invalid(m, Some(prompt_param)),
-            SubmitError::NoNewTokens => Self::invalid(e.to_string(), Some("max_tokens")),
-            SubmitError::Sampling(m) => Self::invalid(m, None),
-            SubmitError::Stopped => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..Self::internal(e.to_string()) },
-        }
+/// What each API calls an engine field.
+fn param_name(field: Field, api: Api) -> &'static str {
+    match field {
+        Field::Prompt => match api {
+            Api::Chat => "messages",
+            Api::Completion => "prompt",
+        },
+        Field::MaxTokens => "max_tokens",
+        Field::Stop => "stop",
+        Field::StopTokenIds => "stop_token_ids",
+        Field::Temperature => "temperature",
+        Field::TopP => "top_p",
+        Field::TopK => "top_k",
+        Field::MinP => "min_p",
+        Field::RepetitionPenalty => "repetition_penalty",
+        Field::PresencePenalty => "presence_penalty",
+        Field::FrequencyPenalty => "frequency_penalty",
+        Field::Logprobs => match api {
+            Api::Chat => "top_logprobs",
+            Api::Completion => "logprobs",
+        },
+        Field::CacheSalt => "cache_salt",
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, s.into());
+        }
+        response
     }
 }

@@ -6,14 +6,14 @@ mod error;
 mod metrics;
 mod params;
 mod respond;
-mod stop;
 
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use respond::{stream_events, Api};
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,16 +35,33 @@ pub struct AppState {
     /// With a key, requests must carry `Authorization: Bearer KEY` (`/health` and `/metrics` excepted).
     pub api_key: Option<String>,
     pub metrics: Arc<Metrics>,
+    /// Largest request body accepted; larger ones get 413 in OpenAI's error shape.
+    pub max_body_bytes: usize,
 }
 
+/// `AppState::max_body_bytes` unless told otherwise: agents' requests carry long histories and tool
+/// schemas (hundreds of KiB), far below this.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
+
 pub fn router(state: AppState) -> Router {
+    let limit = state.max_body_bytes;
     Router::new()
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route("/metrics", get(|State(state): State<AppState>| async move { metrics::render(&state) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// "ok", or 503 once a shutdown has started, so a load balancer's readiness probe stops sending traffic
+/// that would be refused.
+async fn health(State(state): State<AppState>) -> Response {
+    if state.engine.is_draining() {
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    "ok".into_response()
 }
 
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -69,16 +86,25 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     .into_response()
 }
 
-async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&state, &headers) {
-        return e.into_response();
-    }
-    chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response)
+/// The request body, or the error that says why there is none (a body over the limit: 413).
+fn body_of(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    authorize(state, headers)?;
+    body.map_err(|e| match e.status() {
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body_bytes),
+        _ => ApiError::invalid(format!("cannot read the request body: {e}"), None),
+    })
 }
 
-async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&state, &headers) {
-        return e.into_response();
+async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match body_of(&state, &headers, body) {
+        Ok(body) => chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
     }
-    chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match body_of(&state, &headers, body) {
+        Ok(body) => chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    }
 }

@@ -101,8 +101,9 @@ pub fn render(state: &AppState) -> String {
     counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).", count(&s.prefix_cache_hit_tokens));
     counter("reckon_prefix_cache_disk_hits_total", "Prompt tokens read back from the prefix cache's disk tier.", count(&s.prefix_cache_disk_hit_tokens));
     counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
-    counter("reckon_request_success_total", "Requests finished (stop or length).", count(&s.finished_requests));
-    counter("reckon_request_aborted_total", "Requests aborted (client gone or stop string).", count(&s.aborted_requests));
+    counter("reckon_request_success_total", "Requests finished (stop token, stop string or length).", count(&s.finished_requests));
+    counter("reckon_request_aborted_total", "Requests aborted (the client went away).", count(&s.aborted_requests));
+    counter("reckon_request_failed_total", "Requests ended with an error (cut short by a shutdown's drain timeout).", count(&s.failed_requests));
     let l = &state.metrics.latencies;
     l.ttft.render("reckon_time_to_first_token_seconds", "Arrival to first generated token.", &mut out);
     l.itl.render("reckon_inter_token_latency_seconds", "Time between streamed tokens.", &mut out);

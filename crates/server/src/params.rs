@@ -1,9 +1,9 @@
-//! The generation parameters chat and text completions share, with OpenAI's names, defaults and limits,
-//! turned into an engine request.
+//! The generation parameters chat and text completions share, with OpenAI's names and defaults, turned
+//! into the engine's `GenerateParams` (which the engine validates).
 
 use crate::error::ApiError;
 use crate::AppState;
-use reckon_engine::engine::GenerateRequest;
+use reckon_engine::engine::GenerateParams;
 use reckon_engine::sampler::SamplingParams;
 use serde::Deserialize;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -44,29 +44,23 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Tokens generated when the request does not say (as vLLM: up to the context).
-const DEFAULT_MAX_TOKENS: usize = usize::MAX;
-
 impl CommonParams {
-    /// The engine request for an already tokenized prompt. The engine checks the prompt, the token
-    /// count and the sampling values (`respond::generate` maps its refusals); here only what is OpenAI's:
-    /// the model name, `n`, and the temperature range.
-    pub fn to_engine_request(&self, state: &AppState, prompt: Vec<u32>) -> Result<GenerateRequest, ApiError> {
+    /// The engine's parameters for an already tokenized prompt. The engine validates them (prompt,
+    /// limits, sampling ranges); here only what is OpenAI's own: the model name, `n`, and the temperature
+    /// range.
+    pub fn to_params(&self, state: &AppState, prompt: Vec<u32>) -> Result<GenerateParams, ApiError> {
         if self.model != state.model_id {
             let msg = format!("the model '{}' does not exist; this server serves '{}'", self.model, state.model_id);
             return Err(ApiError::not_found(msg, Some("model"), "model_not_found"));
         }
         if self.n.unwrap_or(1) != 1 {
-            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+            return Err(ApiError::invalid(format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)), Some("n")));
         }
-        if self.cache_salt.as_deref() == Some("") {
-            return Err(ApiError::invalid("cache_salt must not be empty", Some("cache_salt")));
-        }
-        let max_new_tokens = self.max_completion_tokens.or(self.max_tokens).unwrap_or(DEFAULT_MAX_TOKENS);
-        Ok(GenerateRequest {
+        Ok(GenerateParams {
             prompt,
             sampling: self.sampling()?,
-            max_new_tokens,
+            max_new_tokens: self.max_completion_tokens.or(self.max_tokens),
+            stop: self.stops(),
             stop_token_ids: Vec::new(),
             ignore_eos: self.ignore_eos,
             logprobs: None,
@@ -77,7 +71,7 @@ impl CommonParams {
     fn sampling(&self) -> Result<SamplingParams, ApiError> {
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
-                return Err(ApiError::invalid(format!("temperature must be between 0 and 2; got {t}"), Some("temperature")));
+                return Err(ApiError::invalid(format!("temperature must be between 0 and 2. Given: {t}"), Some("temperature")));
             }
         }
         // OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p, no repetition penalty.
@@ -94,16 +88,12 @@ impl CommonParams {
         })
     }
 
-    pub fn stops(&self) -> Result<Vec<String>, ApiError> {
-        let stops = match &self.stop {
+    fn stops(&self) -> Vec<String> {
+        match &self.stop {
             None => Vec::new(),
             Some(Stop::One(s)) => vec![s.clone()],
             Some(Stop::Many(v)) => v.clone(),
-        };
-        if stops.len() > 4 {
-            return Err(ApiError::invalid(format!("at most 4 stop sequences are allowed; got {}", stops.len()), Some("stop")));
         }
-        Ok(stops)
     }
 
     pub fn include_usage(&self) -> bool {

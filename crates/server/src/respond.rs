@@ -3,12 +3,11 @@
 
 use crate::error::ApiError;
 use crate::params::{unix_now, CommonParams};
-use crate::stop::{StopMatcher, StopOutcome};
 use crate::AppState;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use reckon_engine::engine::{Event, FinishReason, GenerateRequest, TokenLogprobs, Usage};
+use reckon_engine::engine::{Event, FinishReason, GenerateParams, TokenLogprobs, Usage};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::time::Instant;
@@ -21,14 +20,12 @@ pub enum Api {
 }
 
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
-pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateRequest) -> Result<Response, ApiError> {
-    let stops = params.stops()?;
-    let prompt_param = if api == Api::Chat { "messages" } else { "prompt" };
-    let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_submit(e, prompt_param))?;
+pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams) -> Result<Response, ApiError> {
+    let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_request(e, api))?;
     if params.stream {
-        Ok(stream_events(state, api, id, events, stops, params.include_usage()))
+        Ok(stream_events(state, api, id, events, params.include_usage()))
     } else {
-        let (run, shape) = Run::new(state, api, id, stops);
+        let (run, shape) = Run::new(state, api, id);
         Ok(Json(collect(run, events, &shape).await?).into_response())
     }
 }
@@ -40,10 +37,9 @@ pub fn stream_events(
     api: Api,
     request_id: u64,
     events: UnboundedReceiver<Event>,
-    stops: Vec<String>,
     include_usage: bool,
 ) -> Response {
-    let (run, shape) = Run::new(state, api, request_id, stops);
+    let (run, shape) = Run::new(state, api, request_id);
     stream(run, events, shape, include_usage).into_response()
 }
 
@@ -103,8 +99,10 @@ impl Shape {
 
 fn finish_str(r: FinishReason) -> &'static str {
     match r {
-        FinishReason::Stop | FinishReason::Abort => "stop",
+        FinishReason::Stop => "stop",
         FinishReason::Length => "length",
+        // only a client that went away is aborted, and it reads nothing more
+        FinishReason::Abort => "abort",
     }
 }
 
@@ -117,13 +115,11 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// One request's text as it is generated, with stop strings applied.
+/// One request's answer as it is generated.
 struct Run {
     state: AppState,
     api: Api,
     id: u64,
-    stops: StopMatcher,
-    stopped_by_string: bool,
     /// Characters of generated text before the current token (text completions' `text_offset`).
     chars_before: usize,
     /// Log-probability entries not yet sent.
@@ -183,32 +179,25 @@ fn completion_logprobs(entries: &[LogprobEntry]) -> Value {
 }
 
 impl Run {
-    fn new(state: &AppState, api: Api, id: u64, stops: Vec<String>) -> (Run, Shape) {
+    fn new(state: &AppState, api: Api, id: u64) -> (Run, Shape) {
         let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
-        let run = Run { state: state.clone(), api, id, stops: StopMatcher::new(stops), stopped_by_string: false, chars_before: 0, logprobs: Vec::new() };
+        let run = Run { state: state.clone(), api, id, chars_before: 0, logprobs: Vec::new() };
         (run, shape)
     }
 
-    /// The text to pass on for a token; a stop string aborts the generation.
-    fn on_token(&mut self, id: u32, delta: &str, lp: Option<TokenLogprobs>) -> String {
-        if self.stopped_by_string {
-            return String::new();
-        }
+    /// Records a token's log-probabilities (if asked); returns the text to pass on.
+    fn on_token(&mut self, id: u32, text: String, lp: Option<TokenLogprobs>) -> String {
         if let Some(lp) = lp {
             let alt = |id: u32, logprob: f32| Alternative { bytes: self.state.tokenizer.token_bytes(id, false), logprob };
             let top = lp.top.iter().map(|&(t, l)| alt(t, l)).collect();
-            self.logprobs.push(LogprobEntry { token: alt(id, lp.logprob), top, text_offset: self.chars_before });
+            let token = alt(id, lp.logprob);
+            // offsets count the tokens' own text (text held back for a stop string arrives later)
+            let chars = String::from_utf8_lossy(&token.bytes).chars().count();
+            self.logprobs.push(LogprobEntry { token, top, text_offset: self.chars_before });
+            self.chars_before += chars;
         }
-        self.chars_before += delta.chars().count();
-        match self.stops.push(delta) {
-            StopOutcome::Continue(t) => t,
-            StopOutcome::Stopped(t) => {
-                self.stopped_by_string = true;
-                self.state.engine.abort(self.id);
-                t
-            }
-        }
+        text
     }
 
     /// The entries collected since the last call, as a choice's `logprobs` (null if none were asked).
@@ -222,15 +211,6 @@ impl Run {
             Api::Completion => completion_logprobs(&entries),
         }
     }
-
-    /// The held-back text and the finish reason at the end.
-    fn on_finish(&mut self, reason: FinishReason) -> (String, &'static str) {
-        if self.stopped_by_string {
-            (String::new(), "stop")
-        } else {
-            (self.stops.finish(), finish_str(reason))
-        }
-    }
 }
 
 /// The whole answer as one response.
@@ -238,12 +218,10 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
     let mut text = String::new();
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token { id, text: delta, logprobs } => text.push_str(&run.on_token(id, &delta, logprobs)),
+            Event::Token { id, text: delta, logprobs } => text.push_str(&run.on_token(id, delta, logprobs)),
             Event::Finished { reason, usage, timings } => {
                 run.state.metrics.finished(&timings);
-                let (rest, reason) = run.on_finish(reason);
-                text.push_str(&rest);
-                return Ok(shape.full(text, reason, &usage, run.take_logprobs()));
+                return Ok(shape.full(text, finish_str(reason), &usage, run.take_logprobs()));
             }
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
@@ -273,18 +251,14 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                     if let Some(prev) = last_token.replace(now) {
                         run.state.metrics.inter_token(now - prev);
                     }
-                    let out = run.on_token(id, &text, logprobs);
+                    let out = run.on_token(id, text, logprobs);
                     if !out.is_empty() && !send(shape.chunk(Some(&out), false, None, run.take_logprobs())).await {
                         return run.state.engine.abort(run.id);
                     }
                 }
                 Event::Finished { reason, usage, timings } => {
                     run.state.metrics.finished(&timings);
-                    let (rest, reason) = run.on_finish(reason);
-                    if !rest.is_empty() {
-                        send(shape.chunk(Some(&rest), false, None, run.take_logprobs())).await;
-                    }
-                    send(shape.chunk(None, false, Some(reason), run.take_logprobs())).await;
+                    send(shape.chunk(None, false, Some(finish_str(reason)), run.take_logprobs())).await;
                     if include_usage {
                         send(shape.usage_chunk(&usage)).await;
                     }

@@ -1,46 +1,27 @@
-//! What goes into the engine (a request) and what comes out (token events). No API JSON here: the
-//! server maps these to OpenAI or Anthropic shapes.
+//! One request's whole life in the engine, in one type: its tokens and how many of them are computed, its
+//! KV blocks, its sampler, its detokenizer and stop criteria, and where its events go. The scheduler
+//! keeps every live request and changes it in place (as nano-vllm's scheduler does its `Sequence`); the
+//! engine turns each sampled token into text and decides here whether the request ends.
+//!
+//! The invariant the scheduler keeps (vLLM v1's): `num_computed_tokens` (tokens whose keys and values are
+//! in `blocks`) catches up with `tokens.len()` (prompt, then generated). A prefill chunk, a decode step
+//! and a prefix-cache hit each just advance it.
 
-use crate::sampler::SamplingParams;
-use std::time::Duration;
+use super::events::{Event, TokenLogprobs};
+use super::stop::{StopMatcher, StopOutcome};
+use super::validate::ValidatedRequest;
+use crate::kv::RequestBlocks;
+use crate::sampler::Sampler;
+use crate::tokenizer::{Tokenizer, Utf8Stream};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
 
 pub type RequestId = u64;
 
-#[derive(Clone, Debug)]
-pub struct GenerateRequest {
-    /// Token ids (the server applies the chat template and tokenizes).
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    /// Generated tokens at most (also capped by the context).
-    pub max_new_tokens: usize,
-    /// Tokens that end the generation besides the model's end-of-generation tokens.
-    pub stop_token_ids: Vec<u32>,
-    /// Keep going past end-of-generation tokens (benchmarks).
-    pub ignore_eos: bool,
-    /// Return the chosen token's log-probability and this many alternatives per token (`None`: none).
-    pub logprobs: Option<usize>,
-    /// Share prefix-cache blocks only with requests carrying the same salt (vLLM's `cache_salt`).
-    pub cache_salt: Option<String>,
-}
-
-impl GenerateRequest {
-    pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> Self {
-        GenerateRequest { prompt, sampling: SamplingParams::greedy(), max_new_tokens, stop_token_ids: Vec::new(), ignore_eos: false, logprobs: None, cache_salt: None }
-    }
-}
-
-/// Log-probabilities of one generated token under the model's own distribution (natural log of the
-/// softmax of the raw logits: before penalties, temperature and truncation, as vLLM's default).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprobs {
-    pub logprob: f32,
-    /// The most likely tokens with their log-probabilities, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
+/// Why a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation or stop token.
+    /// An end-of-generation token, a stop token or a stop string.
     Stop,
     /// `max_new_tokens` or the context was reached.
     Length,
@@ -48,60 +29,158 @@ pub enum FinishReason {
     Abort,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens whose KV state was reused rather than computed (prefix cache).
-    pub cached_tokens: usize,
+/// Where a live request is in the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// Queued for admission (new, or preempted and back at the front).
+    Waiting,
+    /// Queued, but not admitted until the engine has read its next prompt blocks from the disk tier.
+    WaitingForDisk,
+    /// In the running batch: it has blocks and is computed a chunk at a time.
+    Running,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Timings {
-    /// Arrival to first scheduled step.
-    pub queue: Duration,
-    /// Arrival to the first generated token.
-    pub time_to_first_token: Duration,
-    /// Arrival to the end.
-    pub end_to_end: Duration,
+/// How a token id turns into text, and whether it ends a generation: the tokenizer, or a stand-in in
+/// tests on tiny random models.
+pub trait Detokenizer: Send + Sync {
+    fn token_bytes(&self, id: u32) -> Vec<u8>;
+    fn is_end_of_generation(&self, id: u32) -> bool;
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub enum Event {
-    /// One generated token and the text it completes (may be empty while a UTF-8 character is split
-    /// across tokens). The final stop token, if any, is reported with empty text.
-    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
-    /// The last event of a request.
-    Finished { reason: FinishReason, usage: Usage, timings: Timings },
-    /// The request failed; no more events follow.
-    Error(String),
+impl Detokenizer for Tokenizer {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        Tokenizer::token_bytes(self, id, false)
+    }
+
+    fn is_end_of_generation(&self, id: u32) -> bool {
+        self.is_eog(id)
+    }
 }
 
-/// Everything one request produced, gathered from its events by `Completion::wait`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Completion {
-    pub ids: Vec<u32>,
-    pub text: String,
-    pub reason: FinishReason,
-    pub usage: Usage,
-    pub timings: Timings,
+/// When a request reached each stage (for its `Timings`).
+#[derive(Clone, Copy, Debug)]
+pub struct RequestTimes {
+    pub arrived: Instant,
+    pub first_scheduled: Option<Instant>,
+    pub first_token: Option<Instant>,
 }
 
-impl Completion {
-    /// Blocks until the request ends (for code outside an async runtime: benchmarks, tests). `Err` holds
-    /// the engine's error, or says the engine stopped without a last event.
-    pub fn wait(mut events: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Result<Completion, String> {
-        let (mut ids, mut text) = (Vec::new(), String::new());
-        while let Some(ev) = events.blocking_recv() {
-            match ev {
-                Event::Token { id, text: t, .. } => {
-                    ids.push(id);
-                    text.push_str(&t);
-                }
-                Event::Finished { reason, usage, timings } => return Ok(Completion { ids, text, reason, usage, timings }),
-                Event::Error(e) => return Err(e),
+pub struct Request {
+    pub id: RequestId,
+    /// Prompt, then generated tokens.
+    pub tokens: Vec<u32>,
+    pub num_prompt_tokens: usize,
+    /// Tokens whose keys and values are in `blocks`.
+    pub num_computed_tokens: usize,
+    /// Generated tokens allowed (prompt plus these fit the context).
+    pub max_new_tokens: usize,
+    pub status: RequestStatus,
+    pub num_preemptions: u32,
+    /// Prompt tokens found in the prefix cache at first admission (not computed for this request).
+    pub num_cached_tokens: usize,
+    pub blocks: RequestBlocks,
+    pub sampler: Sampler,
+    /// Also return this many alternatives' log-probabilities with each token.
+    pub logprobs: Option<usize>,
+    pub times: RequestTimes,
+    output: Output,
+    events: UnboundedSender<Event>,
+}
+
+/// The generated text so far and what ends it.
+struct Output {
+    ignore_eos: bool,
+    stop_token_ids: Vec<u32>,
+    utf8: Utf8Stream,
+    stop_strings: StopMatcher,
+}
+
+impl Output {
+    /// Everything still held back, at the end of the generation (an incomplete character as U+FFFD),
+    /// cut before a stop string if that completes one (then true).
+    fn flush(&mut self) -> (String, bool) {
+        match self.stop_strings.push(&self.utf8.finish()) {
+            StopOutcome::Continue(mut t) => {
+                t.push_str(&self.stop_strings.finish());
+                (t, false)
             }
+            StopOutcome::Stopped(t) => (t, true),
         }
-        Err("the engine stopped before the request finished".into())
+    }
+}
+
+impl Request {
+    /// A new request, waiting. `blocks`: `KvCacheManager::new_blocks` for its cache salt.
+    pub fn new(id: RequestId, req: ValidatedRequest, blocks: RequestBlocks, events: UnboundedSender<Event>, arrived: Instant) -> Request {
+        let p = req.into_params();
+        Request {
+            id,
+            num_prompt_tokens: p.prompt.len(),
+            tokens: p.prompt,
+            num_computed_tokens: 0,
+            max_new_tokens: p.max_new_tokens.expect("validated requests have a limit"),
+            status: RequestStatus::Waiting,
+            num_preemptions: 0,
+            num_cached_tokens: 0,
+            blocks,
+            sampler: Sampler::new(p.sampling),
+            logprobs: p.logprobs,
+            times: RequestTimes { arrived, first_scheduled: None, first_token: None },
+            output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
+            events,
+        }
+    }
+
+    pub fn num_generated(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Whether the next chunk is the one newest generated token (a decode): the whole prompt is computed
+    /// and one token is left. (The last token of a recompute after preemption counts too.)
+    pub fn is_decoding(&self) -> bool {
+        self.num_computed_tokens >= self.num_prompt_tokens && self.num_computed_tokens + 1 == self.tokens.len()
+    }
+
+    /// The text the newest token (already appended to `tokens`) completes, and whether the request ends
+    /// with it: an end-of-generation or stop token, a completed stop string, or the length limit.
+    pub fn process_new_token(&mut self, detok: &dyn Detokenizer) -> (String, Option<FinishReason>) {
+        let token = *self.tokens.last().expect("a token was sampled");
+        let at_limit = self.num_generated() >= self.max_new_tokens;
+        let out = &mut self.output;
+        if (!out.ignore_eos && detok.is_end_of_generation(token)) || out.stop_token_ids.contains(&token) {
+            // the stop token itself has no text; what was held back is sent
+            return (out.flush().0, Some(FinishReason::Stop));
+        }
+        let delta = out.utf8.push(&detok.token_bytes(token));
+        let mut text = match out.stop_strings.push(&delta) {
+            StopOutcome::Continue(t) => t,
+            StopOutcome::Stopped(t) => return (t, Some(FinishReason::Stop)),
+        };
+        if !at_limit {
+            return (text, None);
+        }
+        let (rest, stopped) = out.flush();
+        text.push_str(&rest);
+        (text, Some(if stopped { FinishReason::Stop } else { FinishReason::Length }))
+    }
+
+    /// Sends an event to the client; false if it has gone away.
+    pub fn send(&self, event: Event) -> bool {
+        self.events.send(event).is_ok()
+    }
+
+    /// A token event; false if the client has gone away.
+    pub fn send_token(&self, id: u32, text: String, logprobs: Option<TokenLogprobs>) -> bool {
+        self.send(Event::Token { id, text, logprobs })
+    }
+}
+
+#[cfg(test)]
+impl Request {
+    /// A greedy request for scheduler tests; its events go nowhere.
+    pub(crate) fn for_test(id: RequestId, prompt: Vec<u32>, max_new_tokens: usize, blocks: RequestBlocks) -> Request {
+        let (events, _) = tokio::sync::mpsc::unbounded_channel();
+        let params = super::validate::GenerateParams::greedy(prompt, max_new_tokens);
+        Request::new(id, ValidatedRequest::unchecked(params), blocks, events, Instant::now())
     }
 }

@@ -9,7 +9,7 @@ pub use reader::{parse_header, Header, TensorInfo};
 pub use value::Value;
 
 use crate::error::{Error, Result};
-use crate::quant::GgmlType;
+use crate::kernels::ggml::GgmlType;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

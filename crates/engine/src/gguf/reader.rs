@@ -5,7 +5,7 @@
 
 use super::value::Value;
 use crate::error::{Error, Result};
-use crate::quant::GgmlType;
+use crate::kernels::ggml::GgmlType;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

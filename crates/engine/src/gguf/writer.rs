@@ -1,7 +1,7 @@
 //! Writing GGUF v3 images. Tests use it to build tiny random models and deliberately broken files.
 
 use super::value::Value;
-use crate::quant::GgmlType;
+use crate::kernels::ggml::GgmlType;
 
 const ALIGNMENT: usize = 32;
 

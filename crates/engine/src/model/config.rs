@@ -1,8 +1,10 @@
-//! Hyper-parameters of a decoder-only transformer, read once from GGUF metadata and validated.
+//! Hyper-parameters of a decoder-only transformer, read once from GGUF metadata and validated. What all
+//! three architectures share is read here (`Meta::common`); each architecture's file sets what is its
+//! own (RoPE layout, sliding windows, scales).
 
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::ops::RopeStyle;
+use crate::kernels::ops::RopeStyle;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
@@ -17,11 +19,10 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "gemma3" => Ok(Arch::Gemma3),
-            other => Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, gemma3)"
-            ))),
+            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, gemma3)"))),
         }
     }
+
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
@@ -58,52 +59,19 @@ pub struct ModelConfig {
     /// Apply `attn_scale` to q itself before attention (gemma3, as llama.cpp does) rather than to q·k.
     /// The results differ: q is rounded to f16 for the q·k product, and a scaled q loses more bits.
     pub scale_q_first: bool,
+    /// Multiplies the token embeddings (gemma3: sqrt(d_model)).
+    pub embed_scale: Option<f32>,
 }
 
 impl ModelConfig {
+    /// The configuration of the GGUF file's architecture.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let arch = Arch::from_name(file.get_str("general.architecture")?)?;
-        let a = arch.name();
-        let key = |k: &str| format!("{a}.{k}");
-        let usize_key = |k: &str| file.get_u64(&key(k)).map(|v| v as usize);
-        let n_heads = usize_key("attention.head_count")?;
-        let d_model = usize_key("embedding_length")?;
-        if n_heads == 0 || d_model == 0 {
-            return Err(Error::Metadata("head_count and embedding_length must be positive".into()));
-        }
-        let n_kv_heads = usize_key("attention.head_count_kv").unwrap_or(n_heads);
-        let head_dim = usize_key("attention.key_length").unwrap_or(d_model / n_heads);
-        let vocab_size = match usize_key("vocab_size") {
-            Ok(v) => v,
-            Err(_) => file.get_str_array("tokenizer.ggml.tokens")?.len(),
-        };
-        let (rope_style, rope_base_local, sliding_window, swa_period, attn_scale) = match arch {
-            Arch::Llama => (RopeStyle::Interleaved, 0.0, None, 1, 1.0 / (head_dim as f32).sqrt()),
-            Arch::Qwen2 => (RopeStyle::Neox, 0.0, None, 1, 1.0 / (head_dim as f32).sqrt()),
-            Arch::Gemma3 => {
-                let window = usize_key("attention.sliding_window")?;
-                (RopeStyle::Neox, 10_000.0, Some(window), 6, 1.0 / (head_dim as f32).sqrt())
-            }
-        };
-        let cfg = ModelConfig {
-            arch,
-            n_layers: usize_key("block_count")?,
-            d_model,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            ffn_dim: usize_key("feed_forward_length")?,
-            vocab_size,
-            context_length: usize_key("context_length")?,
-            norm_eps: file.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_style,
-            rope_base: file.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
-            rope_base_local,
-            rot_dim: usize_key("rope.dimension_count").unwrap_or(head_dim),
-            sliding_window,
-            swa_period,
-            attn_scale,
-            scale_q_first: arch == Arch::Gemma3,
+        let meta = Meta { file, arch };
+        let cfg = match arch {
+            Arch::Llama => super::llama::config(&meta)?,
+            Arch::Qwen2 => super::qwen2::config(&meta)?,
+            Arch::Gemma3 => super::gemma3::config(&meta)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -126,6 +94,7 @@ impl ModelConfig {
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
+
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
@@ -134,8 +103,65 @@ impl ModelConfig {
     pub fn kv_f16_bytes_per_token(&self) -> usize {
         2 * self.n_layers * self.kv_dim() * 2
     }
+
     /// The sliding window of layer `il`, or None for a global layer.
     pub fn layer_window(&self, il: usize) -> Option<usize> {
         self.sliding_window.filter(|_| il % self.swa_period < self.swa_period - 1)
+    }
+}
+
+/// An architecture's metadata keys (`{arch}.{key}`), each missing required key a clear error.
+pub(super) struct Meta<'a> {
+    pub file: &'a GgufFile,
+    pub arch: Arch,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch.name())
+    }
+
+    pub fn usize(&self, k: &str) -> Result<usize> {
+        self.file.get_u64(&self.key(k)).map(|v| v as usize)
+    }
+
+    pub fn f32(&self, k: &str) -> Result<f32> {
+        self.file.get_f32(&self.key(k))
+    }
+
+    /// The fields every architecture has, with llama's conventions (interleaved RoPE, no windows,
+    /// 1/sqrt(head_dim) on q·k); an architecture changes what differs.
+    pub fn common(&self, rope_style: RopeStyle) -> Result<ModelConfig> {
+        let n_heads = self.usize("attention.head_count")?;
+        let d_model = self.usize("embedding_length")?;
+        if n_heads == 0 || d_model == 0 {
+            return Err(Error::Metadata("head_count and embedding_length must be positive".into()));
+        }
+        let head_dim = self.usize("attention.key_length").unwrap_or(d_model / n_heads);
+        let vocab_size = match self.usize("vocab_size") {
+            Ok(v) => v,
+            Err(_) => self.file.get_str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        Ok(ModelConfig {
+            arch: self.arch,
+            n_layers: self.usize("block_count")?,
+            d_model,
+            n_heads,
+            n_kv_heads: self.usize("attention.head_count_kv").unwrap_or(n_heads),
+            head_dim,
+            ffn_dim: self.usize("feed_forward_length")?,
+            vocab_size,
+            context_length: self.usize("context_length")?,
+            norm_eps: self.f32("attention.layer_norm_rms_epsilon")?,
+            rope_style,
+            rope_base: self.f32("rope.freq_base").unwrap_or(10_000.0),
+            rope_base_local: 0.0,
+            rot_dim: self.usize("rope.dimension_count").unwrap_or(head_dim),
+            sliding_window: None,
+            swa_period: 1,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            scale_q_first: false,
+            embed_scale: None,
+        })
     }
 }

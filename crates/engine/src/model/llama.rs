@@ -1,44 +1,78 @@
-//! llama (SmolLM2) and qwen2 (Qwen2.5: llama plus q/k/v biases and NeoX RoPE) decoder blocks:
+//! llama (SmolLM2), and the block qwen2 shares: pre-norm decoder blocks with SwiGLU,
 //!   x += Wo·attn(rope(Wq·n1), rope(Wk·n1), Wv·n1),   n1 = rmsnorm(x)
 //!   x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2),             n2 = rmsnorm(x)
+//! RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head: llama.cpp's "normal" layout.
 
-use crate::matmul::matmul_many_filled;
-use super::block::{attention, normed_matmul, LayerCtx, NormedInput};
-use super::weights::LayerWeights;
+use super::block::{attention, normed_matmul, AttentionWeights, LayerCtx, NormedInput};
+use super::config::{Meta, ModelConfig};
+use super::weights::{Linear, Loader};
 use super::{resize, Scratch};
+use crate::error::Result;
+use crate::kernels::matmul::matmul_many_filled;
+use crate::kernels::ops::RopeStyle;
 use crate::kv::KvStorage;
-use crate::debug_dump::dump;
-use crate::ops;
 
-pub(super) fn layer(ctx: &LayerCtx, w: &LayerWeights, kv: &mut KvStorage, s: &mut Scratch) {
-    let c = ctx.cfg;
-    let n = ctx.queries.len();
-    // The previous layer's last residual add (x += its FFN output) happens in this layer's first fill.
-    let add_proj = std::mem::take(&mut s.residual_pending);
-    attention(ctx, w, &NormedInput { weight: &w.attn_norm, add_proj }, kv, s);
-    dump("attn_out", ctx.layer, &s.proj, n);
-    resize(&mut s.gate, n * c.ffn_dim);
-    resize(&mut s.up, n * c.ffn_dim);
-    let (w_gate, w_up) = (w.w_gate.view(ctx.file), w.w_up.view(ctx.file));
-    let ffn_input = NormedInput { weight: &w.ffn_norm, add_proj: true };
-    normed_matmul(&ffn_input, c.norm_eps, &mut s.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
-    dump("ffn_inp", ctx.layer, &s.x, n);
-    dump("ffn_norm", ctx.layer, &s.xn, n);
-    dump("ffn_gate", ctx.layer, &s.gate, n);
-    dump("ffn_up", ctx.layer, &s.up, n);
-    // SwiGLU in the down projection's fill. One call per row, as ggml: swiglu's last partial vector (if
-    // ffn_dim % 16 != 0) is per row.
-    let (ffn, up) = (c.ffn_dim, &s.up[..]);
-    let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
-        gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::ggml_math::swiglu(g, u))
-    };
-    matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(w.w_down.view(ctx.file), &mut s.proj[..])]);
-    dump("ffn_swiglu", ctx.layer, &s.gate, n);
-    dump("ffn_out", ctx.layer, &s.proj, n);
-    if crate::debug_dump::enabled() {
-        ops::add_inplace(&mut s.x, &s.proj);
-        dump("l_out", ctx.layer, &s.x, n);
-    } else {
-        s.residual_pending = true;
+pub(super) fn config(meta: &Meta) -> Result<ModelConfig> {
+    meta.common(RopeStyle::Interleaved)
+}
+
+/// One decoder block.
+pub(super) struct Layer {
+    pub attn_norm: Vec<f32>, // [d_model]
+    pub attn: AttentionWeights,
+    pub ffn_norm: Vec<f32>, // [d_model]
+    pub w_gate: Linear,     // [ffn_dim, d_model]
+    pub w_up: Linear,       // [ffn_dim, d_model]
+    pub w_down: Linear,     // [d_model, ffn_dim]
+}
+
+impl Layer {
+    pub fn load(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Layer> {
+        let (d, ff) = (cfg.d_model, cfg.ffn_dim);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        Ok(Layer {
+            attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
+            attn: AttentionWeights::load(ld, cfg, i)?,
+            ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
+            w_gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
+            w_up: ld.linear(&n("ffn_up.weight"), ff, d)?,
+            w_down: ld.linear(&n("ffn_down.weight"), d, ff)?,
+        })
+    }
+
+    pub fn matrices_mut(&mut self) -> Vec<&mut Linear> {
+        let mut all: Vec<&mut Linear> = self.attn.matrices_mut().into();
+        all.extend([&mut self.w_gate, &mut self.w_up, &mut self.w_down]);
+        all
+    }
+
+    /// The block on the step's residual stream. Its last add (x += the FFN's output in `s.proj`) is owed
+    /// to the next reader of x, which does it inside its own parallel pass.
+    pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
+        let c = ctx.cfg;
+        let n = ctx.queries.len();
+        let add_proj = s.residual.take_owed();
+        attention(ctx, &self.attn, &NormedInput { weight: &self.attn_norm, add_proj }, kv, s);
+        ctx.trace("attn_out", &s.proj);
+        resize(&mut s.gate, n * c.ffn_dim);
+        resize(&mut s.up, n * c.ffn_dim);
+        let (w_gate, w_up) = (self.w_gate.view(ctx.file), self.w_up.view(ctx.file));
+        let ffn_input = NormedInput { weight: &self.ffn_norm, add_proj: true };
+        normed_matmul(&ffn_input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
+        ctx.trace("ffn_inp", &s.residual.x);
+        // SwiGLU in the down projection's fill. One call per row, as ggml: swiglu's last partial vector
+        // (if ffn_dim % 16 != 0) is per row.
+        let (ffn, up) = (c.ffn_dim, &s.up[..]);
+        let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
+            gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
+        };
+        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(self.w_down.view(ctx.file), &mut s.proj[..])]);
+        ctx.trace("ffn_out", &s.proj);
+        s.residual.owe_add();
+        if ctx.tracer.is_some() {
+            s.residual.settle(&s.proj);
+            ctx.trace("l_out", &s.residual.x);
+        }
     }
 }
+

@@ -9,17 +9,20 @@ mod block;
 pub mod config;
 mod gemma3;
 mod llama;
-pub mod weights;
+mod qwen2;
+mod weights;
 
+pub use block::{DumpDir, Tracer};
 pub use config::{Arch, ModelConfig};
 
-use crate::attention::QueryPos;
-use crate::error::{Error, Result};
+use crate::kernels::attention::QueryPos;
+use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::kv::{KvShape, KvStorage};
-use crate::ops::{self, Rope};
-use crate::quant::dequantize_row;
-pub use crate::quant::packed::Numerics;
+use crate::kernels::ops::{self, Rope};
+use crate::kernels::ggml::dequantize_row;
+pub use crate::kernels::packed::Numerics;
+use block::{LayerCtx, Residual};
 use weights::{load_weights, Weights};
 
 /// Which logits a sequence wants back from a forward step.
@@ -45,7 +48,7 @@ pub struct SeqInput<'a> {
 /// Activations of one forward step, kept between steps so their memory is reused.
 #[derive(Default)]
 pub struct Scratch {
-    pub(crate) x: Vec<f32>,        // [n, d_model] residual stream
+    pub(crate) residual: Residual, // x: [n, d_model]
     pub(crate) xn: Vec<f32>,       // [n, d_model] normed input of a sub-block
     pub(crate) q: Vec<f32>,        // [n, q_dim]
     pub(crate) k: Vec<f32>,        // [n, kv_dim]
@@ -55,14 +58,31 @@ pub struct Scratch {
     pub(crate) gate: Vec<f32>,     // [n, ffn_dim]
     pub(crate) up: Vec<f32>,       // [n, ffn_dim]
     pub(crate) act_q: Vec<u8>,     // quantized activations for matmul
-    /// `x += proj` is still to be done (a llama layer leaves its last residual add to whoever reads x
-    /// next, which does it inside its own parallel run).
-    pub(crate) residual_pending: bool,
     logits: Vec<f32>,              // [n_logit_rows, vocab]
 }
 
 fn resize(buf: &mut Vec<f32>, len: usize) {
     buf.resize(len, 0.0);
+}
+
+/// How a model is loaded (the binary parses these once and passes them in).
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub numerics: Numerics,
+    /// Write the last token's activations of every step here (`DumpDir`), for parity debugging.
+    pub dump_dir: Option<std::path::PathBuf>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { numerics: Numerics::default_for_cpu(), dump_dir: None }
+    }
+}
+
+impl From<Numerics> for LoadOptions {
+    fn from(numerics: Numerics) -> Self {
+        LoadOptions { numerics, dump_dir: None }
+    }
 }
 
 pub struct Model {
@@ -72,23 +92,26 @@ pub struct Model {
     weights: Weights,
     rope_global: Rope,
     rope_local: Rope,
+    tracer: Option<Box<dyn Tracer>>,
 }
 
 impl Model {
-    /// Loads with this process's default numerics (`Numerics::from_env`).
+    /// Loads with the default options (packed numerics where this CPU has its kernels).
     pub fn load(file: GgufFile) -> Result<Self> {
-        Self::load_with(file, Numerics::from_env())
+        Self::load_with(file, LoadOptions::default())
     }
 
-    /// Loads with the given numerics; packed falls back to ggml where this CPU lacks the packed kernels
+    /// Loads with the given options; packed falls back to ggml where this CPU lacks the packed kernels
     /// (`numerics()` tells which it got).
-    pub fn load_with(file: GgufFile, numerics: Numerics) -> Result<Self> {
-        let numerics = if numerics == Numerics::Packed && !crate::quant::packed::kernels_available() { Numerics::Ggml } else { numerics };
+    pub fn load_with(file: GgufFile, options: impl Into<LoadOptions>) -> Result<Self> {
+        let options = options.into();
+        let numerics = if options.numerics == Numerics::Packed && !crate::kernels::packed::kernels_available() { Numerics::Ggml } else { options.numerics };
         let config = ModelConfig::from_gguf(&file)?;
         let weights = load_weights(&file, &config, numerics)?;
         let rope_global = Rope::new(config.rope_style, config.rot_dim, config.rope_base);
         let rope_local = Rope::new(config.rope_style, config.rot_dim, config.rope_base_local);
-        Ok(Model { config, numerics, file, weights, rope_global, rope_local })
+        let tracer = options.dump_dir.map(|d| Box::new(DumpDir(d)) as Box<dyn Tracer>);
+        Ok(Model { config, numerics, file, weights, rope_global, rope_local, tracer })
     }
 
     /// The matmul arithmetic this model was loaded with.
@@ -123,70 +146,78 @@ impl Model {
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
-    pub fn forward<'s>(&self, seqs: &[SeqInput], kv: &mut KvStorage, scratch: &'s mut Scratch) -> Result<&'s [f32]> {
-        let queries = self.check_batch(seqs, kv)?;
+    pub fn forward<'s>(&self, seqs: &[SeqInput], kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+        let queries = self.queries(seqs, kv);
         let n = queries.len();
         let c = &self.config;
         self.embed(seqs, scratch);
-        for (il, layer) in self.weights.layers.iter().enumerate() {
+        for il in 0..c.n_layers {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
-            let ctx = block::LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, numerics: self.numerics };
-            match c.arch {
-                Arch::Llama | Arch::Qwen2 => llama::layer(&ctx, layer, kv, scratch),
-                Arch::Gemma3 => gemma3::layer(&ctx, layer, kv, scratch),
-            }
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, numerics: self.numerics, tracer: self.tracer.as_deref() };
+            self.weights.layers.forward(&ctx, kv, scratch);
         }
-        if std::mem::take(&mut scratch.residual_pending) {
-            ops::add_inplace(&mut scratch.x, &scratch.proj);
-        }
+        scratch.residual.settle(&scratch.proj);
         let rows = logit_rows(seqs);
         resize(&mut scratch.xn, rows.len() * c.d_model);
         for (out, &t) in scratch.xn.chunks_exact_mut(c.d_model).zip(&rows) {
-            ops::rms_norm(&scratch.x[t * c.d_model..(t + 1) * c.d_model], &self.weights.output_norm, c.norm_eps, out);
+            ops::rms_norm(&scratch.residual.x[t * c.d_model..(t + 1) * c.d_model], &self.weights.output_norm, c.norm_eps, out);
         }
         resize(&mut scratch.logits, rows.len() * c.vocab_size);
         debug_assert!(n >= rows.len());
         self.weights.output.view(&self.file).matmul(&scratch.xn, &mut scratch.act_q, &mut scratch.logits);
-        Ok(&scratch.logits)
+        &scratch.logits
     }
 
-    /// Checks token ids, block tables and positions; returns each token's query position.
-    fn check_batch<'a>(&self, seqs: &[SeqInput<'a>], kv: &KvStorage) -> Result<Vec<QueryPos<'a>>> {
+    /// Teacher forcing: the logits after every token of `tokens` (`[tokens.len(), vocab]`), computed in
+    /// steps of `chunk` tokens over a KV storage of its own. For parity checks and perplexity; generation
+    /// goes through the engine.
+    pub fn logits_of(&self, tokens: &[u32], chunk: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(tokens.len() * self.config.vocab_size);
+        self.for_each_logits(tokens, chunk, |row| out.extend_from_slice(row));
+        out
+    }
+
+    /// `logits_of` without keeping them: `f` gets each position's logits (`[vocab]`) in order.
+    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
+        const BLOCK_SIZE: usize = 16;
+        let chunk = chunk.max(1);
+        let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
+        let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
+        let mut scratch = Scratch::default();
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let input = SeqInput { tokens: part, start_pos: i * chunk, block_table: &table, logits: LogitsWanted::All };
+            self.forward(&[input], &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
+        }
+    }
+
+    /// Each token's query position. The engine validated the token ids and the scheduler sized the block
+    /// tables; here they are only asserted in debug builds (an out-of-range id or block would still stop
+    /// at a bounds check, never read past a buffer).
+    fn queries<'a>(&self, seqs: &[SeqInput<'a>], kv: &KvStorage) -> Vec<QueryPos<'a>> {
         let mut queries = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-                return Err(Error::InvalidRequest(format!("token id {bad} is outside the vocabulary ({})", self.config.vocab_size)));
-            }
+        for s in seqs {
             let end = s.start_pos + s.tokens.len();
-            if s.block_table.len() * kv.shape.block_size < end {
-                return Err(Error::InvalidRequest(format!("sequence {i}: block table holds fewer than {end} positions")));
-            }
-            if let Some(&b) = s.block_table.iter().find(|&&b| b as usize >= kv.shape.num_blocks) {
-                return Err(Error::InvalidRequest(format!("sequence {i}: block {b} is outside the KV storage")));
-            }
+            debug_assert!(s.tokens.iter().all(|&t| (t as usize) < self.config.vocab_size), "token ids within the vocabulary");
+            debug_assert!(s.block_table.len() * kv.shape.block_size >= end, "the block table holds {end} positions");
+            debug_assert!(s.block_table.iter().all(|&b| (b as usize) < kv.shape.num_blocks), "blocks within the KV storage");
             queries.extend((s.start_pos..end).map(|pos| QueryPos { block_table: s.block_table, pos }));
         }
-        if queries.is_empty() {
-            return Err(Error::InvalidRequest("empty batch".into()));
-        }
-        Ok(queries)
+        debug_assert!(!queries.is_empty(), "a step has tokens");
+        queries
     }
 
-    /// Fills the residual stream with token embeddings (scaled by sqrt(d_model) for gemma3).
+    /// Fills the residual stream with token embeddings (times the architecture's scale, if any).
     fn embed(&self, seqs: &[SeqInput], scratch: &mut Scratch) {
         let d = self.config.d_model;
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        resize(&mut scratch.x, tokens.len() * d);
-        scratch.residual_pending = false;
+        scratch.residual.reset(tokens.len() * d);
         let table = self.weights.embed.view(&self.file);
         let row_bytes = table.dtype.row_bytes(d).expect("checked at load");
-        for (out, &t) in scratch.x.chunks_exact_mut(d).zip(&tokens) {
+        for (out, &t) in scratch.residual.x.chunks_exact_mut(d).zip(&tokens) {
             dequantize_row(table.dtype, &table.bytes[t as usize * row_bytes..][..row_bytes], out);
         }
-        if self.config.arch == Arch::Gemma3 {
-            // Gemma scales embeddings by sqrt(d_model), rounded through the model's dtype in HF; llama.cpp
-            // multiplies by the f32 value.
-            ops::scale_inplace(&mut scratch.x, (d as f32).sqrt());
+        if let Some(scale) = self.config.embed_scale {
+            ops::scale_inplace(&mut scratch.residual.x, scale);
         }
     }
 }

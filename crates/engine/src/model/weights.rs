@@ -3,14 +3,17 @@
 //! type is repacked into owned memory once (`quant::packed`) and its pages of the map are released.
 //! Small vectors (norms, biases) are copied out as f32.
 
-use super::config::ModelConfig;
+use super::block::LayerCtx;
+use super::config::{Arch, ModelConfig};
+use super::{gemma3, llama, qwen2, Scratch};
+use crate::kv::KvStorage;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
-use crate::matmul::QMatrix;
+use crate::kernels::matmul::QMatrix;
 use crate::huge_buf::HugeBuf;
-use crate::quant::packed::{self, Numerics, PackedMatrix, PackedShape};
-use crate::quant::Line;
-use crate::quant::{dequantize_row, GgmlType};
+use crate::kernels::packed::{self, Numerics, PackedMatrix, PackedShape};
+use crate::kernels::ggml::Line;
+use crate::kernels::ggml::{dequantize_row, GgmlType};
 use std::sync::Arc;
 
 /// A weight matrix `[rows (out features), cols (in features)]` inside the file's bytes, and its packed
@@ -39,39 +42,51 @@ impl Linear {
     }
 }
 
-/// One decoder block. Optional parts exist only in some architectures.
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,   // [d_model]
-    pub wq: Linear,            // [q_dim, d_model]
-    pub wk: Linear,            // [kv_dim, d_model]
-    pub wv: Linear,            // [kv_dim, d_model]
-    pub wo: Linear,            // [d_model, q_dim]
-    pub bq: Option<Vec<f32>>,  // [q_dim]   qwen2
-    pub bk: Option<Vec<f32>>,  // [kv_dim]  qwen2
-    pub bv: Option<Vec<f32>>,  // [kv_dim]  qwen2
-    pub q_norm: Option<Vec<f32>>, // [head_dim] gemma3
-    pub k_norm: Option<Vec<f32>>, // [head_dim] gemma3
-    pub post_attn_norm: Option<Vec<f32>>, // [d_model] gemma3
-    pub ffn_norm: Vec<f32>,    // [d_model]
-    pub w_gate: Linear,        // [ffn_dim, d_model]
-    pub w_up: Linear,          // [ffn_dim, d_model]
-    pub w_down: Linear,        // [d_model, ffn_dim]
-    pub post_ffn_norm: Option<Vec<f32>>, // [d_model] gemma3
+/// Every layer's weights, in the layout of the model's architecture (qwen2's block is llama's).
+pub(super) enum Layers {
+    Llama(Vec<llama::Layer>),
+    Gemma3(Vec<gemma3::Layer>),
 }
 
-pub struct Weights {
-    pub embed: Linear,        // [vocab, d_model]
+impl Layers {
+    fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Layers> {
+        let n = cfg.n_layers;
+        Ok(match cfg.arch {
+            Arch::Llama => Layers::Llama((0..n).map(|i| llama::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Qwen2 => Layers::Llama((0..n).map(|i| qwen2::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Gemma3 => Layers::Gemma3((0..n).map(|i| gemma3::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
+        })
+    }
+
+    pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
+        match self {
+            Layers::Llama(layers) => layers[ctx.layer].forward(ctx, kv, s),
+            Layers::Gemma3(layers) => layers[ctx.layer].forward(ctx, kv, s),
+        }
+    }
+
+    fn matrices_mut(&mut self) -> Vec<&mut Linear> {
+        match self {
+            Layers::Llama(layers) => layers.iter_mut().flat_map(llama::Layer::matrices_mut).collect(),
+            Layers::Gemma3(layers) => layers.iter_mut().flat_map(gemma3::Layer::matrices_mut).collect(),
+        }
+    }
+}
+
+pub(super) struct Weights {
+    pub embed: Linear,         // [vocab, d_model]
     pub output_norm: Vec<f32>, // [d_model]
-    pub output: Linear,       // [vocab, d_model]; the embedding itself when tied
-    pub layers: Vec<LayerWeights>,
+    pub output: Linear,        // [vocab, d_model]; the embedding itself when tied
+    pub layers: Layers,
 }
 
-struct Loader<'a> {
+/// Finds tensors by name and checks their shapes.
+pub(super) struct Loader<'a> {
     file: &'a GgufFile,
 }
 
 impl Loader<'_> {
-    fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
         let info = self.file.tensor_info(name).ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
         if info.dims.len() != 2 || info.dims[0] as usize != cols || info.dims[1] as usize != rows {
             return Err(Error::Metadata(format!(
@@ -85,7 +100,7 @@ impl Loader<'_> {
         Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize, packed: None })
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.file.tensor(name)?;
         if t.dims.iter().product::<u64>() != len as u64 {
             return Err(Error::Metadata(format!("tensor {name:?} has shape {:?}, expected [{len}]", t.dims)));
@@ -94,57 +109,22 @@ impl Loader<'_> {
         dequantize_row(t.dtype, t.bytes, &mut out);
         Ok(out)
     }
-
-    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
-        match self.file.tensor_info(name) {
-            None => Ok(None),
-            Some(_) => self.vector(name, len).map(Some),
-        }
-    }
 }
 
-pub fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numerics) -> Result<Weights> {
+pub(super) fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numerics) -> Result<Weights> {
     let ld = Loader { file };
-    let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ffn_dim);
+    let d = cfg.d_model;
     let embed = ld.linear("token_embd.weight", cfg.vocab_size, d)?;
     let output = match file.tensor_info("output.weight") {
         Some(_) => ld.linear("output.weight", cfg.vocab_size, d)?,
         None => embed.clone(),
     };
-    let layers = (0..cfg.n_layers)
-        .map(|i| {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            Ok(LayerWeights {
-                attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
-                wq: ld.linear(&n("attn_q.weight"), q, d)?,
-                wk: ld.linear(&n("attn_k.weight"), kv, d)?,
-                wv: ld.linear(&n("attn_v.weight"), kv, d)?,
-                wo: ld.linear(&n("attn_output.weight"), d, q)?,
-                bq: ld.optional_vector(&n("attn_q.bias"), q)?,
-                bk: ld.optional_vector(&n("attn_k.bias"), kv)?,
-                bv: ld.optional_vector(&n("attn_v.bias"), kv)?,
-                q_norm: ld.optional_vector(&n("attn_q_norm.weight"), cfg.head_dim)?,
-                k_norm: ld.optional_vector(&n("attn_k_norm.weight"), cfg.head_dim)?,
-                post_attn_norm: ld.optional_vector(&n("post_attention_norm.weight"), d)?,
-                ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-                w_gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
-                w_up: ld.linear(&n("ffn_up.weight"), ff, d)?,
-                w_down: ld.linear(&n("ffn_down.weight"), d, ff)?,
-                post_ffn_norm: ld.optional_vector(&n("post_ffw_norm.weight"), d)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let layers = Layers::load(&ld, cfg)?;
     let weights = Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
     Ok(match numerics {
         Numerics::Ggml => weights,
         Numerics::Packed => pack_weights(file, weights),
     })
-}
-
-impl LayerWeights {
-    fn matrices_mut(&mut self) -> [&mut Linear; 7] {
-        [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo, &mut self.w_gate, &mut self.w_up, &mut self.w_down]
-    }
 }
 
 /// Packs every matrix (the embedding table is still looked up by row from the map), in parallel over
@@ -155,7 +135,7 @@ impl LayerWeights {
 /// size a buffer of their own would get huge pages for).
 fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
     let started = std::time::Instant::now();
-    let mut all: Vec<&mut Linear> = w.layers.iter_mut().flat_map(|l| l.matrices_mut()).collect();
+    let mut all: Vec<&mut Linear> = w.layers.matrices_mut();
     all.push(&mut w.output);
     all.retain(|l| packed::packable(l.dtype));
     let shapes: Vec<PackedShape> = all.iter().map(|l| PackedShape::new(l.dtype, l.rows, l.cols)).collect();

@@ -3,7 +3,7 @@
 
 use reckon_engine::gguf::writer::GgufWriter;
 use reckon_engine::gguf::Value;
-use reckon_engine::quant::{quantize_row, GgmlType};
+use reckon_engine::kernels::ggml::{quantize_row, GgmlType};
 
 /// splitmix64, so test data is the same on every run.
 pub struct TestRng(pub u64);
@@ -146,7 +146,8 @@ pub fn tiny_model(spec: &TinySpec, seed: u64) -> Vec<u8> {
 /// A fetched real model, or `None` with a note when it is missing; with RECKON_REQUIRE_MODELS set (CI)
 /// a missing model fails the test instead.
 pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
-    let path = reckon_engine::registry::known_model_path(name).expect("known model");
+    simd_cap_from_env();
+    let path = real_model_path(name);
     if !path.exists() {
         assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
         eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
@@ -155,9 +156,109 @@ pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
     Some(reckon_engine::gguf::GgufFile::open(&path).expect("open model"))
 }
 
+/// `RECKON_SIMD=avx2|scalar` caps the kernels for this test process (scripts/test reruns the parity
+/// tests under `RECKON_SIMD=avx2`, so an AVX-512 machine checks the AVX2 paths on the real models too).
+pub fn simd_cap_from_env() {
+    use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
+    if let Some(level) = std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)) {
+        assert!(set_simd_cap(level), "RECKON_SIMD={}: the kernels already chose their level", level.name());
+    }
+}
+
+/// Where scripts/fetch-models puts a known model (`$RECKON_HOME`, default ~/.cache/reckon/models).
+pub fn real_model_path(name: &str) -> std::path::PathBuf {
+    let dir = match std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {
+        Some(home) => std::path::PathBuf::from(home),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/reckon/models"),
+    };
+    reckon_engine::registry::known_model_path(&dir, name).expect("known model")
+}
+
 /// A model's parity fixture (tests/fixtures/parity/NAME.json, recorded from llama.cpp).
 pub fn parity_fixture(name: &str) -> serde_json::Value {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture is JSON")
+}
+
+/// The token texts of `tiny_chat_model`'s vocabulary: the 256 byte tokens (GPT-2's byte alphabet, id =
+/// byte value), then the merged tokens of `TINY_MERGES`, then the specials of `TINY_SPECIALS`.
+pub fn tiny_chat_vocab() -> Vec<String> {
+    let mut tokens: Vec<String> = (0..=255u8).map(|b| gpt2_byte_char(b).to_string()).collect();
+    tokens.extend(TINY_MERGES.iter().map(|m| m.replace(' ', "")));
+    tokens.extend(TINY_SPECIALS.iter().map(|s| s.to_string()));
+    tokens
+}
+
+/// `tiny_chat_model`'s merges, in rank order (each result is a token).
+pub const TINY_MERGES: [&str; 4] = ["Ġ t", "h e", "i n", "Ġt he"];
+/// `tiny_chat_model`'s control tokens; the first is BOS and EOS, and all three end a generation.
+pub const TINY_SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+/// `tiny_chat_model`'s chat template (ChatML, as SmolLM2's).
+pub const TINY_CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// GPT-2's byte alphabet: printable bytes stand for themselves, the others for U+0100 upwards in order.
+pub fn gpt2_byte_char(b: u8) -> char {
+    let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    if printable(b) {
+        return b as char;
+    }
+    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + rank).unwrap()
+}
+
+/// `tiny_model(spec, seed)` with a real tokenizer: a byte-level BPE ("gpt2") vocabulary of the 256 byte
+/// tokens, a few merges and the specials `<|endoftext|>` (BOS and EOS), `<|im_start|>` and `<|im_end|>`,
+/// plus a ChatML `tokenizer.chat_template`, so `Tokenizer::from_gguf` and `ChatTemplate::from_gguf` load
+/// it as they load a real model. The model's vocabulary is the tokenizer's (`spec.vocab` is ignored);
+/// `context_length` replaces `tiny_model`'s 256.
+pub fn tiny_chat_model(spec: &TinySpec, seed: u64, context_length: u32) -> Vec<u8> {
+    let tokens = tiny_chat_vocab();
+    let spec = TinySpec { vocab: tokens.len(), ..*spec };
+    let base = reckon_engine::gguf::GgufFile::from_vec(tiny_model(&spec, seed)).expect("tiny_model writes GGUF");
+    let mut w = GgufWriter::new();
+    let context_key = format!("{}.context_length", spec.arch);
+    for (key, value) in &base.header().metadata {
+        let value = if *key == context_key { Value::U32(context_length) } else { value.clone() };
+        w.meta(key, value);
+    }
+    let n_normal = 256 + TINY_MERGES.len();
+    let eos = n_normal as u32;
+    w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
+    w.meta("tokenizer.ggml.pre", Value::String("gpt-2".into()));
+    w.meta("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()));
+    let types = (0..tokens.len()).map(|i| Value::I32(if i < n_normal { 1 } else { 3 }));
+    w.meta("tokenizer.ggml.token_type", Value::Array(types.collect()));
+    w.meta("tokenizer.ggml.merges", Value::Array(TINY_MERGES.iter().map(|m| Value::String(m.to_string())).collect()));
+    w.meta("tokenizer.ggml.bos_token_id", Value::U32(eos));
+    w.meta("tokenizer.ggml.eos_token_id", Value::U32(eos));
+    w.meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
+    w.meta("tokenizer.chat_template", Value::String(TINY_CHAT_TEMPLATE.into()));
+    for t in &base.header().tensors {
+        let bytes = base.raw()[t.file_offset as usize..(t.file_offset + t.num_bytes) as usize].to_vec();
+        w.tensor(&t.name, t.dtype, &t.dims, bytes);
+    }
+    w.to_bytes()
+}
+
+/// Whether this CPU has the kernels of `level`, for a test that otherwise skips (part of) its work with a
+/// note. Where RECKON_REQUIRE_SIMD names `level` or a higher one (`avx2`, `avx512`: a CI machine that must
+/// test those kernels), a missing level fails the test instead of skipping it.
+pub fn simd_or_skip(level: reckon_engine::kernels::cpu::SimdLevel, what: &str) -> bool {
+    use reckon_engine::kernels::cpu::SimdLevel;
+    if level.is_available() {
+        return true;
+    }
+    if let Some(required) = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty()) {
+        let required = SimdLevel::from_name(&required).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={required:?}: not scalar, avx2 or avx512"));
+        assert!(
+            level > required,
+            "{what} needs {} but this CPU has only {}, and RECKON_REQUIRE_SIMD={} requires it",
+            level.name(),
+            SimdLevel::detected().name(),
+            required.name()
+        );
+    }
+    eprintln!("note: no {} on this CPU; {what} skipped", level.name());
+    false
 }

@@ -12,7 +12,7 @@ mod conversation;
 pub mod report;
 
 use crate::LabError;
-use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateRequest};
+use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateParams};
 use reckon_engine::model::Model;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
@@ -142,6 +142,6 @@ impl Replay<'_> {
 }
 
 fn generate(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<Completion, LabError> {
-    let (_, rx) = engine.submit(GenerateRequest::greedy(prompt, max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
+    let (_, rx) = engine.submit(GenerateParams::greedy(prompt, max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
     Completion::wait(rx).map_err(LabError::Request)
 }

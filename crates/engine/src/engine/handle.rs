@@ -1,0 +1,231 @@
+//! The engine on its own thread: the loop takes commands (submit, abort, shutdown, finished disk reads)
+//! between steps and steps while there is work. Clients hold an `EngineHandle` (cheap to clone, any thread
+//! or task) and read each request's events from its own channel.
+//!
+//! A request whose event receiver is dropped is treated as aborted at its next token; an explicit abort
+//! is handled before the next step. Either way its blocks are released within one step.
+
+use super::validate::{validate, GenerateParams, Limits, RequestError, ValidatedRequest};
+use super::{Detokenizer, Engine, EngineConfig, Event, RequestId};
+use crate::kv::offload::RestoredBlocks;
+use crate::kv::DiskTierConfig;
+use crate::model::Model;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+
+/// Live figures for metrics, updated after every step and read without stopping the engine.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub waiting: AtomicUsize,
+    pub running: AtomicUsize,
+    pub blocks_used: AtomicUsize,
+    pub preemptions: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// Requests that ended with `Stop` or `Length`.
+    pub finished_requests: AtomicU64,
+    pub aborted_requests: AtomicU64,
+    /// Requests that ended with an error event (a failed step, or cut short at shutdown).
+    pub failed_requests: AtomicU64,
+    /// Prompt tokens of admitted requests, and of those the ones found in the prefix cache.
+    pub prefix_cache_queried_tokens: AtomicU64,
+    pub prefix_cache_hit_tokens: AtomicU64,
+    /// Blocks holding a cached prefix (held by a request or not).
+    pub prefix_cache_blocks: AtomicUsize,
+    /// Of the hit tokens, those read back from the disk tier; block files there.
+    pub prefix_cache_disk_hit_tokens: AtomicU64,
+    pub prefix_cache_disk_blocks: AtomicUsize,
+    /// Submitted but not yet seen by the engine (counts toward the waiting limit).
+    unseen: AtomicUsize,
+}
+
+type Ack = std::sync::mpsc::Sender<()>;
+
+enum Command {
+    /// `reply`: the submitting handle's sender, for a disk read to answer on; it keeps the engine running
+    /// until that answer, even if every handle is dropped meanwhile.
+    Submit { id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, reply: UnboundedSender<Command> },
+    Abort(RequestId),
+    /// Finish what runs until `deadline` (later submits are refused), fail the rest, save the prefix
+    /// cache, acknowledge, stop.
+    Shutdown { deadline: Instant, ack: Ack },
+    /// A disk read for a waiting request finished.
+    Restored(RestoredBlocks),
+}
+
+/// The client side of the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    commands: UnboundedSender<Command>,
+    next_id: Arc<AtomicU64>,
+    stats: Arc<EngineStats>,
+    config: EngineConfig,
+    limits: Limits,
+    /// Set when a shutdown starts: submits are refused from then on.
+    draining: Arc<AtomicBool>,
+}
+
+impl EngineHandle {
+    /// Validates and queues a generation; its events arrive on the returned receiver, ending with
+    /// `Finished` or `Error`.
+    pub fn submit(&self, params: GenerateParams) -> Result<(RequestId, UnboundedReceiver<Event>), RequestError> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(RequestError::ShuttingDown);
+        }
+        let req = validate(params, &self.limits)?;
+        let waiting = self.stats.waiting.load(Ordering::Relaxed) + self.stats.unseen.load(Ordering::Relaxed);
+        if waiting >= self.config.max_waiting {
+            return Err(RequestError::QueueFull { waiting });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, rx) = mpsc::unbounded_channel();
+        self.stats.unseen.fetch_add(1, Ordering::Relaxed);
+        let cmd = Command::Submit { id, req, events, arrived: Instant::now(), reply: self.commands.clone() };
+        if self.commands.send(cmd).is_err() {
+            self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
+            return Err(RequestError::Stopped);
+        }
+        Ok((id, rx))
+    }
+
+    /// Stops a request; its receiver gets `Finished { reason: Abort, .. }` unless it already finished.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.commands.send(Command::Abort(id));
+    }
+
+    /// Stops the engine: submits are refused at once (`ShuttingDown`), running and queued requests go on
+    /// for up to `drain` and any still unfinished then ends with an error event, every cached block not
+    /// yet in the disk tier (if any) is written there, and then this returns.
+    pub fn shutdown(&self, drain: Duration) {
+        self.draining.store(true, Ordering::Relaxed);
+        let (ack, done) = std::sync::mpsc::channel();
+        if self.commands.send(Command::Shutdown { deadline: Instant::now() + drain, ack }).is_ok() {
+            let _ = done.recv();
+        }
+    }
+
+    /// Whether a shutdown has started.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+/// Starts the engine thread. It stops when every handle is dropped and no request is left.
+pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig) -> EngineHandle {
+    spawn_with(model, detok, config, None).expect("no disk tier to open")
+}
+
+/// `spawn`, with the prefix cache's disk tier in `disk` (ignored when prefix caching is off). Fails if
+/// the directory cannot be created or read.
+pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
+    let engine = Engine::new(model, detok, config, disk)?;
+    let (commands, rx) = mpsc::unbounded_channel();
+    let (stats, limits) = (engine.stats().clone(), engine.limits());
+    let worker = Loop { engine, commands: rx, drain: None };
+    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || worker.run())?;
+    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, draining: Arc::new(AtomicBool::new(false)) })
+}
+
+struct Loop {
+    engine: Engine,
+    commands: UnboundedReceiver<Command>,
+    /// A shutdown in progress: its deadline and who waits for it.
+    drain: Option<(Instant, Vec<Ack>)>,
+}
+
+impl Loop {
+    fn run(mut self) {
+        loop {
+            if !self.engine.has_runnable_work() {
+                // Idle (or waiting only for disk reads): sleep until a command comes; every handle gone
+                // means stop.
+                if self.drain.is_some() && !self.engine.has_work() {
+                    return self.stop();
+                }
+                match self.commands.blocking_recv() {
+                    Some(cmd) => self.handle(cmd),
+                    None => return self.stop(),
+                }
+            }
+            loop {
+                match self.commands.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if self.engine.has_work() => break,
+                    Err(TryRecvError::Disconnected) => return self.stop(),
+                }
+            }
+            if let Some((deadline, _)) = &self.drain {
+                if !self.engine.has_work() || Instant::now() >= *deadline {
+                    return self.stop();
+                }
+            }
+            if self.engine.has_work() {
+                self.engine.step();
+            }
+            self.engine.publish_stats();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { id, req, events, arrived, reply } => {
+                self.engine.stats().unseen.fetch_sub(1, Ordering::Relaxed);
+                let restore_reply: crate::kv::offload::RestoreReply = Box::new(move |r| {
+                    let _ = reply.send(Command::Restored(r));
+                });
+                self.engine.add_request(id, req, events, arrived, Some(restore_reply));
+            }
+            Command::Abort(id) => self.engine.abort(id),
+            Command::Shutdown { deadline, ack } => match &mut self.drain {
+                // a second shutdown cannot extend the first one's deadline
+                Some((first, acks)) => {
+                    *first = (*first).min(deadline);
+                    acks.push(ack);
+                }
+                None => self.drain = Some((deadline, vec![ack])),
+            },
+            Command::Restored(r) => self.engine.restored(r),
+        }
+    }
+
+    /// Fails what is left (queued submits and unfinished requests), saves the prefix cache, answers
+    /// every shutdown caller.
+    fn stop(mut self) {
+        let mut acks = self.drain.take().map(|(_, a)| a).unwrap_or_default();
+        // refuse what is still queued, and everything from now on (submit then says Stopped)
+        self.commands.close();
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Submit { events, .. } => {
+                    self.engine.stats().unseen.fetch_sub(1, Ordering::Relaxed);
+                    let _ = events.send(Event::Error(RequestError::ShuttingDown.to_string()));
+                }
+                Command::Shutdown { ack, .. } => acks.push(ack),
+                Command::Abort(_) | Command::Restored(_) => {}
+            }
+        }
+        for id in self.engine.request_ids() {
+            self.engine.fail(id, "the server shut down before this request finished");
+        }
+        self.engine.publish_stats();
+        self.engine.close();
+        for ack in acks {
+            let _ = ack.send(());
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! Continuous batching: which requests run in the next model step, and how many of their tokens.
+//!
+//! Holds requests (token ids, block ids) and asks the `KvCacheManager` for blocks; never tensors, so
+//! every decision is tested without a model (`scheduler_tests.rs`, exact block ids). A step schedules,
+//! per request, the next `tokens[num_computed_tokens..]` chunk that fits the step's token budget: a whole
+//! or partial prompt (chunked prefill) or one new token (decode), all in the same batch. When a chunk
+//! reaches the end of the tokens, the step's logits for it are sampled and the new token is appended, so
+//! the next step decodes it.
+//!
+//! - Running requests are served first, oldest first; then waiting ones are admitted first come, first
+//!   served, only when their chunk's blocks are free (a large request at the head of the queue is not
+//!   overtaken).
+//! - A step that decodes carries at most `max_prefill_tokens_while_decoding` prompt tokens: a prompt that
+//!   arrives while others decode is prefilled over several steps, each of which delays their next token
+//!   by a bounded amount, instead of one step as long as the whole prompt (Sarathi-Serve's stall-free
+//!   batching). Steps with nothing to decode use the whole `max_batch_tokens`.
+//! - When a running request needs a block and none is free, the newest running request is preempted:
+//!   its blocks are released, `num_computed_tokens` returns to 0, and it goes back to the front of the
+//!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
+//! - Admission first takes the request's cached prefix (see `kv::manager`).
+
+use super::request::{Request, RequestId, RequestStatus};
+use crate::kv::{BlockHash, BlockPool, EvictedBlock, KvCacheManager, PrefixCacheStats};
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_batch_tokens: usize,
+    /// Prompt (prefill) tokens a step may carry when it also decodes: a prompt arriving while others
+    /// decode is prefilled in chunks of at most this many tokens (stall-free batching, as in
+    /// Sarathi-Serve). `usize::MAX`: no separate limit.
+    pub max_prefill_tokens_while_decoding: usize,
+    /// Requests running at once.
+    pub max_running: usize,
+}
+
+/// One request's share of a step: tokens `start..start + len` of its `tokens`, at positions equal to
+/// their indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledChunk {
+    pub id: RequestId,
+    pub start: usize,
+    pub len: usize,
+    /// The chunk ends at the request's last token: its logits are sampled after the step.
+    pub samples: bool,
+}
+
+/// What the next model step computes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    pub chunks: Vec<ScheduledChunk>,
+    /// Requests preempted while planning (now waiting, their blocks released).
+    pub preempted: Vec<RequestId>,
+    /// Cached blocks handed out again while planning: their contents are overwritten by this step.
+    pub evicted: Vec<EvictedBlock>,
+    /// Blocks to fill with restored keys and values before this step runs.
+    pub restores: Vec<Restore>,
+}
+
+impl StepPlan {
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// Restored blocks of a request admitted in this step: `blocks[i]` gets the engine's restorable block
+/// `skip + i` (counted from the offer's first block).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    pub id: RequestId,
+    pub skip: usize,
+    pub blocks: Vec<u32>,
+}
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: HashMap<RequestId, Request>,
+    /// Admission order; preempted requests return to the front.
+    waiting: VecDeque<RequestId>,
+    /// Oldest admitted first; the last one is preempted first.
+    running: Vec<RequestId>,
+    num_preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
+        assert!(config.max_batch_tokens > 0 && config.max_running > 0, "scheduler limits must be positive");
+        Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0 }
+    }
+
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        self.kv.pool()
+    }
+
+    pub fn prefix_stats(&self) -> PrefixCacheStats {
+        self.kv.stats()
+    }
+
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    pub fn request_mut(&mut self, id: RequestId) -> Option<&mut Request> {
+        self.requests.get_mut(&id)
+    }
+
+    pub fn request_ids(&self) -> impl Iterator<Item = RequestId> + '_ {
+        self.requests.keys().copied()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Preemptions since start-up.
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Whether a step could do anything: something runs, or waits without waiting for the disk.
+    pub fn has_runnable_work(&self) -> bool {
+        !self.running.is_empty() || self.waiting.iter().any(|id| self.requests[id].status == RequestStatus::Waiting)
+    }
+
+    /// Queues a new request (validated: its prompt and one more token fit the context and the cache).
+    pub fn add(&mut self, req: Request) {
+        debug_assert!(!self.requests.contains_key(&req.id), "request id {} is already scheduled", req.id);
+        debug_assert!(req.num_prompt_tokens > 0 && req.blocks.table.is_empty());
+        self.waiting.push_back(req.id);
+        self.requests.insert(req.id, req);
+    }
+
+    /// Removes a request (finished, or its client went away) and releases its blocks. Returns it, or
+    /// `None` for an unknown id.
+    pub fn finish(&mut self, id: RequestId) -> Option<Request> {
+        let mut req = self.requests.remove(&id)?;
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&w| w != id);
+        self.kv.free(&mut req.blocks);
+        Some(req)
+    }
+
+    /// Plans the next step (see the module comment). Blocks for every scheduled chunk are allocated
+    /// before this returns; the plan is empty when nothing can run.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_batch_tokens;
+        // Prefill tokens still allowed in this step (limited only when it decodes too).
+        let decoding = self.running.iter().any(|id| self.requests[id].is_decoding());
+        let mut prefill_budget = if decoding { self.config.max_prefill_tokens_while_decoding } else { usize::MAX };
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let is_decode = self.requests[&id].is_decoding();
+            let n_new = self.chunk_len(id, if is_decode { budget } else { budget.min(prefill_budget) });
+            if n_new == 0 {
+                i += 1;
+                continue;
+            }
+            // Free blocks by preempting the newest running requests; stop if that is this one.
+            let mut fits = self.allocate_for(id, n_new);
+            while !fits && self.running.len() > i + 1 {
+                let victim = self.running.pop().expect("more than i + 1 running");
+                self.preempt(victim);
+                plan.preempted.push(victim);
+                fits = self.allocate_for(id, n_new);
+            }
+            if !fits {
+                self.running.remove(i);
+                self.preempt(id);
+                plan.preempted.push(id);
+                break;
+            }
+            plan.chunks.push(self.chunk(id, n_new));
+            budget -= n_new;
+            if !is_decode {
+                prefill_budget -= n_new;
+            }
+            i += 1;
+        }
+        if plan.preempted.is_empty() {
+            self.admit_waiting(&mut plan, budget.min(prefill_budget));
+        }
+        plan.evicted = self.kv.take_evicted();
+        plan
+    }
+
+    /// Waiting requests, first come first served, while the budget, the running limit and free blocks
+    /// allow; the first one that does not fit stops admission.
+    fn admit_waiting(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        let mut i = 0;
+        while let Some(&id) = self.waiting.get(i) {
+            let req = self.requests.get_mut(&id).expect("waiting ids are known");
+            if req.status == RequestStatus::WaitingForDisk {
+                // its blocks are being read from disk; the ones behind it do not wait for that
+                i += 1;
+                continue;
+            }
+            if budget == 0 || self.running.len() >= self.config.max_running {
+                break;
+            }
+            let first_admission = req.num_preemptions == 0;
+            let Some(admitted) = self.kv.admit(&req.tokens, &mut req.blocks, budget, first_admission) else { break };
+            if first_admission {
+                req.num_cached_tokens = admitted.num_computed_tokens;
+            }
+            req.num_computed_tokens = admitted.num_computed_tokens;
+            req.status = RequestStatus::Running;
+            if let Some((skip, blocks)) = admitted.restore {
+                plan.restores.push(Restore { id, skip, blocks });
+            }
+            self.waiting.remove(i);
+            self.running.push(id);
+            plan.chunks.push(self.chunk(id, admitted.num_new_tokens));
+            budget -= admitted.num_new_tokens;
+        }
+    }
+
+    /// For a waiting request: its prefix keys and how many of its blocks are cached in memory (see
+    /// `PrefixProbe`). Takes nothing.
+    pub fn probe(&self, id: RequestId) -> Option<(BlockHash, Vec<BlockHash>, usize)> {
+        let req = self.requests.get(&id)?;
+        let p = self.kv.probe(&req.tokens, &req.blocks);
+        Some((p.root, p.hashes, p.in_memory))
+    }
+
+    /// Keeps a waiting request (before its first admission) out of admission until `offer_restored`,
+    /// while the engine reads its blocks from the disk tier; requests behind it are admitted meanwhile.
+    pub fn hold(&mut self, id: RequestId) {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.num_computed_tokens > 0 || req.num_preemptions > 0 || req.status != RequestStatus::Waiting {
+            return;
+        }
+        self.kv.pin_prefix(&req.tokens, &mut req.blocks);
+        req.status = RequestStatus::WaitingForDisk;
+    }
+
+    /// Tells the scheduler the engine holds the keys and values of blocks `first..first + n` of a
+    /// waiting request's prompt (see `Restore`). Ends a `hold`.
+    pub fn offer_restored(&mut self, id: RequestId, first: usize, n: usize) {
+        if let Some(req) = self.requests.get_mut(&id) {
+            if req.status == RequestStatus::WaitingForDisk {
+                req.status = RequestStatus::Waiting;
+            }
+            self.kv.offer_restored(&mut req.blocks, first, n);
+        }
+    }
+
+    /// Tokens of `id` not yet computed, capped by the budget.
+    fn chunk_len(&self, id: RequestId, budget: usize) -> usize {
+        let req = &self.requests[&id];
+        (req.tokens.len() - req.num_computed_tokens).min(budget)
+    }
+
+    fn chunk(&self, id: RequestId, len: usize) -> ScheduledChunk {
+        let req = &self.requests[&id];
+        let start = req.num_computed_tokens;
+        ScheduledChunk { id, start, len, samples: start + len == req.tokens.len() }
+    }
+
+    /// Grows `id`'s blocks to hold `num_computed + n_new` tokens; false (nothing taken) if the pool is
+    /// short.
+    fn allocate_for(&mut self, id: RequestId, n_new: usize) -> bool {
+        let req = self.requests.get_mut(&id).expect("scheduled ids are known");
+        self.kv.allocate_slots(&mut req.blocks, req.num_computed_tokens + n_new)
+    }
+
+    /// Releases `id`'s blocks and puts it at the front of the waiting queue, to be recomputed.
+    fn preempt(&mut self, id: RequestId) {
+        let req = self.requests.get_mut(&id).expect("running ids are known");
+        self.kv.free(&mut req.blocks);
+        req.num_computed_tokens = 0;
+        req.num_preemptions += 1;
+        req.status = RequestStatus::Waiting;
+        self.num_preemptions += 1;
+        self.waiting.push_front(id);
+    }
+
+    /// Records a finished step: each chunk's tokens are now computed (and its full blocks cached), and
+    /// every chunk that `samples` gets its sampled token appended: `sampled` holds one token per such
+    /// chunk, in plan order. Chunks of requests removed meanwhile (aborted) are skipped.
+    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[u32]) {
+        let mut sampled = sampled.iter();
+        for chunk in &plan.chunks {
+            let token = if chunk.samples { Some(*sampled.next().expect("one sampled token per sampling chunk")) } else { None };
+            let Some(req) = self.requests.get_mut(&chunk.id) else { continue };
+            debug_assert_eq!(req.num_computed_tokens, chunk.start, "request {} changed between plan and step", chunk.id);
+            req.num_computed_tokens += chunk.len;
+            req.tokens.extend(token);
+            self.kv.cache_full_blocks(&req.tokens, req.num_computed_tokens, &mut req.blocks);
+        }
+        debug_assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");
+    }
+}

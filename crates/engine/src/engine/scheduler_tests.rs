@@ -1,0 +1,216 @@
+//! Model-free scheduler tests: exact block ids, chunking, admission order, preemption, release.
+
+use super::*;
+use crate::kv::{BlockPool, KvCacheManager};
+
+/// A scheduler's settings with its KV cache's, for tests.
+#[derive(Clone, Copy)]
+pub(super) struct TestConfig {
+    pub block_size: usize,
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+    pub prefix_caching: bool,
+    pub max_prefill_tokens_while_decoding: usize,
+}
+
+impl TestConfig {
+    pub fn scheduler(self, num_blocks: usize) -> Scheduler {
+        self.with_pool(BlockPool::new(num_blocks))
+    }
+
+    pub fn with_pool(self, pool: BlockPool) -> Scheduler {
+        let config = SchedulerConfig { max_batch_tokens: self.max_batch_tokens, max_running: self.max_running, max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding };
+        Scheduler::new(config, KvCacheManager::new(self.block_size, pool, self.prefix_caching))
+    }
+}
+
+fn config(block_size: usize, max_batch_tokens: usize) -> TestConfig {
+    TestConfig { block_size, max_batch_tokens, max_running: 16, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }
+}
+
+/// Queues a greedy request (what `validate` passed: its prompt and a token fit).
+pub(super) fn add(s: &mut Scheduler, id: RequestId, prompt: Vec<u32>, max_new_tokens: usize) {
+    add_salted(s, id, prompt, max_new_tokens, None);
+}
+
+pub(super) fn add_salted(s: &mut Scheduler, id: RequestId, prompt: Vec<u32>, max_new_tokens: usize, salt: Option<&[u8]>) {
+    let blocks = s.kv().new_blocks(salt);
+    s.add(Request::for_test(id, prompt, max_new_tokens, blocks));
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).collect()
+}
+
+/// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.
+pub(super) fn step(s: &mut Scheduler) -> StepPlan {
+    let plan = s.schedule();
+    let sampled: Vec<u32> = plan.chunks.iter().filter(|c| c.samples).map(|c| 100 + c.id as u32).collect();
+    s.complete_step(&plan, &sampled);
+    plan
+}
+
+fn chunk(id: RequestId, start: usize, len: usize, samples: bool) -> ScheduledChunk {
+    ScheduledChunk { id, start, len, samples }
+}
+
+#[test]
+fn pool_hands_out_ids_in_order_and_frees_tail_first() {
+    let mut pool = BlockPool::new(6);
+    assert_eq!(pool.allocate(3), Some(vec![0, 1, 2]));
+    assert_eq!(pool.allocate(4), None, "all or nothing");
+    assert_eq!(pool.num_free(), 3);
+    // blocks that hold no cached prefix go back to the front, in table order
+    pool.release(&[0, 1, 2]);
+    assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5]);
+    assert_eq!(pool.allocate(4), Some(vec![0, 1, 2, 3]));
+    assert_eq!(pool.num_free(), 2);
+}
+
+#[test]
+fn prompts_get_whole_blocks_in_admission_order() {
+    let mut s = config(4, 64).scheduler(10);
+    add(&mut s, 1, prompt(9), 10);
+    add(&mut s, 2, prompt(4), 10);
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 0, 9, true), chunk(2, 0, 4, true)]);
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 2]);
+    assert_eq!(s.request(2).unwrap().blocks.table, vec![3]);
+    // decode: seq 1 has 10 tokens (fits its 3 blocks), seq 2 has 5 (needs a second block)
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 9, 1, true), chunk(2, 4, 1, true)]);
+    assert_eq!(s.request(2).unwrap().blocks.table, vec![3, 4]);
+    assert_eq!(s.request(1).unwrap().tokens.len(), 11);
+    assert_eq!(s.request(1).unwrap().num_computed_tokens, 10);
+}
+
+#[test]
+fn long_prompts_are_chunked_and_mixed_with_decodes() {
+    let mut s = config(4, 8).scheduler(20);
+    add(&mut s, 1, prompt(3), 10);
+    add(&mut s, 2, prompt(18), 10);
+    // step 1: seq 1 whole (3), seq 2's first 5 tokens
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 5, false)]);
+    // step 2: seq 1 decodes, seq 2 continues with 7
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 5, 7, false)]);
+    // step 3: decode + the remaining 6, which samples
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 12, 6, true)]);
+    assert_eq!(s.request(2).unwrap().num_computed_tokens, 18);
+    assert_eq!(s.request(2).unwrap().tokens.len(), 19);
+    // seq 1 took block 4 for its fifth token before seq 2 grew in the same step
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 4]);
+    assert_eq!(s.request(2).unwrap().blocks.table, vec![1, 2, 3, 5, 6]);
+}
+
+#[test]
+fn admission_is_first_come_first_served_and_waits_for_blocks() {
+    let mut s = config(4, 100).scheduler(6);
+    add(&mut s, 1, prompt(12), 100); // 3 blocks
+    add(&mut s, 2, prompt(16), 100); // 4 blocks: does not fit beside seq 1
+    add(&mut s, 3, prompt(2), 100); // 1 block: would fit, but must not overtake seq 2
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 12, true)]);
+    assert_eq!(s.num_waiting(), 2);
+    s.finish(1);
+    assert_eq!(s.pool().num_free(), 6);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]);
+    // seq 1's blocks (no prefix caching) went back to the front of the queue
+    assert_eq!(s.request(2).unwrap().blocks.table, vec![0, 1, 2, 3]);
+    assert_eq!(s.request(3).unwrap().blocks.table, vec![4]);
+}
+
+#[test]
+fn the_newest_sequence_is_preempted_and_recomputed_later() {
+    let mut s = config(4, 100).scheduler(4);
+    add(&mut s, 1, prompt(7), 100);
+    add(&mut s, 2, prompt(8), 100);
+    step(&mut s); // 1: blocks [0, 1] (8 tokens after sampling), 2: [2, 3] (9 tokens)
+    assert_eq!(s.pool().num_free(), 0);
+    // seq 1 decodes its 8th token in block 1 (fits); seq 2 needs a third block: none free, and it is the
+    // newest, so it is preempted itself
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 7, 1, true)]);
+    assert_eq!(plan.preempted, vec![2]);
+    let seq2 = s.request(2).unwrap();
+    assert_eq!((seq2.num_computed_tokens, seq2.blocks.table.len(), seq2.num_preemptions), (0, 0, 1));
+    assert_eq!(seq2.tokens.len(), 9, "generated tokens are kept");
+    assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![2, 3]);
+    // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 2
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 8, 1, true)], "seq 2's 9 tokens need 3 blocks; only 1 is free");
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 2]);
+    assert_eq!(s.num_preemptions(), 1);
+    // when seq 1 finishes, seq 2 recomputes prompt and generated tokens in one chunk and samples
+    s.finish(1);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 9, true)]);
+    assert_eq!(s.request(2).unwrap().tokens.len(), 10);
+}
+
+#[test]
+fn preemption_takes_the_newest_running_sequence_first() {
+    let mut s = config(2, 100).scheduler(6);
+    for id in 1..=3 {
+        add(&mut s, id, prompt(3), 100); // 2 blocks each
+    }
+    step(&mut s); // 4 tokens each
+    step(&mut s); // token 4 fits the 2 blocks; 5 tokens each
+    assert_eq!(s.pool().num_free(), 0);
+    // token 5 needs a third block everywhere: seq 3 (the newest) is preempted, seqs 1 and 2 take its
+    // blocks (4, then 5)
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]);
+    assert_eq!(plan.preempted, vec![3]);
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 4]);
+    assert_eq!(s.request(2).unwrap().blocks.table, vec![2, 3, 5]);
+    assert_eq!(s.num_waiting(), 1);
+}
+
+#[test]
+fn removing_sequences_returns_every_block() {
+    let mut s = config(4, 16).scheduler(12);
+    for id in 0..6 {
+        add(&mut s, id, prompt(5 + id as usize), 100);
+    }
+    for _ in 0..5 {
+        step(&mut s);
+    }
+    s.finish(3); // running: abort mid-stream
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    for id in 0..6 {
+        s.finish(id);
+    }
+    assert!(!s.has_work());
+    assert_eq!(s.pool().num_free(), 12);
+    assert!((0..12).all(|b| s.pool().ref_count(b) == 0));
+}
+
+#[test]
+fn the_running_limit_holds_back_admission() {
+    let mut s = TestConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }.scheduler(20);
+    for id in 1..=3 {
+        add(&mut s, id, prompt(4), 10);
+    }
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1, 2]);
+    s.finish(1);
+    let plan = step(&mut s);
+    assert_eq!(plan.chunks, vec![chunk(2, 4, 1, true), chunk(3, 0, 4, true)]);
+}
+
+#[test]
+fn prompts_arriving_during_decodes_are_prefilled_in_capped_chunks() {
+    let mut s = TestConfig { max_prefill_tokens_while_decoding: 8, ..config(4, 64) }.scheduler(40);
+    add(&mut s, 1, prompt(3), 10);
+    add(&mut s, 2, prompt(20), 10);
+    // nothing decodes yet: both prompts whole, in one step
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 20, true)]);
+    add(&mut s, 3, prompt(13), 10);
+    // 1 and 2 decode; 3's prompt gets at most 8 tokens a step until it is in
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 20, 1, true), chunk(3, 0, 8, false)]);
+    assert_eq!(s.request(3).unwrap().blocks.table, vec![7, 8]);
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 21, 1, true), chunk(3, 8, 5, true)]);
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 9]);
+    assert_eq!(s.request(3).unwrap().blocks.table, vec![7, 8, 10, 11]);
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 5, 1, true), chunk(2, 22, 1, true), chunk(3, 13, 1, true)]);
+}

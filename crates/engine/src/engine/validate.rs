@@ -1,0 +1,223 @@
+//! Every check a generation request gets, in one place (TGI's validation): an API turns its wire request
+//! into `GenerateParams`, `EngineHandle::submit` checks them against the engine's limits, and only a
+//! `ValidatedRequest` reaches the engine. A refusal is a `RequestError` naming the field at fault, which
+//! the server maps to its API's status, `param` and message in one function. Below this point the
+//! engine's own consistency checks are `debug_assert!`s.
+
+use crate::sampler::SamplingParams;
+
+/// A generation as an API asks for it, before any check.
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    /// Token ids (the API applies the chat template and tokenizes).
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Generated tokens at most; `None`: as many as the context leaves. A larger value is clamped to
+    /// what the context leaves (agents ask for 32,000 whatever the model).
+    pub max_new_tokens: Option<usize>,
+    /// Strings that end the generation; the text before the first one is returned.
+    pub stop: Vec<String>,
+    /// Tokens that end the generation besides the model's end-of-generation tokens.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+    /// Return the chosen token's log-probability and this many alternatives per token.
+    pub logprobs: Option<usize>,
+    /// Share prefix-cache blocks only with requests carrying the same salt (vLLM's `cache_salt`).
+    pub cache_salt: Option<String>,
+}
+
+impl GenerateParams {
+    pub fn greedy(prompt: Vec<u32>, max_new_tokens: usize) -> Self {
+        GenerateParams {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: Some(max_new_tokens),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: None,
+            cache_salt: None,
+        }
+    }
+}
+
+/// What the engine can take; fixed at start-up.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Longest sequence, prompt and output together.
+    pub max_model_len: usize,
+    pub vocab_size: usize,
+    /// Tokens the whole KV cache holds (blocks × block size).
+    pub kv_cache_tokens: usize,
+    pub block_size: usize,
+}
+
+/// Most stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+/// Most alternatives per token a request may ask log-probabilities for (OpenAI's chat limit).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// The request field a refusal is about; each API names it its own way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    Prompt,
+    MaxTokens,
+    Stop,
+    StopTokenIds,
+    Temperature,
+    TopP,
+    TopK,
+    MinP,
+    RepetitionPenalty,
+    PresencePenalty,
+    FrequencyPenalty,
+    Logprobs,
+    CacheSalt,
+}
+
+/// Why a request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// A value no engine with these limits could serve; `message` states the limit and the given value.
+    #[error("{message}")]
+    Invalid { field: Field, message: String },
+    /// The waiting queue is full; the client should retry later.
+    #[error("{waiting} requests are already waiting (the limit); retry shortly")]
+    QueueFull { waiting: usize },
+    /// The server is draining before it stops.
+    #[error("the server is shutting down and takes no new requests")]
+    ShuttingDown,
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+impl RequestError {
+    fn invalid(field: Field, message: String) -> Self {
+        RequestError::Invalid { field, message }
+    }
+}
+
+/// Checked against the engine's limits; only `validate` makes one.
+#[derive(Clone, Debug)]
+pub struct ValidatedRequest(GenerateParams);
+
+impl ValidatedRequest {
+    pub fn prompt_len(&self) -> usize {
+        self.0.prompt.len()
+    }
+
+    /// Generated tokens allowed, clamped to what the context leaves.
+    pub fn max_new_tokens(&self) -> usize {
+        self.0.max_new_tokens.expect("set by validate")
+    }
+
+    pub fn cache_salt(&self) -> Option<&str> {
+        self.0.cache_salt.as_deref()
+    }
+
+    pub(crate) fn into_params(self) -> GenerateParams {
+        self.0
+    }
+
+    #[cfg(test)]
+    pub(crate) fn unchecked(params: GenerateParams) -> Self {
+        ValidatedRequest(params)
+    }
+}
+
+/// Checks `p` against `limits`; sets `max_new_tokens` to what it may generate.
+pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedRequest, RequestError> {
+    let (n, max_len) = (p.prompt.len(), limits.max_model_len);
+    let prompt = |m: String| Err(RequestError::invalid(Field::Prompt, m));
+    if n == 0 {
+        return prompt("the prompt is empty".into());
+    }
+    if n >= max_len {
+        return prompt(format!("this model's maximum context length is {max_len} tokens; the prompt has {n} tokens"));
+    }
+    if let Some(&bad) = p.prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        return prompt(format!("token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size));
+    }
+    // The prompt and one generated token must fit the whole KV cache (the scheduler's admission test).
+    if (n + 1).div_ceil(limits.block_size) * limits.block_size > limits.kv_cache_tokens {
+        return prompt(format!("the prompt has {n} tokens; the KV cache holds {} tokens in all (raise --kv-memory)", limits.kv_cache_tokens));
+    }
+    let room = max_len - n;
+    p.max_new_tokens = match p.max_new_tokens {
+        Some(0) => return Err(RequestError::invalid(Field::MaxTokens, "max_tokens must be at least 1. Given: 0".into())),
+        Some(m) => Some(m.min(room)),
+        None => Some(room),
+    };
+    if p.stop.len() > MAX_STOP_STRINGS {
+        return Err(RequestError::invalid(Field::Stop, format!("at most {MAX_STOP_STRINGS} stop sequences are allowed. Given: {}", p.stop.len())));
+    }
+    if let Some(&bad) = p.stop_token_ids.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        return Err(RequestError::invalid(Field::StopTokenIds, format!("stop token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size)));
+    }
+    if let Some(k) = p.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+        return Err(RequestError::invalid(Field::Logprobs, format!("at most {MAX_LOGPROBS} log-probability alternatives per token. Given: {k}")));
+    }
+    if p.cache_salt.as_deref() == Some("") {
+        return Err(RequestError::invalid(Field::CacheSalt, "cache_salt must not be empty".into()));
+    }
+    check_sampling(&p.sampling)?;
+    Ok(ValidatedRequest(p))
+}
+
+/// Rejects values that would make sampling undefined, naming the parameter, the limit and the value.
+fn check_sampling(s: &SamplingParams) -> Result<(), RequestError> {
+    let check = |ok: bool, field: Field, m: String| if ok { Ok(()) } else { Err(RequestError::invalid(field, m)) };
+    check(s.temperature.is_finite() && s.temperature >= 0.0, Field::Temperature, format!("temperature must be >= 0. Given: {}", s.temperature))?;
+    check(s.top_p > 0.0 && s.top_p <= 1.0, Field::TopP, format!("top_p must be in (0, 1]. Given: {}", s.top_p))?;
+    check((0.0..=1.0).contains(&s.min_p), Field::MinP, format!("min_p must be in [0, 1]. Given: {}", s.min_p))?;
+    let rp = s.repetition_penalty;
+    check(rp.is_finite() && rp > 0.0, Field::RepetitionPenalty, format!("repetition_penalty must be > 0. Given: {rp}"))?;
+    check((-2.0..=2.0).contains(&s.presence_penalty), Field::PresencePenalty, format!("presence_penalty must be in [-2, 2]. Given: {}", s.presence_penalty))?;
+    check((-2.0..=2.0).contains(&s.frequency_penalty), Field::FrequencyPenalty, format!("frequency_penalty must be in [-2, 2]. Given: {}", s.frequency_penalty))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16 };
+
+    fn field_of(p: GenerateParams) -> Field {
+        match validate(p, &LIMITS) {
+            Err(RequestError::Invalid { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_refusal_names_its_field() {
+        let ok = || GenerateParams::greedy(vec![1, 2, 3], 10);
+        assert_eq!(field_of(GenerateParams { prompt: vec![], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![1; 64], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![100], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![1; 48], ..ok() }), Field::Prompt, "48 + 1 tokens need 4 blocks of the 3");
+        assert_eq!(field_of(GenerateParams { max_new_tokens: Some(0), ..ok() }), Field::MaxTokens);
+        assert_eq!(field_of(GenerateParams { stop: vec!["a".into(); 5], ..ok() }), Field::Stop);
+        assert_eq!(field_of(GenerateParams { stop_token_ids: vec![100], ..ok() }), Field::StopTokenIds);
+        assert_eq!(field_of(GenerateParams { logprobs: Some(21), ..ok() }), Field::Logprobs);
+        assert_eq!(field_of(GenerateParams { cache_salt: Some(String::new()), ..ok() }), Field::CacheSalt);
+        let sampling = |s: SamplingParams| GenerateParams { sampling: s, ..ok() };
+        assert_eq!(field_of(sampling(SamplingParams { temperature: -1.0, ..SamplingParams::greedy() })), Field::Temperature);
+        assert_eq!(field_of(sampling(SamplingParams { top_p: 0.0, ..SamplingParams::greedy() })), Field::TopP);
+        assert_eq!(field_of(sampling(SamplingParams { min_p: 2.0, ..SamplingParams::greedy() })), Field::MinP);
+        assert_eq!(field_of(sampling(SamplingParams { repetition_penalty: f32::NAN, ..SamplingParams::greedy() })), Field::RepetitionPenalty);
+        assert_eq!(field_of(sampling(SamplingParams { presence_penalty: 3.0, ..SamplingParams::greedy() })), Field::PresencePenalty);
+        assert_eq!(field_of(sampling(SamplingParams { frequency_penalty: -3.0, ..SamplingParams::greedy() })), Field::FrequencyPenalty);
+    }
+
+    #[test]
+    fn max_tokens_is_clamped_to_the_context() {
+        let v = validate(GenerateParams::greedy(vec![1; 10], 32_000), &LIMITS).unwrap();
+        assert_eq!(v.max_new_tokens(), 54);
+        let v = validate(GenerateParams { max_new_tokens: None, ..GenerateParams::greedy(vec![1; 10], 1) }, &LIMITS).unwrap();
+        assert_eq!(v.max_new_tokens(), 54);
+        let v = validate(GenerateParams::greedy(vec![1; 10], 5), &LIMITS).unwrap();
+        assert_eq!(v.max_new_tokens(), 5);
+    }
+}

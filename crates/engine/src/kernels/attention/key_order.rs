@@ -1,0 +1,161 @@
+//! The value pass of the packed numerics: `out[r] = Σ_j p[r][j] · v_j`, one FMA chain per output value
+//! over each *run* of `RUN` positions (run k holds positions `k·RUN..(k+1)·RUN`, whatever the tile), from
+//! 0; the runs' sums are then added in position order (the first run's sum as it is).
+//!
+//! ggml's value pass is a dot of each output dimension with the probabilities in 64 lanes (cell j in
+//! lane j mod 64), so an exact copy keeps a `[64, head_dim]` buffer per row and reduces it at the end:
+//! at the depths of serving (a few hundred cells) that buffer was written and read more than K and V
+//! themselves, and its lane-by-lane walk read V 64 rows apart. Here V is read once, in order, and each
+//! row's sums stay in registers. Runs let a lone token's long context be summed by several threads at
+//! once (`tiled::attend_split`, one part per run) with the same bits as one thread. Cells outside a row's
+//! range have p = +0 and add exactly nothing (for finite values; an f16 overflow to inf would poison
+//! them, as it does ggml's lanes), so a row's result does not depend on the tile it is in.
+
+use super::tiled::TileGeom;
+use half::f16;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::RUN;
+
+/// Rows whose sums are held in registers at once (× `VECS` vectors).
+const ROWS: usize = 6;
+/// Vectors of 16 values per pass over the cells (AVX-512).
+const VECS: usize = 4;
+
+/// The tile's cells (indices into `offsets` and a score row) in each run they cover, in order.
+pub(super) fn runs(g: &TileGeom) -> impl Iterator<Item = Range<usize>> + '_ {
+    debug_assert!(g.n_keys > 0, "a tile attends at least its own cell");
+    let (first, last) = (g.lo0 / RUN, (g.lo0 + g.n_keys - 1) / RUN);
+    (first..=last).map(move |k| (k * RUN).max(g.lo0) - g.lo0..((k + 1) * RUN).min(g.lo0 + g.n_keys) - g.lo0)
+}
+
+/// Rows `rows` (probabilities at `w`, row stride `g.n_pad`) into `out(r)` (row r's `hd` outputs): every
+/// run's chains, folded in order.
+///
+/// # Safety
+/// AVX-512 F or AVX2 (with FMA and F16C), `hd % 16 == 0`; `offsets` holds `g.n_keys` value rows of `hd`
+/// inside `values`; `out(r)` is valid for `hd` writes, which no one else makes meanwhile.
+pub(super) unsafe fn values(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, out: &dyn Fn(usize) -> *mut f32) {
+    for (k, cells) in runs(g).enumerate() {
+        run_values(values, hd, g, offsets, w, rows.clone(), cells, k > 0, out);
+    }
+}
+
+/// One run's chains for rows `rows` over `cells` (one run's cells of the tile): stored into `out(r)`, or
+/// added to what it holds (`add`, the later runs of a fold).
+///
+/// # Safety
+/// As `values`; with `add`, `out(r)` holds the earlier runs' sum.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn run_values(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
+    debug_assert!(hd % 16 == 0);
+    if crate::kernels::ggml::math::avx512_available() {
+        run_values_avx512(values, hd, g, offsets, w, rows, cells, add, out)
+    } else {
+        run_values_avx2(values, hd, g, offsets, w, rows, cells, add, out)
+    }
+}
+
+#[target_feature(enable = "avx512f,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_values_avx512(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let rs = ROWS.min(rows.end - r0);
+        let mut v0 = 0;
+        while v0 < hd / 16 {
+            let a = Pass { values, g, offsets, w: w.add(r0 * g.n_pad), v0, cells: cells.clone(), add, out: &|r| out(r0 + r) };
+            macro_rules! by_rows {
+                ($v:literal) => {
+                    match rs {
+                        6 => pass_avx512::<6, $v>(&a),
+                        5 => pass_avx512::<5, $v>(&a),
+                        4 => pass_avx512::<4, $v>(&a),
+                        3 => pass_avx512::<3, $v>(&a),
+                        2 => pass_avx512::<2, $v>(&a),
+                        _ => pass_avx512::<1, $v>(&a),
+                    }
+                };
+            }
+            if hd / 16 - v0 >= VECS {
+                by_rows!(4);
+                v0 += VECS;
+            } else {
+                by_rows!(1);
+                v0 += 1;
+            }
+        }
+        r0 += rs;
+    }
+}
+
+struct Pass<'a> {
+    values: &'a [f16],
+    g: &'a TileGeom,
+    offsets: &'a [usize],
+    /// The pass's first row's probabilities (row stride `g.n_pad`).
+    w: *const f32,
+    /// First output vector.
+    v0: usize,
+    cells: Range<usize>,
+    /// Add to the outputs instead of storing.
+    add: bool,
+    out: &'a dyn Fn(usize) -> *mut f32,
+}
+
+/// Cells ahead whose values a pass prefetches (far enough for DRAM: see `tiled::SCORE_PREFETCH_CHUNKS`).
+const AHEAD: usize = 32;
+
+#[inline]
+#[target_feature(enable = "avx512f,fma,f16c")]
+unsafe fn pass_avx512<const R: usize, const V: usize>(a: &Pass) {
+    let mut acc = [[_mm512_setzero_ps(); V]; R];
+    let base = a.values.as_ptr().add(16 * a.v0);
+    for j in a.cells.clone() {
+        if let Some(&ahead) = a.offsets.get(j + AHEAD) {
+            _mm_prefetch::<_MM_HINT_T0>(base.add(ahead) as *const i8);
+        }
+        let pv = base.add(a.offsets[j]) as *const __m256i;
+        let v: [__m512; V] = std::array::from_fn(|k| _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))));
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let p = _mm512_set1_ps(*a.w.add(r * a.g.n_pad + j));
+            for (s, vk) in acc_r.iter_mut().zip(&v) {
+                *s = _mm512_fmadd_ps(p, *vk, *s);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        let o = (a.out)(r).add(16 * a.v0);
+        for (k, s) in acc_r.iter().enumerate() {
+            let s = if a.add { _mm512_add_ps(_mm512_loadu_ps(o.add(16 * k)), *s) } else { *s };
+            _mm512_storeu_ps(o.add(16 * k), s);
+        }
+    }
+}
+
+/// `run_values_avx512` on 8-lane registers: the same chains, 8 values at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_values_avx2(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
+    for r in rows {
+        let wr = w.add(r * g.n_pad);
+        for v in 0..hd / 16 {
+            // two 8-value halves of the 16-value vector v
+            let mut acc = [_mm256_setzero_ps(); 2];
+            let base = values.as_ptr().add(16 * v);
+            for j in cells.clone() {
+                let pv = base.add(offsets[j]) as *const __m128i;
+                let p = _mm256_set1_ps(*wr.add(j));
+                for (h, s) in acc.iter_mut().enumerate() {
+                    *s = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(pv.add(h))), *s);
+                }
+            }
+            let o = out(r).add(16 * v);
+            for (h, s) in acc.iter().enumerate() {
+                let s = if add { _mm256_add_ps(_mm256_loadu_ps(o.add(8 * h)), *s) } else { *s };
+                _mm256_storeu_ps(o.add(8 * h), s);
+            }
+        }
+    }
+}
