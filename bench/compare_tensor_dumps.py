@@ -20,6 +20,9 @@ import argparse, os, re, sys
 import numpy as np
 
 
+ALIASES = {"ffn_inp": "sa_out"}  # Gemma-3: the residual after attention
+
+
 def parse_layers(s):
     if not s:
         return None
@@ -74,10 +77,13 @@ def main():
             continue
         key = f"{name}-{layer}"
         cands = [k for k in order if (k == key or k.startswith(key + "#")) and ll[k].size == r.size]
+        if not cands and name in ALIASES:  # the same tensor under another name in llama.cpp's graph
+            key = f"{ALIASES[name]}-{layer}"
+            cands = [k for k in order if (k == key or k.startswith(key + "#")) and ll[k].size == r.size]
         if not cands:
             continue
         k = cands[-1]
-        rows.append((order.index(k), f"{name}-{layer}" + (f" (llama.cpp {k})" if k != key else ""), r, ll[k].reshape(-1), ""))
+        rows.append((order.index(k), f"{name}-{layer}" + (f" (llama.cpp {k})" if k != f"{name}-{layer}" else ""), r, ll[k].reshape(-1), ""))
     rows.sort(key=lambda x: x[0])
     first = None
     shown_after = 0

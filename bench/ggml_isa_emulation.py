@@ -16,14 +16,17 @@ and checked bit for bit against llama.cpp's outputs (and, given a RECKON_DUMP_DI
                (architectures with SwiGLU; Gemma's GELU is a table and ISA-independent)
 
 It then quantizes kqv_out (the wo matmul's input) and ffn_swiglu (ffn_down's input) as ggml does for the
-model's weight types (q8_1 for Q4_1/Q5_1, q8_0 for Q4_0/Q5_0/Q8_0, q8_K for k-quants) under each build's
-arithmetic, and counts the int8 quants that flip: a flip is what lets a last-bit difference out of a layer
-(an unflipped block gives the next matmul identical inputs). For kqv_out it also swaps each attention stage
-between the two builds' arithmetic, to say which stage's rounding flipped the quants.
+layer's weight types (read from the GGUF: q8_1 for Q4_1/Q5_1, q8_0 for Q4_0/Q5_0/Q8_0, q8_K for k-quants)
+under each build's arithmetic, and counts the int8 quants and the block scales that change. Only such a
+change lets a last-bit difference out of a layer: the quantized matmuls themselves (quants.c) run the same
+integer code in both builds, so identical quantized inputs give identical outputs. q8_0/q8_1 store the
+scale amax/127 as f16, which a last-bit change of amax rarely moves; q8_K stores 1/iscale as f32, which
+moves whenever the block's largest element changes in its last bit. For kqv_out it also swaps each
+attention stage between the two builds' arithmetic, to say which stage's rounding made the change.
 
 Usage (the python of bench/setup-llamacpp), with llama.cpp per-row (n_batch 1, repacking off):
   /opt/llamacpp-venv/bin/python bench/ggml_isa_emulation.py MODEL.gguf --layers 0-29 [--dump RECKON_DUMP_DIR]
-      [--wo-type q8_1] [--down-type q8_1] ID...
+      [--wo-type q8_0|q8_1|q8_K] [--down-type ...] ID...
 The emulation rounds fused multiply-adds through float64 (exact products; a double rounding is possible
 but rare, and the bit-for-bit checks printed show whether it happened).
 """
@@ -161,22 +164,71 @@ def f16(x):
 
 
 def quantize(x, kind):
-    """int8 quants of ggml's activation quantization for a matmul (quantize_row_q8_0/q8_1: amax/127 per 32;
-    q8_K (ref): per 256, iscale = -127/max with the signed max)."""
+    """ggml's activation quantization for a matmul, as (int8 quants, block scales): quantize_row_q8_0/q8_1
+    (x86: amax/127 per 32, the scale stored as f16 (q8_1 also f16(d * sum of quants))); q8_K (ref: per 256,
+    iscale = -127/max with the signed max, the scale 1/iscale stored as f32)."""
     x = np.asarray(x, F32)
     if kind in ("q8_0", "q8_1"):
         b = x.reshape(-1, 32)
         amax = np.abs(b).max(axis=1, keepdims=True)
         with np.errstate(divide="ignore"):
             idv = np.where(amax != 0, (F32(127) / amax).astype(F32), F32(0)).astype(F32)
-        return np.rint((b * idv).astype(F32)).astype(np.int32).reshape(-1)
+        q = np.rint((b * idv).astype(F32)).astype(np.int32)
+        d = (amax[:, 0] / F32(127)).astype(F32).astype(np.float16)
+        sc = d.astype(F32)
+        if kind == "q8_1":
+            sc = np.stack([sc, (d.astype(F32) * q.sum(axis=1).astype(F32)).astype(np.float16).astype(F32)], axis=1)
+        return q.reshape(-1), sc.reshape(-1)
     b = x.reshape(-1, 256)
     idx = np.abs(b).argmax(axis=1)
     mx = b[np.arange(len(b)), idx][:, None]
     with np.errstate(divide="ignore"):
         iscale = np.where(mx != 0, (F32(-127) / mx).astype(F32), F32(0)).astype(F32)
     q = np.rint((b * iscale).astype(F32)).astype(np.int32)  # nearest_int: round half to even via magic add
-    return np.minimum(q, 127).reshape(-1)
+    with np.errstate(divide="ignore"):
+        d = (F32(1) / iscale[:, 0]).astype(F32)
+    return np.minimum(q, 127).reshape(-1), d
+
+
+def changes(x, y, kind):
+    """(int8 quants that differ, block scales that differ) between two activations' quantizations."""
+    qx, sx = quantize(x, kind); qy, sy = quantize(y, kind)
+    return int((qx != qy).sum()), int((sx.view(np.uint32) != sy.view(np.uint32)).sum())
+
+
+# ---------------------------------------------------------------- GGUF tensor types
+ACT_TYPE = {2: "q8_0", 3: "q8_1", 6: "q8_0", 7: "q8_1", 8: "q8_0", 10: "q8_K", 11: "q8_K", 12: "q8_K",
+            13: "q8_K", 14: "q8_K"}  # ggml type id of the weight -> its vec_dot_type (activation quantization)
+
+
+def gguf_tensor_types(path):
+    """{tensor name: ggml type id} from a GGUF file's header."""
+    import struct
+    f = open(path, "rb")
+    rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+    rstr = lambda: f.read(rd("Q")).decode("utf-8", "replace")
+    assert f.read(4) == b"GGUF"
+    rd("I"); n_t = rd("Q"); n_kv = rd("Q")
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def skip(t):
+        if t == 8:
+            rstr()
+        elif t == 9:
+            et = rd("I"); n = rd("Q")
+            for _ in range(n):
+                skip(et)
+        else:
+            rd(sizes[t])
+    for _ in range(n_kv):
+        rstr(); skip(rd("I"))
+    out = {}
+    for _ in range(n_t):
+        name = rstr(); nd = rd("I")
+        for _ in range(nd):
+            rd("Q")
+        out[name] = rd("I"); rd("Q")
+    return out
 
 
 # ---------------------------------------------------------------- llama.cpp capture
@@ -237,8 +289,8 @@ def main():
     ap.add_argument("ids", type=int, nargs="+")
     ap.add_argument("--layers", default="0")
     ap.add_argument("--dump", help="reckon RECKON_DUMP_DIR of the same ids (ggml numerics)")
-    ap.add_argument("--wo-type", default="q8_1", help="activation quantization of wo's input")
-    ap.add_argument("--down-type", default="q8_1", help="activation quantization of ffn_down's input")
+    ap.add_argument("--wo-type", help="activation quantization of wo's input (default: from the GGUF)")
+    ap.add_argument("--down-type", help="activation quantization of ffn_down's input (default: from the GGUF)")
     a = ap.parse_args()
     lo, _, hi = a.layers.partition("-")
     layers = list(range(int(lo), int(hi or lo) + 1))
@@ -251,7 +303,10 @@ def main():
     hdr = f"{'layer':>5} {'stage':<12} {'n':>6} {'AVX2 emu vs llama.cpp':>22} {'AVX-512 emu vs llama.cpp':>25} {'AVX-512 emu vs reckon':>22}"
     print("(n differ: elements whose bits differ; rel: max |difference| / max |value| of the tensor)")
     print(hdr)
+    ttypes = gguf_tensor_types(a.model)
     for L in layers:
+        wo_type = a.wo_type or ACT_TYPE.get(ttypes.get(f"blk.{L}.attn_output.weight"), "q8_0")
+        down_type = a.down_type or ACT_TYPE.get(ttypes.get(f"blk.{L}.ffn_down.weight"), "q8_0")
         def g(name, step=None):
             d = last if step is None else steps[step]
             ks = [k for k in d if k == f"{name}-{L}"]
@@ -322,8 +377,8 @@ def main():
         e2 = cmp(res["avx2"]["kqv_on_ll"], kqv_ll); e5 = cmp(res["avx512"]["kqv_on_ll"], kqv_ll)
         r5 = fmt(cmp(res["avx512"]["kqv"].reshape(-1), rk["kqv_out"])) if rk.get("kqv_out") is not None else "-"
         row("kqv", n_head * hd, fmt(e2), fmt(e5), r5)
-        # which stage flips wo's input quants: every mix of the three stages' arithmetic
-        base_q = quantize(res["avx2"]["kqv"].reshape(-1), a.wo_type)
+        # which stage changes wo's input quantization: every mix of the three stages' arithmetic
+        base = res["avx2"]["kqv"].reshape(-1)
         mixes = []
         for s_kq in ("avx2", "avx512"):
             for s_sm in ("avx2", "avx512"):
@@ -331,18 +386,20 @@ def main():
                     kqm = res[s_kq]["kq"]
                     smm = np.stack([soft_max(kqm[h], scale, valid_h[h], s_sm) for h in range(n_head)])
                     out = kqv_of(smm, s_v).reshape(-1)
-                    flips = int((quantize(out, a.wo_type) != base_q).sum())
-                    mixes.append(f"{s_kq[:4] if s_kq == 'avx2' else '512'}/{s_sm[:4] if s_sm == 'avx2' else '512'}/{s_v[:4] if s_v == 'avx2' else '512'}:{flips}")
-        ll_q = quantize(kqv_ll.reshape(-1), a.wo_type)
-        print(f"{L:>5}   wo input ({a.wo_type}) quants flipped vs all-AVX2 emulation, by (kq/softmax/kqv) arithmetic: "
-              + " ".join(mixes) + f"  [llama.cpp's own kqv vs AVX2 emu: {int((ll_q != base_q).sum())}]")
+                    nq, ns = changes(out, base, wo_type)
+                    tag = "/".join("2" if z == "avx2" else "5" for z in (s_kq, s_sm, s_v))
+                    mixes.append(f"{tag}:{nq}q{ns}s")
+        nq, ns = changes(kqv.reshape(-1), base, wo_type)
+        print(f"{L:>5}   wo input ({wo_type}): quants (q) and block scales (s) changed against all-AVX2 arithmetic, with "
+              "kq/softmax/kqv each in AVX2 (2) or AVX-512 (5) arithmetic: " + " ".join(mixes)
+              + f"  [llama.cpp's own kqv vs AVX2 emu: {nq}q{ns}s]")
         gate, up, sw = g("ffn_gate"), g("ffn_up"), g("ffn_swiglu")
         if gate is not None and up is not None and sw is not None:
             e = {isa: silu_swiglu(gate.reshape(-1), up.reshape(-1), isa) for isa in ("avx2", "avx512")}
             r5 = fmt(cmp(e["avx512"], rk["swiglu"])) if rk.get("swiglu") is not None else "-"
             row("ffn_swiglu", gate.size, fmt(cmp(e["avx2"], sw)), fmt(cmp(e["avx512"], sw)), r5)
-            flips = int((quantize(e["avx2"], a.down_type) != quantize(e["avx512"], a.down_type)).sum())
-            print(f"{L:>5}   ffn_down input ({a.down_type}) quants flipped, AVX2 vs AVX-512 swiglu: {flips}")
+            nq, ns = changes(e["avx2"], e["avx512"], down_type)
+            print(f"{L:>5}   ffn_down input ({down_type}), AVX2 vs AVX-512 swiglu: {nq} quants, {ns} block scales changed")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "reckon", version, about = "An LLM inference engine that measures what every optimization costs")]
+#[command(name = "reckon", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RECKON_COMMIT"), ")"), about = "An LLM inference engine that measures what every optimization costs")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -151,6 +151,14 @@ fn init_threads(threads: Option<usize>) -> Result<usize> {
     Ok(n)
 }
 
+/// What a raw result file names besides its command: the commit this binary was built from, the CPU
+/// model and the ISA extensions the kernels choose between.
+pub fn stamp() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()));
+    let features = reckon_engine::kernels::cpu::CpuFeatures::get();
+    format!("commit: {}\ncpu: {}\nisa: {}\nkernels: {}\n", env!("RECKON_COMMIT"), cpu.as_deref().unwrap_or("unknown"), features.describe(), reckon_engine::kernels::cpu::simd_level().name())
+}
+
 /// Where fetched models live: `$RECKON_HOME`, default `~/.cache/reckon/models` (as scripts/fetch-models).
 pub fn models_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {

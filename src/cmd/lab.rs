@@ -84,7 +84,7 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let command: Vec<String> = std::env::args().collect();
-    std::fs::write(out.join("command.txt"), format!("{}\n", command.join(" ")))?;
+    std::fs::write(out.join("command.txt"), format!("{}\n{}", command.join(" "), super::common::stamp()))?;
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let records = prefix::run(&model, &tokenizer, &loaded.template, &spec, |r| {

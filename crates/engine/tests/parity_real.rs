@@ -69,6 +69,9 @@ fn greedy(engine: &EngineHandle, prompt: &[u32], n: usize) -> Vec<u32> {
 
 fn check_model(name: &str, numerics: Numerics) {
     let Some(file) = open(name) else { return };
+    if numerics == Numerics::Packed && !common::simd_or_skip(reckon_engine::kernels::cpu::SimdLevel::Avx2, "packed parity") {
+        return;
+    }
     let crit = match numerics {
         Numerics::Ggml => GGML,
         Numerics::Packed => PACKED,

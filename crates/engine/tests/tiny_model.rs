@@ -15,6 +15,7 @@ fn load(spec: &TinySpec, seed: u64) -> Model {
 
 /// The same model once per numerics this CPU runs (packed falls back to ggml without its kernels).
 fn load_each(spec: &TinySpec, seed: u64) -> Vec<Model> {
+    common::simd_or_skip(reckon_engine::kernels::cpu::SimdLevel::Avx2, "the packed numerics' half of the tiny-model checks");
     let mut models: Vec<Model> = [Numerics::Packed, Numerics::Ggml].into_iter().map(|n| Model::load_with(GgufFile::from_vec(tiny_model(spec, seed)).unwrap(), n).unwrap()).collect();
     models.dedup_by_key(|m| m.numerics());
     models

@@ -583,8 +583,7 @@ mod tests {
     /// batch: one token, tile remainders, and more tokens than one chunk of `run_packed` (400).
     #[test]
     fn packed_matmul_is_the_definition_for_every_batch() {
-        if !packed::kernels_available() {
-            eprintln!("note: no packed kernels on this CPU; nothing to compare");
+        if !crate::kernels::cpu::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed matmul vs the definition") {
             return;
         }
         let (cols, rows) = (768, 37);

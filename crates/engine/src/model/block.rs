@@ -117,6 +117,28 @@ impl AttentionWeights {
     }
 }
 
+/// The feed-forward projections of a layer (the activation between them is the architecture's).
+pub(super) struct FfnWeights {
+    pub gate: Linear, // [ffn_dim, d_model]
+    pub up: Linear,   // [ffn_dim, d_model]
+    pub down: Linear, // [d_model, ffn_dim]
+}
+
+impl FfnWeights {
+    pub fn load(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Self> {
+        let (d, ff) = (cfg.d_model, cfg.ffn_dim);
+        let n = |s: &str| format!("blk.{i}.{s}");
+        Ok(FfnWeights { gate: ld.linear(&n("ffn_gate.weight"), ff, d)?, up: ld.linear(&n("ffn_up.weight"), ff, d)?, down: ld.linear(&n("ffn_down.weight"), d, ff)? })
+    }
+
+    /// Every matrix of a layer: attention's, then these.
+    pub fn with_attention<'a>(&'a mut self, attn: &'a mut AttentionWeights) -> Vec<&'a mut Linear> {
+        let mut all: Vec<&mut Linear> = attn.matrices_mut().into();
+        all.extend([&mut self.gate, &mut self.up, &mut self.down]);
+        all
+    }
+}
+
 /// A sub-block's input: `xn = rmsnorm(x) · weight`, after `x += proj` (the previous sub-block's output,
 /// its residual add owed to here) when `add_proj`.
 pub(super) struct NormedInput<'w> {

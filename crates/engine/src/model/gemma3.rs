@@ -5,7 +5,7 @@
 //!   x += postnorm1(Wo·attn(rope(qnorm(Wq·n1)), rope(knorm(Wk·n1)), Wv·n1)),   n1 = rmsnorm(x)
 //!   x += postnorm2(Wdown·(gelu(Wgate·n2) ⊙ Wup·n2)),                        n2 = rmsnorm(x)
 
-use super::block::{attention, AttentionWeights, LayerCtx, NormedInput};
+use super::block::{attention, AttentionWeights, FfnWeights, LayerCtx, NormedInput};
 use super::config::{Meta, ModelConfig};
 use super::weights::{Linear, Loader};
 use super::{resize, Scratch};
@@ -32,15 +32,13 @@ pub(super) struct Layer {
     pub attn: AttentionWeights, // with q/k norms, [head_dim] each
     pub post_attn_norm: Vec<f32>, // [d_model]
     pub ffn_norm: Vec<f32>,  // [d_model]
-    pub w_gate: Linear,      // [ffn_dim, d_model]
-    pub w_up: Linear,        // [ffn_dim, d_model]
-    pub w_down: Linear,      // [d_model, ffn_dim]
+    pub ffn: FfnWeights,
     pub post_ffn_norm: Vec<f32>, // [d_model]
 }
 
 impl Layer {
     pub fn load(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Layer> {
-        let (d, ff, hd) = (cfg.d_model, cfg.ffn_dim, cfg.head_dim);
+        let (d, hd) = (cfg.d_model, cfg.head_dim);
         let n = |s: &str| format!("blk.{i}.{s}");
         let mut attn = AttentionWeights::load(ld, cfg, i)?;
         attn.qk_norm = Some([ld.vector(&n("attn_q_norm.weight"), hd)?, ld.vector(&n("attn_k_norm.weight"), hd)?]);
@@ -49,17 +47,13 @@ impl Layer {
             attn,
             post_attn_norm: ld.vector(&n("post_attention_norm.weight"), d)?,
             ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-            w_gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
-            w_up: ld.linear(&n("ffn_up.weight"), ff, d)?,
-            w_down: ld.linear(&n("ffn_down.weight"), d, ff)?,
+            ffn: FfnWeights::load(ld, cfg, i)?,
             post_ffn_norm: ld.vector(&n("post_ffw_norm.weight"), d)?,
         })
     }
 
     pub fn matrices_mut(&mut self) -> Vec<&mut Linear> {
-        let mut all: Vec<&mut Linear> = self.attn.matrices_mut().into();
-        all.extend([&mut self.w_gate, &mut self.w_up, &mut self.w_down]);
-        all
+        self.ffn.with_attention(&mut self.attn)
     }
 
     pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
@@ -72,10 +66,10 @@ impl Layer {
         ops::rms_norm(&s.residual.x, &self.ffn_norm, c.norm_eps, &mut s.xn);
         resize(&mut s.gate, n * c.ffn_dim);
         resize(&mut s.up, n * c.ffn_dim);
-        let (w_gate, w_up) = (self.w_gate.view(ctx.file), self.w_up.view(ctx.file));
+        let (w_gate, w_up) = (self.ffn.gate.view(ctx.file), self.ffn.up.view(ctx.file));
         matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
         ops::gelu_mul(&mut s.gate, &s.up);
-        self.w_down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
+        self.ffn.down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
         ctx.trace("ffn_out", &s.proj);
         ops::rms_norm_inplace(&mut s.proj, &self.post_ffn_norm, c.norm_eps);
         ops::add_inplace(&mut s.residual.x, &s.proj);

@@ -3,7 +3,7 @@
 //!   x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2),             n2 = rmsnorm(x)
 //! RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head: llama.cpp's "normal" layout.
 
-use super::block::{attention, normed_matmul, AttentionWeights, LayerCtx, NormedInput};
+use super::block::{attention, normed_matmul, AttentionWeights, FfnWeights, LayerCtx, NormedInput};
 use super::config::{Meta, ModelConfig};
 use super::weights::{Linear, Loader};
 use super::{resize, Scratch};
@@ -21,29 +21,22 @@ pub(super) struct Layer {
     pub attn_norm: Vec<f32>, // [d_model]
     pub attn: AttentionWeights,
     pub ffn_norm: Vec<f32>, // [d_model]
-    pub w_gate: Linear,     // [ffn_dim, d_model]
-    pub w_up: Linear,       // [ffn_dim, d_model]
-    pub w_down: Linear,     // [d_model, ffn_dim]
+    pub ffn: FfnWeights,
 }
 
 impl Layer {
     pub fn load(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Layer> {
-        let (d, ff) = (cfg.d_model, cfg.ffn_dim);
         let n = |s: &str| format!("blk.{i}.{s}");
         Ok(Layer {
-            attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
+            attn_norm: ld.vector(&n("attn_norm.weight"), cfg.d_model)?,
             attn: AttentionWeights::load(ld, cfg, i)?,
-            ffn_norm: ld.vector(&n("ffn_norm.weight"), d)?,
-            w_gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
-            w_up: ld.linear(&n("ffn_up.weight"), ff, d)?,
-            w_down: ld.linear(&n("ffn_down.weight"), d, ff)?,
+            ffn_norm: ld.vector(&n("ffn_norm.weight"), cfg.d_model)?,
+            ffn: FfnWeights::load(ld, cfg, i)?,
         })
     }
 
     pub fn matrices_mut(&mut self) -> Vec<&mut Linear> {
-        let mut all: Vec<&mut Linear> = self.attn.matrices_mut().into();
-        all.extend([&mut self.w_gate, &mut self.w_up, &mut self.w_down]);
-        all
+        self.ffn.with_attention(&mut self.attn)
     }
 
     /// The block on the step's residual stream. Its last add (x += the FFN's output in `s.proj`) is owed
@@ -56,7 +49,7 @@ impl Layer {
         ctx.trace("attn_out", &s.proj);
         resize(&mut s.gate, n * c.ffn_dim);
         resize(&mut s.up, n * c.ffn_dim);
-        let (w_gate, w_up) = (self.w_gate.view(ctx.file), self.w_up.view(ctx.file));
+        let (w_gate, w_up) = (self.ffn.gate.view(ctx.file), self.ffn.up.view(ctx.file));
         let ffn_input = NormedInput { weight: &self.ffn_norm, add_proj: true };
         normed_matmul(&ffn_input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
         ctx.trace("ffn_inp", &s.residual.x);
@@ -66,7 +59,7 @@ impl Layer {
         let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
             gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
         };
-        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(self.w_down.view(ctx.file), &mut s.proj[..])]);
+        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(self.ffn.down.view(ctx.file), &mut s.proj[..])]);
         ctx.trace("ffn_out", &s.proj);
         s.residual.owe_add();
         if ctx.tracer.is_some() {
