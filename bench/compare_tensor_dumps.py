@@ -18,6 +18,7 @@ tensors after the first difference are listed (everything before it is identical
 """
 import argparse, os, re, sys
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 
 
 ALIASES = {"ffn_inp": "sa_out"}  # Gemma-3: the residual after attention
@@ -37,6 +38,7 @@ def main():
     ap.add_argument("--layers", help="e.g. 0-3")
     ap.add_argument("--all", action="store_true")
     a = ap.parse_args()
+    print(f"# {stamp()}")
     layers = parse_layers(a.layers)
     ll = np.load(a.npz)
     order = list(ll.files)

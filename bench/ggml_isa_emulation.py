@@ -32,6 +32,7 @@ but rare, and the bit-for-bit checks printed show whether it happened).
 """
 import argparse, ctypes, os, sys
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 import llama_cpp
 
 F32, F64 = np.float32, np.float64
@@ -278,6 +279,8 @@ def capture(model, toks, wanted_layers):
 def cmp(a, b):
     """(elements whose bits differ, max |a - b| relative to max |b|)"""
     a = np.asarray(a, F32).reshape(-1); b = np.asarray(b, F32).reshape(-1)
+    if a.shape != b.shape:
+        return -1, 0.0
     nd = int((a.view(np.uint32) != b.view(np.uint32)).sum())
     rel = float(np.abs(a.astype(F64) - b.astype(F64)).max() / max(float(np.abs(b).max()), 1e-30)) if len(a) else 0.0
     return nd, rel
@@ -294,6 +297,7 @@ def main():
     a = ap.parse_args()
     lo, _, hi = a.layers.partition("-")
     layers = list(range(int(lo), int(hi or lo) + 1))
+    print(f"# {stamp()}")
     steps, meta = capture(a.model, a.ids, layers)
     arch = meta.get("general.architecture")
     last = steps[-1]
@@ -358,19 +362,19 @@ def main():
             rk["kqv_out"] = rd("kqv_out"); rk["swiglu"] = rd("ffn_swiglu")
         def row(stage, n, e2, e5, r5):
             print(f"{L:>5} {stage:<12} {n:>6} {e2:>22} {e5:>25} {r5:>22}")
-        fmt = lambda c: "identical" if c[0] == 0 else f"{c[0]} differ, {c[1]:.1e} rel"
+        fmt = lambda c: "identical" if c[0] == 0 else "size mismatch" if c[0] < 0 else f"{c[0]} differ, {c[1]:.1e} rel"
         # kq: llama.cpp's kq is before the scale; reckon's after (exact here: a power of two or 1)
         cells = slice(0, P + 1)
         e2 = cmp(res["avx2"]["kq"][:, cells], kq_ll[:, cells]); e5 = cmp(res["avx512"]["kq"][:, cells], kq_ll[:, cells])
         r5 = "-"
         if rk.get("kq") and all(x is not None for x in rk["kq"]):
-            nrk = len(rk["kq"][0])
+            nrk = min(len(rk["kq"][0]), P + 1)
             r5 = fmt(cmp(np.stack([(res["avx512"]["kq"][h][P + 1 - nrk:P + 1] * scale).astype(F32) for h in range(n_head)]), np.stack(rk["kq"])))
         row("kq", n_head * (P + 1), fmt(e2), fmt(e5), r5)
         e2 = cmp(res["avx2"]["sm_on_ll"][:, cells], sm_ll[:, cells]); e5 = cmp(res["avx512"]["sm_on_ll"][:, cells], sm_ll[:, cells])
         r5 = "-"
         if rk.get("sm") and all(x is not None for x in rk["sm"]):
-            nrk = len(rk["sm"][0])
+            nrk = min(len(rk["sm"][0]), P + 1)
             r5 = fmt(cmp(np.stack([res["avx512"]["sm"][h][P + 1 - nrk:P + 1] for h in range(n_head)]), np.stack(rk["sm"])))
         row("kq_soft_max", n_head * (P + 1), fmt(e2), fmt(e5), r5)
         kqv_ll = kqv.reshape(n_head, hd)

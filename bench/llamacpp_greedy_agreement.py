@@ -23,6 +23,7 @@ identical continuations per pair; --out writes every continuation and gap as JSO
 """
 import argparse, json, os, subprocess, sys, time
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 import llama_cpp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +116,9 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     modes = a.modes.split(",")
-    result = {"llama_cpp_python": llama_cpp.__version__, "n": a.n, "modes": {k: MODES[k] for k in modes},
+    st = stamp()
+    print(f"# {json.dumps(st)}")
+    result = {"stamp": st, "llama_cpp_python": llama_cpp.__version__, "n": a.n, "modes": {k: MODES[k] for k in modes},
               "models": {}}
     for name in a.models.split(","):
         path = os.path.join(MODELS_DIR, FILES[name])
@@ -139,7 +142,8 @@ def main():
         print(f"== {name} ({FILES[name]}), first {a.n} greedy tokens; seconds: {timing}")
         print("cells: '=' the two continuations agree on all tokens, else the 0-based step where they part "
               "(gap: llama.cpp per-row's top-1/top-2 logit gap there); ggml/packed: reckon; ll_row: llama.cpp "
-              "per-row here; ll_def(_fa): llama.cpp default (flash attention on); fixture: the recorded per-row run")
+              "per-row here; ll_def: llama.cpp default; ll_def_fa: the same with flash attention on; fixture: the "
+              "recorded per-row run")
         short = {"reckon_ggml": "ggml", "reckon_packed": "packed", "llamacpp_perrow": "ll_row",
                  "llamacpp_default": "ll_def", "llamacpp_default_fa": "ll_def_fa", "fixture": "fixture"}
         print("prompt".ljust(12) + "".join(f"{short[x]}~{short[y]}".rjust(20) for x, y in pairs))

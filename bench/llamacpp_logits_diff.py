@@ -11,6 +11,7 @@ Usage (the python of bench/setup-llamacpp):
 """
 import argparse, json, os, subprocess, tempfile
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 import llama_cpp
 import llamacpp_norepack  # noqa: F401  (per-row kernels, see that module)
 
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--show", type=int, default=20)
     ap.add_argument("--out", help="JSON with per-position results")
     a = ap.parse_args()
+    st = stamp()
+    print(f"# {json.dumps(st)}")
     path = os.path.join(MODELS_DIR, FILES[a.model])
     if a.ids:
         toks = a.ids
@@ -65,7 +68,7 @@ def main():
         for i in differ[:a.show]:
             print(f"{int(i):>4} {int(ndiff[i]):>8} {float(maxd[i]):>8.4g}  {'=' if top_agree[i] else 'DIFF'}")
     if a.out:
-        json.dump({"model": a.model, "numerics": a.numerics, "tokens": toks, "n_differ": ndiff.tolist(),
+        json.dump({"stamp": st, "model": a.model, "numerics": a.numerics, "tokens": toks, "n_differ": ndiff.tolist(),
                    "max_abs": [float(x) for x in maxd], "top1_agree": top_agree.tolist()}, open(a.out, "w"))
 
 

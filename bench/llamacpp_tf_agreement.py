@@ -14,6 +14,7 @@ Usage (the python of bench/setup-llamacpp):
 """
 import argparse, json, os, subprocess, sys, tempfile, threading, time
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 import llama_cpp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,7 +87,9 @@ def main():
     ap.add_argument("--models", default=",".join(FILES))
     ap.add_argument("--out")
     a = ap.parse_args()
-    result = {"llama_cpp_python": llama_cpp.__version__, "models": {}}
+    st = stamp()
+    print(f"# {json.dumps(st)}")
+    result = {"stamp": st, "llama_cpp_python": llama_cpp.__version__, "models": {}}
     for name in a.models.split(","):
         path = os.path.join(MODELS_DIR, FILES[name])
         fx = json.load(open(os.path.join(ROOT, "tests", "fixtures", "parity", f"{name}.json")))

@@ -13,6 +13,7 @@ match). reckon's logits stream through a FIFO; nothing large is written.
 """
 import argparse, json, os, subprocess, tempfile
 import numpy as np
+from stamp import stamp  # bench/stamp.py: command, commit, CPU, ISA, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS_DIR = os.environ.get("RECKON_HOME") or os.path.expanduser("~/.cache/reckon/models")
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--models", default=",".join(FILES))
     a = ap.parse_args()
+    print(f"# {json.dumps(stamp())}")
     print(f"RECKON_NUMERICS={os.environ.get('RECKON_NUMERICS', '(unset)')}")
     for name in a.models.split(","):
         path = os.path.join(MODELS_DIR, FILES[name])

@@ -161,6 +161,11 @@ pub fn simd_level() -> SimdLevel {
     *ACTIVE.get_or_init(|| simd_cap().min(SimdLevel::detected()))
 }
 
+/// All levels usable on this CPU, lowest first (whatever the cap: tests compare them).
+pub fn available_levels() -> Vec<SimdLevel> {
+    SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     /// The kernel tests loop over `available_levels()`; this one fails where the level CI requires is
@@ -171,9 +176,4 @@ mod tests {
             assert!(super::simd_level() >= required, "RECKON_REQUIRE_SIMD={} but the kernels run {}", required.name(), super::simd_level().name());
         }
     }
-}
-
-/// All levels usable on this CPU, lowest first (whatever the cap: tests compare them).
-pub fn available_levels() -> Vec<SimdLevel> {
-    SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
 }
