@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
 /// (short name, file name in the models directory).
-pub const KNOWN_MODELS: [(&str, &str); 3] = [
+pub const KNOWN_MODELS: [(&str, &str); 4] = [
     ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
     ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
 ];
 
 /// The path of a known model's file in `dir`, whether or not it has been fetched.

@@ -131,28 +131,7 @@ fn default_cap() -> SimdLevel {
 
 #[cfg(test)]
 fn default_cap() -> SimdLevel {
-    std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)).unwrap_or(SimdLevel::Avx512)
-}
-
-/// For a test that needs kernels of `level`: whether they run here (within the cap). If not, the test
-/// skips with a note, unless `RECKON_REQUIRE_SIMD` names `level` or a higher one: then it fails (CI sets
-/// what its host has, so a skip there is a defect, not a pass).
-#[cfg(test)]
-pub(crate) fn test_needs(level: SimdLevel, what: &str) -> bool {
-    if simd_level() >= level {
-        return true;
-    }
-    if let Some(required) = required_by_env() {
-        assert!(required < level, "{what} needs {} kernels, which RECKON_REQUIRE_SIMD={} requires; here they are {}", level.name(), required.name(), simd_level().name());
-    }
-    eprintln!("note: no {} kernels here; {what} skipped", level.name());
-    false
-}
-
-#[cfg(test)]
-fn required_by_env() -> Option<SimdLevel> {
-    let v = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty())?;
-    Some(SimdLevel::from_name(&v).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={v:?}: not scalar, avx2 or avx512")))
+    tests::cap_from_env()
 }
 
 /// The level the kernels use: the best this CPU supports, within the cap.
@@ -167,13 +146,5 @@ pub fn available_levels() -> Vec<SimdLevel> {
 }
 
 #[cfg(test)]
-mod tests {
-    /// The kernel tests loop over `available_levels()`; this one fails where the level CI requires is
-    /// missing, rather than letting those loops quietly cover less.
-    #[test]
-    fn the_required_simd_level_is_present() {
-        if let Some(required) = super::required_by_env() {
-            assert!(super::simd_level() >= required, "RECKON_REQUIRE_SIMD={} but the kernels run {}", required.name(), super::simd_level().name());
-        }
-    }
-}
+#[path = "cpu_tests.rs"]
+pub(crate) mod tests;

@@ -583,7 +583,7 @@ mod tests {
     /// batch: one token, tile remainders, and more tokens than one chunk of `run_packed` (400).
     #[test]
     fn packed_matmul_is_the_definition_for_every_batch() {
-        if !crate::kernels::cpu::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed matmul vs the definition") {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed matmul vs the definition") {
             return;
         }
         let (cols, rows) = (768, 37);

@@ -393,7 +393,7 @@ mod tests {
     /// 64/128/256, a sliding window; with ggml's value lanes and with values in key order.
     #[test]
     fn tiled_and_split_attention_equal_the_per_head_path() {
-        if !crate::kernels::cpu::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "tiled and split attention vs the per-head path") {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "tiled and split attention vs the per-head path") {
             return;
         }
         // (9, 3, 64, Some(600)): the longest sequence's windows cross position 1024, a run boundary of the

@@ -61,7 +61,7 @@ fn reference_is_the_dot_of_the_dequantized_values() {
 /// count a tile takes.
 #[test]
 fn kernels_equal_the_reference_bit_for_bit() {
-    if !crate::kernels::cpu::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed kernels vs the definition") {
+    if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed kernels vs the definition") {
         return;
     }
     let (cols, n) = (768, 11);
