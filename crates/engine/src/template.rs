@@ -22,15 +22,27 @@ const GEMMA_FALLBACK: &str = "{%- if messages and messages[0]['role'] == 'system
 const CHATML_FALLBACK: &str = "{%- for m in messages -%}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor -%}\
 {%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}";
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One message as chat templates read it (Hugging Face's convention): `role` and `content`, and for tool
+/// use the assistant's `tool_calls` (`[{"type": "function", "function": {"name", "arguments": {...}}}]`,
+/// arguments as an object) and a tool result's `tool_call_id`/`name`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The assistant's reasoning, for templates that render it (`<think>` models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.to_string(), content: content.to_string() }
+        ChatMessage { role: role.to_string(), content: content.to_string(), ..Default::default() }
     }
 }
 
@@ -61,6 +73,17 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
+        // Python's json.dumps, as the templates were written against: keys in their given order, ", " and
+        // ": " separators, non-ASCII unescaped. (minijinja's own tojson is compact and HTML-escapes.)
+        env.add_filter("tojson", |v: Value, kwargs: minijinja::value::Kwargs| -> std::result::Result<Value, minijinja::Error> {
+            let indent: Option<usize> = kwargs.get("indent")?;
+            let _: Option<bool> = kwargs.get("ensure_ascii")?;
+            kwargs.assert_all_used()?;
+            let json = serde_json::to_value(&v).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            let mut out = String::new();
+            python_json(&json, indent, 0, &mut out);
+            Ok(Value::from_safe_string(out))
+        });
         env.add_template_owned("chat", source.clone())
             .map_err(|e| Error::Template(format!("cannot parse the model's chat template: {e}")))?;
         Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), source })
@@ -68,14 +91,68 @@ impl ChatTemplate {
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply begins.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// `render` with tool definitions (`[{"type": "function", "function": {"name", "description",
+    /// "parameters"}}]`), which the template places itself; none given, `tools` is undefined.
+    pub fn render_with_tools(&self, messages: &[ChatMessage], tools: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
         let tmpl = self.env.get_template("chat").expect("added in new");
         let ctx = minijinja::context! {
             messages => messages,
+            tools => (!tools.is_empty()).then_some(tools),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
         tmpl.render(ctx).map_err(|e| Error::Template(format!("rendering failed: {e}")))
+    }
+
+    /// Whether the template renders tool definitions itself (it reads `tools`); otherwise the server puts
+    /// them into the system message.
+    pub fn supports_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+}
+
+/// `v` as Python's `json.dumps(v, ensure_ascii=False, indent=indent)` writes it.
+fn python_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                python_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&serde_json::to_string(k).expect("a string serializes"));
+                out.push_str(": ");
+                python_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&serde_json::to_string(other).expect("a JSON value serializes")),
     }
 }
 
@@ -133,6 +210,17 @@ mod tests {
         );
         let msgs = [ChatMessage::new("user", "  padded  "), ChatMessage::new("assistant", " x ")];
         assert_eq!(t.render(&msgs, false).unwrap(), "<start_of_turn>user\npadded<end_of_turn>\n<start_of_turn>model\nx<end_of_turn>\n");
+    }
+
+    #[test]
+    fn tojson_writes_as_python() {
+        let t = ChatTemplate::new("{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}".into(), "", "").unwrap();
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [1, "é"]}}})];
+        let out = t.render_with_tools(&[], &tools, false).unwrap();
+        assert_eq!(
+            out,
+            "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"z\": 1, \"a\": [1, \"é\"]}}}]|{\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"f\",\n    \"parameters\": {\n      \"z\": 1,\n      \"a\": [\n        1,\n        \"é\"\n      ]\n    }\n  }\n}"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 
 use crate::error::ApiError;
 use crate::params::CommonParams;
-use crate::respond::{generate, Api};
+use crate::respond::{generate, Api, Prepared};
+use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
 use axum::response::Response;
 use reckon_engine::template::ChatMessage;
@@ -17,14 +18,53 @@ struct ChatRequest {
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<usize>,
+    #[serde(default)]
+    tools: Vec<ChatTool>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<Value>,
     #[serde(flatten)]
     params: CommonParams,
 }
 
 #[derive(Debug, Deserialize)]
+struct ChatTool {
+    #[serde(rename = "type")]
+    kind: String,
+    function: Option<FunctionDef>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionDef {
+    name: String,
+    description: Option<String>,
+    parameters: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
 struct Message {
     role: String,
-    content: Content,
+    /// Absent or null on an assistant message that only calls tools.
+    #[serde(default)]
+    content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Vec<WireCall>,
+    tool_call_id: Option<String>,
+    name: Option<String>,
+    reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireCall {
+    function: WireFunction,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireFunction {
+    name: String,
+    /// A JSON text (OpenAI's shape); some clients send the object itself.
+    #[serde(default)]
+    arguments: Value,
 }
 
 /// A message's content: a string, or a list of parts of which the text ones are used.
@@ -76,22 +116,82 @@ fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     messages
         .iter()
         .map(|m| {
-            if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant") {
-                return Err(ApiError::invalid(format!("unsupported role '{}': use system, user or assistant", m.role), Some("messages")));
+            if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+                return Err(ApiError::invalid(format!("unsupported role '{}': use system, user, assistant or tool", m.role), Some("messages")));
             }
             let text = match &m.content {
-                Content::Text(t) => t.clone(),
-                Content::Parts(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
             };
+            if m.content.is_none() && !(m.role == "assistant" && !m.tool_calls.is_empty()) {
+                return Err(ApiError::invalid(format!("a '{}' message needs content", m.role), Some("messages")));
+            }
             let role = if m.role == "developer" { "system" } else { m.role.as_str() };
-            Ok(ChatMessage::new(role, &text))
+            let mut msg = ChatMessage::new(role, &text);
+            msg.tool_calls = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let args = match &c.function.arguments {
+                        Value::String(s) => s.clone(),
+                        Value::Null => "{}".to_string(),
+                        other => other.to_string(),
+                    };
+                    tools::template_call(&c.function.name, &args)
+                })
+                .collect();
+            msg.tool_call_id = m.tool_call_id.clone();
+            msg.name = m.name.clone();
+            msg.reasoning_content = m.reasoning_content.clone();
+            Ok(msg)
         })
         .collect()
 }
 
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
+fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
+    let mut tools = Vec::new();
+    for t in &req.tools {
+        match (t.kind.as_str(), &t.function) {
+            ("function", Some(f)) => tools.push(Tool {
+                model_name: f.name.clone(),
+                namespace: None,
+                name: f.name.clone(),
+                description: f.description.clone(),
+                parameters: f.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+            }),
+            ("function", None) => return Err(ApiError::invalid("a function tool needs 'function'", Some("tools"))),
+            (other, _) => return Err(ApiError::invalid(format!("unsupported tool type '{other}': use 'function'"), Some("tools"))),
+        }
+    }
+    let choice = match &req.tool_choice {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => return Err(ApiError::invalid(format!("tool_choice must be 'auto', 'none', 'required' or a function. Given: '{other}'"), Some("tool_choice"))),
+        },
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) => ToolChoice::Named(name.to_string()),
+            None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", Some("tool_choice"))),
+        },
+    };
+    let set = ToolSet { tools, choice, parallel: req.parallel_tool_calls.unwrap_or(true) };
+    set.check("tool_choice")?;
+    Ok(set)
+}
+
 pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
-    let text = state.template.render(&chat_messages(&req.messages)?, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    if let Some(format) = &req.response_format {
+        if format.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(ApiError::invalid("response_format other than 'text' is not supported yet", Some("response_format")));
+        }
+    }
+    let tools = tool_set(&req)?;
+    let (text, prefill) = tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = match (req.logprobs, req.top_logprobs) {
@@ -99,7 +199,8 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    generate(state, Api::Chat, &req.params, params).await
+    let prepared = Prepared { parse: tools.parse_options(false), prefill, parallel_calls: tools.parallel };
+    generate(state, Api::Chat, &req.params, params, prepared).await
 }
 
 pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
@@ -115,5 +216,5 @@ pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiE
     };
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = req.logprobs;
-    generate(state, Api::Completion, &req.params, params).await
+    generate(state, Api::Completion, &req.params, params, Prepared::default()).await
 }

@@ -4,8 +4,10 @@
 mod chat;
 mod error;
 mod metrics;
+mod output;
 mod params;
 mod respond;
+mod tools;
 
 pub use error::ApiError;
 pub use metrics::Metrics;

@@ -2,7 +2,9 @@
 //! completions differ only in the shapes (`Api`).
 
 use crate::error::ApiError;
+use crate::output::{Delta, OutputParser, ParseOptions};
 use crate::params::{unix_now, CommonParams};
+use crate::tools::call_id;
 use crate::AppState;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,13 +21,24 @@ pub enum Api {
     Completion,
 }
 
+/// How to read the generated text: what the parser looks for, and the start of the answer that the
+/// prompt already holds.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    pub parse: ParseOptions,
+    /// Text of the answer the prompt ends with (a forced tool call's start); the parser reads it first.
+    pub prefill: Option<String>,
+    /// More than one tool call per answer (`parallel_tool_calls`); otherwise only the first is returned.
+    pub parallel_calls: bool,
+}
+
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
-pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams) -> Result<Response, ApiError> {
+pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams, prepared: Prepared) -> Result<Response, ApiError> {
     let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_request(e, api))?;
+    let (run, shape) = Run::new(state, api, id, prepared);
     if params.stream {
-        Ok(stream_events(state, api, id, events, params.include_usage()))
+        Ok(stream(run, events, shape, params.include_usage()).into_response())
     } else {
-        let (run, shape) = Run::new(state, api, id);
         Ok(Json(collect(run, events, &shape).await?).into_response())
     }
 }
@@ -39,7 +52,7 @@ pub fn stream_events(
     events: UnboundedReceiver<Event>,
     include_usage: bool,
 ) -> Response {
-    let (run, shape) = Run::new(state, api, request_id);
+    let (run, shape) = Run::new(state, api, request_id, Prepared::default());
     stream(run, events, shape, include_usage).into_response()
 }
 
@@ -64,9 +77,24 @@ impl Shape {
         json!({ "id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices })
     }
 
-    fn full(&self, text: String, reason: &str, usage: &Usage, logprobs: Value) -> Value {
+    fn full(&self, run: &Run, reason: &str, usage: &Usage, logprobs: Value) -> Value {
+        let text = run.parser.text();
         let choice = match self.api {
-            Api::Chat => json!({ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": reason, "logprobs": logprobs }),
+            Api::Chat => {
+                let calls = run.calls();
+                let mut message = json!({ "role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) } });
+                if !run.parser.reasoning().is_empty() {
+                    message["reasoning_content"] = json!(run.parser.reasoning());
+                }
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| json!({ "id": call_id(run.id, i), "type": "function", "function": { "name": c.name, "arguments": c.arguments } }))
+                        .collect();
+                }
+                json!({ "index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs })
+            }
             Api::Completion => json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs }),
         };
         let mut v = self.envelope(false, json!([choice]));
@@ -74,20 +102,35 @@ impl Shape {
         v
     }
 
-    /// A streamed chunk: text (the first chat chunk also names the role) and/or a finish reason.
-    fn chunk(&self, text: Option<&str>, first: bool, finish: Option<&str>, logprobs: Value) -> Value {
+    /// A streamed chunk: a delta (chat: `{"role": "assistant", "content": ""}` first, then content,
+    /// reasoning or tool-call pieces; completions: text) and/or a finish reason.
+    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.api {
-            Api::Chat => {
-                let delta = match (text, first) {
-                    (Some(t), true) => json!({ "role": "assistant", "content": t }),
-                    (Some(t), false) => json!({ "content": t }),
-                    (None, _) => json!({}),
-                };
-                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs })
+            Api::Chat => json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs }),
+            Api::Completion => {
+                let text = delta.get("content").and_then(Value::as_str).unwrap_or("");
+                json!({ "index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs })
             }
-            Api::Completion => json!({ "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": logprobs }),
         };
         self.envelope(true, json!([choice]))
+    }
+
+    /// A chat delta for one parsed piece; `None` for a piece this answer leaves out.
+    fn delta(&self, run: &Run, d: Delta) -> Option<Value> {
+        if !run.prepared.parallel_calls {
+            if let Delta::CallStart { index, .. } | Delta::CallArgs { index, .. } = &d {
+                if *index > 0 {
+                    return None;
+                }
+            }
+        }
+        Some(match d {
+            Delta::Text(t) => json!({ "content": t }),
+            Delta::Reasoning(t) => json!({ "reasoning_content": t }),
+            Delta::CallStart { index, name } => json!({ "tool_calls": [{
+                "index": index, "id": call_id(run.id, index), "type": "function", "function": { "name": name, "arguments": "" } }] }),
+            Delta::CallArgs { index, text } => json!({ "tool_calls": [{ "index": index, "function": { "arguments": text } }] }),
+        })
     }
 
     fn usage_chunk(&self, usage: &Usage) -> Value {
@@ -97,8 +140,10 @@ impl Shape {
     }
 }
 
-fn finish_str(r: FinishReason) -> &'static str {
+/// The API's finish reason; an answer that ends with tool calls finishes with `tool_calls`.
+fn finish_str(r: FinishReason, called: bool) -> &'static str {
     match r {
+        FinishReason::Stop if called => "tool_calls",
         FinishReason::Stop => "stop",
         FinishReason::Length => "length",
         // only a client that went away is aborted, and it reads nothing more
@@ -120,6 +165,8 @@ struct Run {
     state: AppState,
     api: Api,
     id: u64,
+    prepared: Prepared,
+    parser: OutputParser,
     /// Characters of generated text before the current token (text completions' `text_offset`).
     chars_before: usize,
     /// Log-probability entries not yet sent.
@@ -179,11 +226,34 @@ fn completion_logprobs(entries: &[LogprobEntry]) -> Value {
 }
 
 impl Run {
-    fn new(state: &AppState, api: Api, id: u64) -> (Run, Shape) {
+    fn new(state: &AppState, api: Api, id: u64, prepared: Prepared) -> (Run, Shape) {
         let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
-        let run = Run { state: state.clone(), api, id, chars_before: 0, logprobs: Vec::new() };
+        let parser = OutputParser::new(prepared.parse.clone());
+        let run = Run { state: state.clone(), api, id, prepared, parser, chars_before: 0, logprobs: Vec::new() };
         (run, shape)
+    }
+
+    /// The parsed pieces of the next text (the prefilled start of the answer before the first).
+    fn parse(&mut self, text: &str) -> Vec<Delta> {
+        let mut out = match self.prepared.prefill.take() {
+            Some(p) => self.parser.push(&p),
+            None => Vec::new(),
+        };
+        out.extend(self.parser.push(text));
+        out
+    }
+
+    fn finish_parse(&mut self) -> Vec<Delta> {
+        let mut out = self.parse("");
+        out.extend(self.parser.finish());
+        out
+    }
+
+    /// The answer's tool calls (only the first unless parallel calls were allowed).
+    fn calls(&self) -> &[crate::output::Call] {
+        let calls = self.parser.calls();
+        if self.prepared.parallel_calls { calls } else { &calls[..calls.len().min(1)] }
     }
 
     /// Records a token's log-probabilities (if asked); returns the text to pass on.
@@ -215,13 +285,18 @@ impl Run {
 
 /// The whole answer as one response.
 async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Shape) -> Result<Value, ApiError> {
-    let mut text = String::new();
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token { id, text: delta, logprobs } => text.push_str(&run.on_token(id, delta, logprobs)),
+            Event::Token { id, text: delta, logprobs } => {
+                let text = run.on_token(id, delta, logprobs);
+                run.parse(&text);
+            }
             Event::Finished { reason, usage, timings } => {
                 run.state.metrics.finished(&timings);
-                return Ok(shape.full(text, finish_str(reason), &usage, run.take_logprobs()));
+                run.finish_parse();
+                let reason = finish_str(reason, !run.calls().is_empty());
+                let logprobs = run.take_logprobs();
+                return Ok(shape.full(&run, reason, &usage, logprobs));
             }
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
@@ -240,7 +315,7 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
             let tx = tx.clone();
             async move { tx.send(Ok(SseEvent::default().data(v.to_string()))).await.is_ok() }
         };
-        if shape.api == Api::Chat && !send(shape.chunk(Some(""), true, None, Value::Null)).await {
+        if shape.api == Api::Chat && !send(shape.chunk(json!({ "role": "assistant", "content": "" }), None, Value::Null)).await {
             return run.state.engine.abort(run.id);
         }
         let mut last_token: Option<Instant> = None;
@@ -251,14 +326,23 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                     if let Some(prev) = last_token.replace(now) {
                         run.state.metrics.inter_token(now - prev);
                     }
-                    let out = run.on_token(id, text, logprobs);
-                    if !out.is_empty() && !send(shape.chunk(Some(&out), false, None, run.take_logprobs())).await {
-                        return run.state.engine.abort(run.id);
+                    let text = run.on_token(id, text, logprobs);
+                    for delta in run.parse(&text) {
+                        let Some(delta) = shape.delta(&run, delta) else { continue };
+                        if !send(shape.chunk(delta, None, run.take_logprobs())).await {
+                            return run.state.engine.abort(run.id);
+                        }
                     }
                 }
                 Event::Finished { reason, usage, timings } => {
                     run.state.metrics.finished(&timings);
-                    send(shape.chunk(None, false, Some(finish_str(reason)), run.take_logprobs())).await;
+                    for delta in run.finish_parse() {
+                        if let Some(delta) = shape.delta(&run, delta) {
+                            send(shape.chunk(delta, None, Value::Null)).await;
+                        }
+                    }
+                    let reason = finish_str(reason, !run.calls().is_empty());
+                    send(shape.chunk(json!({}), Some(reason), run.take_logprobs())).await;
                     if include_usage {
                         send(shape.usage_chunk(&usage)).await;
                     }
