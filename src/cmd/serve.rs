@@ -53,6 +53,29 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes with a unit); larger ones get 413.
     #[arg(long)]
     pub max_body_size: Option<String>,
+    /// The model's name in the API (repeatable: the first is the one answers carry, the others are
+    /// accepted too). Default: the -m value.
+    #[arg(long = "served-model-name")]
+    pub served_model_name: Vec<String>,
+    /// Also accept NAME as the model MODEL (one of the served names), e.g. an agent's own model id:
+    /// --alias claude-haiku-4-5=qwen2.5-coder-0.5b. Repeatable.
+    #[arg(long = "alias", value_name = "NAME=MODEL")]
+    pub alias: Vec<String>,
+}
+
+/// The served names: the primary one first, then the other accepted names.
+fn served_names(args: &ServeArgs) -> Result<(String, Vec<String>)> {
+    let mut names = if args.served_model_name.is_empty() { vec![args.model.model.clone()] } else { args.served_model_name.clone() };
+    for a in &args.alias {
+        let (name, model) = a.split_once('=').with_context(|| format!("--alias {a}: expected NAME=MODEL"))?;
+        anyhow::ensure!(!name.is_empty(), "--alias {a}: the name is empty");
+        anyhow::ensure!(names.iter().any(|n| n == model), "--alias {a}: '{model}' is not a served model name ({})", names.join(", "));
+        names.push(name.to_string());
+    }
+    let primary = names.remove(0);
+    names.retain(|n| *n != primary);
+    names.dedup();
+    Ok((primary, names))
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -67,7 +90,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
     let config = args.kv.engine_config(cfg.kv_f16_bytes_per_token(), max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
     let num_blocks = config.num_blocks;
-    let model_id = args.model.model.clone();
+    let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {
         Some(dir) => {
@@ -79,7 +102,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let engine = spawn_with(Arc::new(loaded.model), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);

@@ -93,7 +93,7 @@ enum Prompt {
 
 /// The request, or a 400 whose `param` names the field at fault: the first that does not parse on its own
 /// beside the least a request needs (`skeleton`), else the missing one.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8], skeleton: Value) -> Result<T, ApiError> {
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8], skeleton: Value) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         let message = e.to_string();
         let wrong = match serde_json::from_slice(body) {

@@ -38,7 +38,7 @@ impl ApiError {
             status: StatusCode::UNAUTHORIZED,
             kind: "authentication_error",
             code: Some("invalid_api_key"),
-            ..Self::invalid("missing or wrong API key: send 'Authorization: Bearer KEY'", None)
+            ..Self::invalid("missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'", None)
         }
     }
 
@@ -67,6 +67,34 @@ impl ApiError {
                 ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", code: Some("unavailable"), ..Self::invalid(message, None) }
             }
         }
+    }
+
+    /// Anthropic's error type for this error.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// Anthropic's shape: `{"type": "error", "error": {"type", "message"}}` (also a stream's `error` event).
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        json!({ "type": "error", "error": { "type": self.anthropic_type(), "message": self.message } })
+    }
+
+    /// The answer in Anthropic's shape, with the same status (and `Retry-After`).
+    pub fn into_anthropic_response(self) -> Response {
+        let mut response = (self.status, Json(self.anthropic_body())).into_response();
+        if let Some(s) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, s.into());
+        }
+        response
     }
 
     /// The `error` object, also sent as a server-sent event when a stream fails midway.

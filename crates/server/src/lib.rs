@@ -3,6 +3,7 @@
 
 mod chat;
 mod error;
+mod messages;
 mod metrics;
 mod output;
 mod params;
@@ -32,8 +33,11 @@ pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Arc<ChatTemplate>,
-    /// The name clients pass as `model`.
+    /// The name clients pass as `model`, and the one answers name.
     pub model_id: String,
+    /// Other names accepted as `model` (`--served-model-name`, `--alias`): clients that insist on their
+    /// own model id (an agent's background "haiku" slot) are served by the one model.
+    pub aliases: Vec<String>,
     /// With a key, requests must carry `Authorization: Bearer KEY` (`/health` and `/metrics` excepted).
     pub api_key: Option<String>,
     pub metrics: Arc<Metrics>,
@@ -53,6 +57,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(anthropic_messages))
+        .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
@@ -66,9 +72,11 @@ async fn health(State(state): State<AppState>) -> Response {
     "ok".into_response()
 }
 
+/// With `--api-key`: `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic).
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &state.api_key else { return Ok(()) };
-    let given = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let given = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).or_else(|| header("x-api-key"));
     if given == Some(key.as_str()) {
         Ok(())
     } else {
@@ -76,16 +84,29 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+impl AppState {
+    /// Whether `name` is a name this server answers to.
+    pub fn serves(&self, name: &str) -> bool {
+        name == self.model_id || self.aliases.iter().any(|a| a == name)
+    }
+
+    /// The 404 for a model name this server does not answer to.
+    pub fn unknown_model(&self, name: &str) -> ApiError {
+        let msg = format!("the model '{name}' does not exist; this server serves '{}'", self.model_id);
+        ApiError::not_found(msg, Some("model"), "model_not_found")
+    }
+}
+
 async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&state, &headers) {
         return e.into_response();
     }
-    Json(json!({
-        "object": "list",
-        "data": [{ "id": state.model_id, "object": "model", "created": 0, "owned_by": "reckon",
-                   "max_model_len": state.engine.config().max_model_len }],
-    }))
-    .into_response()
+    let max_model_len = state.engine.config().max_model_len;
+    let data: Vec<_> = std::iter::once(&state.model_id)
+        .chain(&state.aliases)
+        .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "reckon", "max_model_len": max_model_len }))
+        .collect();
+    Json(json!({ "object": "list", "data": data })).into_response()
 }
 
 /// The request body, or the error that says why there is none (a body over the limit: 413).
@@ -109,4 +130,21 @@ async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Re
         Ok(body) => chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
+}
+
+/// Anthropic's endpoints answer errors in Anthropic's shape.
+async fn anthropic_messages(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = match body_of(&state, &headers, body) {
+        Ok(body) => messages::messages(&state, &body).await,
+        Err(e) => Err(e),
+    };
+    answer.unwrap_or_else(ApiError::into_anthropic_response)
+}
+
+async fn anthropic_count_tokens(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = match body_of(&state, &headers, body) {
+        Ok(body) => messages::count_tokens(&state, &body).await,
+        Err(e) => Err(e),
+    };
+    answer.unwrap_or_else(ApiError::into_anthropic_response)
 }

@@ -372,10 +372,14 @@ fn bare_calls(text: &str, tools: &[String]) -> Option<Vec<Call>> {
         let fenced = fenced.strip_prefix("json").unwrap_or(fenced);
         t = fenced.trim().strip_suffix("```")?.trim();
     }
-    let calls: Vec<Call> = match serde_json::from_str::<Value>(t).ok()? {
-        Value::Array(items) => items.iter().map(call_of).collect::<Option<_>>()?,
-        v => vec![call_of(&v)?],
-    };
+    // one call, a list of calls, or calls one after another (one per line, as small models write them)
+    let mut calls = Vec::new();
+    for v in serde_json::Deserializer::from_str(t).into_iter::<Value>() {
+        match v.ok()? {
+            Value::Array(items) => calls.extend(items.iter().map(call_of).collect::<Option<Vec<_>>>()?),
+            v => calls.push(call_of(&v)?),
+        }
+    }
     (!calls.is_empty() && calls.iter().all(|c| tools.contains(&c.name))).then_some(calls)
 }
 
@@ -445,6 +449,8 @@ mod tests {
             let (_, p) = feed(opts(&["get_weather"]), text, 4);
             assert_eq!(p.calls(), &[Call { name: "get_weather".into(), arguments: "{\"city\":\"Rome\"}".into() }], "{text}");
         }
+        let (_, p) = feed(opts(&["f"]), "{\"name\": \"f\", \"arguments\": {}}\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", 3);
+        assert_eq!(p.calls().len(), 2, "calls one per line");
         // JSON that is not a call to an offered tool stays text
         let (_, p) = feed(opts(&["get_weather"]), "{\"answer\": 42}", 3);
         assert!(p.calls().is_empty());

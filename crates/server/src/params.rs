@@ -49,9 +49,8 @@ impl CommonParams {
     /// limits, sampling ranges); here only what is OpenAI's own: the model name, `n`, and the temperature
     /// range.
     pub fn to_params(&self, state: &AppState, prompt: Vec<u32>) -> Result<GenerateParams, ApiError> {
-        if self.model != state.model_id {
-            let msg = format!("the model '{}' does not exist; this server serves '{}'", self.model, state.model_id);
-            return Err(ApiError::not_found(msg, Some("model"), "model_not_found"));
+        if !state.serves(&self.model) {
+            return Err(state.unknown_model(&self.model));
         }
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid(format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)), Some("n")));
@@ -101,7 +100,7 @@ impl CommonParams {
     }
 }
 
-fn clock_seed() -> u64 {
+pub fn clock_seed() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 

@@ -291,7 +291,7 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
                 let text = run.on_token(id, delta, logprobs);
                 run.parse(&text);
             }
-            Event::Finished { reason, usage, timings } => {
+            Event::Finished { reason, usage, timings, .. } => {
                 run.state.metrics.finished(&timings);
                 run.finish_parse();
                 let reason = finish_str(reason, !run.calls().is_empty());
@@ -334,7 +334,7 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                         }
                     }
                 }
-                Event::Finished { reason, usage, timings } => {
+                Event::Finished { reason, usage, timings, .. } => {
                     run.state.metrics.finished(&timings);
                     for delta in run.finish_parse() {
                         if let Some(delta) = shape.delta(&run, delta) {

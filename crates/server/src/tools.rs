@@ -130,7 +130,12 @@ pub fn template_call(name: &str, arguments: &str) -> Value {
 pub fn render_prompt(template: &ChatTemplate, messages: Vec<ChatMessage>, tools: &ToolSet) -> Result<(String, Option<String>), reckon_engine::Error> {
     let prefill = if tools.active() { tools.prefill() } else { None };
     let mut text = if !tools.active() {
-        template.render(&flatten_tool_turns(messages), true)?
+        if template.supports_tools() {
+            // the template renders calls and results in the history itself
+            template.render(&messages, true)?
+        } else {
+            template.render(&flatten_tool_turns(messages), true)?
+        }
     } else if template.supports_tools() {
         template.render_with_tools(&messages, &tools.template_json(), true)?
     } else {

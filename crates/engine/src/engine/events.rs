@@ -37,8 +37,9 @@ pub enum Event {
     /// a stop string (text that may begin one is held back and comes with a later token, or is dropped
     /// when the stop string completes). An end-of-generation or stop token comes with empty text.
     Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
-    /// The last event of a request that ended normally (or was aborted).
-    Finished { reason: FinishReason, usage: Usage, timings: Timings },
+    /// The last event of a request that ended normally (or was aborted). `stop`: the stop string that
+    /// ended it, if one did (`reason` is then `Stop`).
+    Finished { reason: FinishReason, usage: Usage, timings: Timings, stop: Option<String> },
     /// The request failed, or was cut short (a shutdown's drain timed out); no more events follow.
     Error(String),
 }
@@ -70,7 +71,7 @@ impl Completion {
                     ids.push(id);
                     text.push_str(&t);
                 }
-                Event::Finished { reason, usage, timings } => return Ok(Completion { ids, text, reason, usage, timings }),
+                Event::Finished { reason, usage, timings, .. } => return Ok(Completion { ids, text, reason, usage, timings }),
                 Event::Error(e) => return Err(e),
             }
         }

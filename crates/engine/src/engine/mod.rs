@@ -276,7 +276,7 @@ impl Engine {
         let usage = Usage { prompt_tokens: req.num_prompt_tokens, completion_tokens: req.num_generated(), cached_tokens: req.num_cached_tokens };
         let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(req.times.arrived);
         let timings = Timings { queue: since(req.times.first_scheduled), time_to_first_token: since(req.times.first_token), end_to_end: now.duration_since(req.times.arrived) };
-        req.send(Event::Finished { reason, usage, timings });
+        req.send(Event::Finished { reason, usage, timings, stop: req.matched_stop().map(str::to_string) });
         self.stats.prompt_tokens.fetch_add(req.num_prompt_tokens as u64, Ordering::Relaxed);
         let counter = if reason == FinishReason::Abort { &self.stats.aborted_requests } else { &self.stats.finished_requests };
         counter.fetch_add(1, Ordering::Relaxed);

@@ -164,6 +164,11 @@ impl Request {
         (text, Some(if stopped { FinishReason::Stop } else { FinishReason::Length }))
     }
 
+    /// The stop string that ended the request, if one did.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.output.stop_strings.matched()
+    }
+
     /// Sends an event to the client; false if it has gone away.
     pub fn send(&self, event: Event) -> bool {
         self.events.send(event).is_ok()

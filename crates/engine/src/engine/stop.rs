@@ -5,6 +5,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
+    /// The stop string that ended the generation.
+    matched: Option<String>,
 }
 
 /// What to send after a delta.
@@ -18,13 +20,14 @@ pub enum StopOutcome {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new() }
+        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), matched: None }
     }
 
     pub fn push(&mut self, delta: &str) -> StopOutcome {
         self.held.push_str(delta);
-        let first_stop = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
-        if let Some(at) = first_stop {
+        let first_stop = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first_stop {
+            self.matched = Some(stop.clone());
             let out = self.held[..at].to_string();
             self.held.clear();
             return StopOutcome::Stopped(out);
@@ -35,6 +38,11 @@ impl StopMatcher {
         let out = self.held[..cut].to_string();
         self.held.drain(..cut);
         StopOutcome::Continue(out)
+    }
+
+    /// The stop string that ended the generation, if one did (Anthropic's `stop_sequence`).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// The held-back text, at the end of a generation that did not stop on a string.

@@ -1,0 +1,550 @@
+//! Anthropic's Messages API: `POST /v1/messages` (streamed and not) and `POST /v1/messages/count_tokens`.
+//! The request becomes the same conversation, tools and `GenerateParams` as a chat completion; the
+//! engine's text goes through the same `OutputParser`, shaped here as content blocks (`text`,
+//! `thinking`, `tool_use`) and Anthropic's stream events. Errors have Anthropic's shape.
+//!
+//! What Claude Code sends that needs care: a `{"role": "system"}` message inside `messages`; the
+//! `x-anthropic-billing-header: ...` line it puts first in the system prompt, whose hash changes with
+//! every request (it would make every prompt differ from its first tokens and defeat the prefix cache:
+//! it is dropped); `max_tokens: 32000` whatever the model (clamped to what the context leaves, by the
+//! engine's validation); `thinking`, `context_management`, `output_config`, `metadata` (accepted).
+
+use crate::error::ApiError;
+use crate::output::{Delta, OutputParser};
+use crate::params::clock_seed;
+use crate::tools::{self, Tool, ToolChoice, ToolSet};
+use crate::AppState;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use reckon_engine::engine::{Event, FinishReason, GenerateParams, Usage};
+use reckon_engine::sampler::SamplingParams;
+use reckon_engine::template::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+#[derive(Debug, Deserialize)]
+struct MessagesRequest {
+    model: String,
+    /// Required by Anthropic for /v1/messages; count_tokens has none.
+    max_tokens: Option<usize>,
+    messages: Vec<Message>,
+    system: Option<Content>,
+    #[serde(default)]
+    stop_sequences: Vec<String>,
+    #[serde(default)]
+    stream: bool,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    #[serde(default)]
+    tools: Vec<AnthropicTool>,
+    tool_choice: Option<AnthropicToolChoice>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    role: String,
+    content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text { text: String },
+    Thinking { thinking: String },
+    RedactedThinking {},
+    ToolUse { name: String, #[serde(default)] input: Value },
+    ToolResult { tool_use_id: String, #[serde(default)] content: Option<Content>, #[serde(default)] is_error: bool },
+    /// Images, documents, server tool results: not for these text models.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Debug, Deserialize)]
+struct AnthropicTool {
+    /// Absent or "custom" for a client tool; Anthropic's server tools (`web_search_...`, `bash_...`)
+    /// have a versioned type and no schema.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    name: String,
+    description: Option<String>,
+    input_schema: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AnthropicToolChoice {
+    #[serde(rename = "type")]
+    kind: String,
+    name: Option<String>,
+    #[serde(default)]
+    disable_parallel_tool_use: bool,
+}
+
+impl Content {
+    /// The text of a string or of its text blocks.
+    fn text(&self) -> String {
+        match self {
+            Content::Text(t) => t.clone(),
+            Content::Blocks(blocks) => blocks
+                .iter()
+                .filter_map(|b| match b {
+                    Block::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+/// Claude Code's per-request billing line, dropped from the system prompt (see the module comment).
+fn strip_volatile(system: &str) -> String {
+    system.lines().filter(|l| !l.starts_with("x-anthropic-billing-header:")).collect::<Vec<_>>().join("\n").trim_start().to_string()
+}
+
+/// The conversation as chat templates read it.
+fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid("messages: at least one message is required", Some("messages")));
+    }
+    let mut system: Vec<String> = req.system.iter().map(|s| strip_volatile(&s.text())).filter(|s| !s.is_empty()).collect();
+    let mut out: Vec<ChatMessage> = Vec::new();
+    for m in &req.messages {
+        let blocks: Vec<&Block> = match &m.content {
+            Content::Text(t) => {
+                match m.role.as_str() {
+                    // Claude Code sends system text inside messages too: it joins the system prompt
+                    "system" if out.is_empty() => system.push(strip_volatile(t)),
+                    "user" | "assistant" | "system" => out.push(ChatMessage::new(&m.role, t)),
+                    other => return Err(ApiError::invalid(format!("messages: unexpected role '{other}': use user or assistant"), Some("messages"))),
+                }
+                continue;
+            }
+            Content::Blocks(b) => b.iter().collect(),
+        };
+        match m.role.as_str() {
+            "user" | "system" => {
+                let mut text = Vec::new();
+                for b in blocks {
+                    match b {
+                        Block::Text { text: t } => text.push(t.as_str()),
+                        Block::ToolResult { tool_use_id, content, is_error } => {
+                            let body = content.as_ref().map(Content::text).unwrap_or_default();
+                            let mut msg = ChatMessage::new("tool", &if *is_error { format!("Error: {body}") } else { body });
+                            msg.tool_call_id = Some(tool_use_id.clone());
+                            out.push(msg);
+                        }
+                        _ => {}
+                    }
+                }
+                if !text.is_empty() {
+                    let joined = text.join("\n");
+                    if m.role == "system" && out.is_empty() {
+                        system.push(strip_volatile(&joined));
+                    } else {
+                        out.push(ChatMessage::new(&m.role, &joined));
+                    }
+                }
+            }
+            "assistant" => {
+                let mut msg = ChatMessage::new("assistant", "");
+                for b in blocks {
+                    match b {
+                        Block::Text { text } => msg.content.push_str(text),
+                        Block::Thinking { thinking } => msg.reasoning_content = Some(thinking.clone()),
+                        Block::ToolUse { name, input, .. } => msg.tool_calls.push(tools::template_call(name, &input.to_string())),
+                        _ => {}
+                    }
+                }
+                out.push(msg);
+            }
+            other => return Err(ApiError::invalid(format!("messages: unexpected role '{other}': use user or assistant"), Some("messages"))),
+        }
+    }
+    if !system.is_empty() {
+        out.insert(0, ChatMessage::new("system", &system.join("\n\n")));
+    }
+    Ok(out)
+}
+
+fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
+    let mut set = ToolSet::default();
+    for t in &req.tools {
+        match t.kind.as_deref() {
+            None | Some("custom") => set.tools.push(Tool {
+                model_name: t.name.clone(),
+                namespace: None,
+                name: t.name.clone(),
+                description: t.description.clone(),
+                parameters: t.input_schema.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            }),
+            Some(kind) => tracing::warn!("messages: Anthropic's server tool '{}' ({kind}) is not available here; ignored", t.name),
+        }
+    }
+    if let Some(c) = &req.tool_choice {
+        set.choice = match (c.kind.as_str(), &c.name) {
+            ("auto", _) => ToolChoice::Auto,
+            ("any", _) => ToolChoice::Required,
+            ("none", _) => ToolChoice::None,
+            ("tool", Some(name)) => ToolChoice::Named(name.clone()),
+            ("tool", None) => return Err(ApiError::invalid("tool_choice: type 'tool' needs a name", Some("tool_choice"))),
+            (other, _) => return Err(ApiError::invalid(format!("tool_choice: unknown type '{other}': use auto, any, tool or none"), Some("tool_choice"))),
+        };
+        set.parallel = !c.disable_parallel_tool_use;
+    }
+    set.check("tool_choice")?;
+    Ok(set)
+}
+
+/// The request's prompt: token ids, and the forced start of the answer (a required tool call).
+fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>), ApiError> {
+    let (text, prefill) = tools::render_prompt(&state.template, conversation(req)?, tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    Ok((ids, prefill))
+}
+
+fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiError> {
+    let req: MessagesRequest = crate::chat::parse(body, json!({"model": "", "messages": []}))?;
+    if !state.serves(&req.model) {
+        return Err(state.unknown_model(&req.model));
+    }
+    Ok(req)
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, as a message request would count them.
+pub async fn count_tokens(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req = parse_request(state, body)?;
+    let tools = tool_set(&req)?;
+    let (ids, _) = prompt(state, &req, &tools)?;
+    Ok(Json(json!({ "input_tokens": ids.len() })).into_response())
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+    let req = parse_request(state, body)?;
+    let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid("max_tokens: field required", Some("max_tokens")))?;
+    if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(ApiError::invalid(format!("temperature: must be between 0 and 1. Given: {t}"), Some("temperature")));
+    }
+    let tools = tool_set(&req)?;
+    let (ids, prefill) = prompt(state, &req, &tools)?;
+    let prompt_len = ids.len();
+    let params = GenerateParams {
+        prompt: ids,
+        // Anthropic's defaults: temperature 1, no top-p or top-k truncation
+        sampling: SamplingParams {
+            temperature: req.temperature.unwrap_or(1.0),
+            top_k: req.top_k.unwrap_or(0),
+            top_p: req.top_p.unwrap_or(1.0),
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: 0,
+            seed: clock_seed(),
+        },
+        max_new_tokens: Some(max_tokens),
+        stop: req.stop_sequences.clone(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+        logprobs: None,
+        cache_salt: None,
+    };
+    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::Api::Chat))?;
+    let mut parser = OutputParser::new(tools.parse_options(false));
+    let mut pending = prefill.map(|p| parser.push(&p)).unwrap_or_default();
+    let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
+    if req.stream {
+        Ok(stream(answer, parser, std::mem::take(&mut pending), events).into_response())
+    } else {
+        collect(answer, parser, events).await.map(|v| Json(v).into_response())
+    }
+}
+
+/// One request's answer.
+struct Answer {
+    state: AppState,
+    id: u64,
+    model: String,
+    prompt_len: usize,
+    parallel: bool,
+}
+
+impl Answer {
+    fn message_id(&self) -> String {
+        format!("msg_{:024x}", self.id)
+    }
+
+    fn tool_id(&self, index: usize) -> String {
+        tool_id(self.id, index)
+    }
+
+    fn usage(&self, u: &Usage) -> Value {
+        // Anthropic counts cached prompt tokens apart from input_tokens
+        json!({
+            "input_tokens": u.prompt_tokens - u.cached_tokens,
+            "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": u.cached_tokens,
+            "cache_creation_input_tokens": 0,
+        })
+    }
+
+    fn stop_reason(reason: FinishReason, stop: &Option<String>, called: bool) -> (&'static str, Value) {
+        match reason {
+            _ if called && reason != FinishReason::Length => ("tool_use", Value::Null),
+            FinishReason::Stop if stop.is_some() => ("stop_sequence", json!(stop)),
+            FinishReason::Length => ("max_tokens", Value::Null),
+            FinishReason::Stop | FinishReason::Abort => ("end_turn", Value::Null),
+        }
+    }
+}
+
+fn tool_id(request: u64, index: usize) -> String {
+    format!("toolu_{request:x}_{index}")
+}
+
+/// A call's arguments as the object `tool_use.input` must be.
+fn input_object(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            tracing::warn!("messages: a tool call's arguments are not a JSON object: {arguments:?}");
+            json!({})
+        }
+    }
+}
+
+async fn collect(a: Answer, mut parser: OutputParser, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+    while let Some(ev) = events.recv().await {
+        match ev {
+            Event::Token { text, .. } => {
+                parser.push(&text);
+            }
+            Event::Finished { reason, usage, timings, stop } => {
+                a.state.metrics.finished(&timings);
+                parser.finish();
+                let calls = &parser.calls()[..if a.parallel { parser.calls().len() } else { parser.calls().len().min(1) }];
+                let mut content = Vec::new();
+                if !parser.reasoning().is_empty() {
+                    content.push(json!({ "type": "thinking", "thinking": parser.reasoning(), "signature": "" }));
+                }
+                if !parser.text().is_empty() || calls.is_empty() {
+                    content.push(json!({ "type": "text", "text": parser.text() }));
+                }
+                for (i, c) in calls.iter().enumerate() {
+                    content.push(json!({ "type": "tool_use", "id": a.tool_id(i), "name": c.name, "input": input_object(&c.arguments) }));
+                }
+                let (stop_reason, stop_sequence) = Answer::stop_reason(reason, &stop, !calls.is_empty());
+                return Ok(json!({
+                    "id": a.message_id(), "type": "message", "role": "assistant", "model": a.model,
+                    "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": a.usage(&usage),
+                }));
+            }
+            Event::Error(e) => return Err(ApiError::internal(e)),
+        }
+    }
+    Err(ApiError::internal("the engine stopped before the request finished"))
+}
+
+/// The content block open in a stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Open {
+    None,
+    Text,
+    Thinking,
+    Tool(usize),
+}
+
+/// Stream writer: opens and closes content blocks as the deltas change kind.
+struct Blocks {
+    request: u64,
+    /// Parallel tool calls allowed; otherwise calls after the first are left out.
+    parallel: bool,
+    open: Open,
+    /// Index of the open (or last) content block.
+    index: usize,
+    started: bool,
+}
+
+impl Blocks {
+    /// The events for one delta.
+    fn events(&mut self, d: Delta) -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        let (want, start, delta) = match d {
+            Delta::Text(t) => (Open::Text, json!({ "type": "text", "text": "" }), Some(json!({ "type": "text_delta", "text": t }))),
+            Delta::Reasoning(t) => (Open::Thinking, json!({ "type": "thinking", "thinking": "", "signature": "" }), Some(json!({ "type": "thinking_delta", "thinking": t }))),
+            Delta::CallStart { index, name } => {
+                if !self.parallel && index > 0 {
+                    return out;
+                }
+                (Open::Tool(index), json!({ "type": "tool_use", "id": tool_id(self.request, index), "name": name, "input": {} }), None)
+            }
+            Delta::CallArgs { index, text } => {
+                if self.open != Open::Tool(index) {
+                    return out; // a call left out (parallel calls off)
+                }
+                (Open::Tool(index), Value::Null, Some(json!({ "type": "input_json_delta", "partial_json": text })))
+            }
+        };
+        if self.open != want {
+            out.extend(self.close());
+            if self.started {
+                self.index += 1;
+            }
+            self.started = true;
+            self.open = want;
+            out.push(("content_block_start", json!({ "type": "content_block_start", "index": self.index, "content_block": start })));
+        }
+        if let Some(delta) = delta {
+            out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": self.index, "delta": delta })));
+        }
+        out
+    }
+
+    fn close(&mut self) -> Option<(&'static str, Value)> {
+        if self.open == Open::None {
+            return None;
+        }
+        self.open = Open::None;
+        Some(("content_block_stop", json!({ "type": "content_block_stop", "index": self.index })))
+    }
+}
+
+/// Anthropic's event stream: `message_start`, `ping`, content blocks (`content_block_start`,
+/// `content_block_delta`, `content_block_stop`), `message_delta` with the stop reason and usage,
+/// `message_stop`. A failure midway is an `error` event.
+fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> impl IntoResponse {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
+    tokio::spawn(async move {
+        let send = |name: &'static str, v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(SseEvent::default().event(name).data(v.to_string()))).await.is_ok() }
+        };
+        let start = json!({ "type": "message_start", "message": {
+            "id": a.message_id(), "type": "message", "role": "assistant", "model": a.model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": { "input_tokens": a.prompt_len, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0 } } });
+        if !send("message_start", start).await || !send("ping", json!({ "type": "ping" })).await {
+            return a.state.engine.abort(a.id);
+        }
+        let mut blocks = Blocks { request: a.id, parallel: a.parallel, open: Open::None, index: 0, started: false };
+        let mut pending = first;
+        while let Some(ev) = events.recv().await {
+            match ev {
+                Event::Token { text, .. } => {
+                    pending.extend(parser.push(&text));
+                    for d in std::mem::take(&mut pending) {
+                        for (name, v) in blocks.events(d) {
+                            if !send(name, v).await {
+                                return a.state.engine.abort(a.id);
+                            }
+                        }
+                    }
+                }
+                Event::Finished { reason, usage, timings, stop } => {
+                    a.state.metrics.finished(&timings);
+                    pending.extend(parser.finish());
+                    let mut out: Vec<(&'static str, Value)> = pending.drain(..).flat_map(|d| blocks.events(d)).collect();
+                    if !blocks.started {
+                        // an empty answer is still one (empty) text block
+                        out.push(("content_block_start", json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } })));
+                        blocks.open = Open::Text;
+                    }
+                    out.extend(blocks.close());
+                    let called = !parser.calls().is_empty();
+                    let (stop_reason, stop_sequence) = Answer::stop_reason(reason, &stop, called);
+                    out.push(("message_delta", json!({ "type": "message_delta", "delta": { "stop_reason": stop_reason, "stop_sequence": stop_sequence }, "usage": a.usage(&usage) })));
+                    out.push(("message_stop", json!({ "type": "message_stop" })));
+                    for (name, v) in out {
+                        send(name, v).await;
+                    }
+                    return;
+                }
+                Event::Error(e) => {
+                    send("error", ApiError::internal(e).anthropic_body()).await;
+                    return;
+                }
+            }
+        }
+        send("error", ApiError::internal("the engine stopped before the request finished").anthropic_body()).await;
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(v: Value) -> MessagesRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn claude_code_system_and_tool_turns() {
+        let req = request(json!({
+            "model": "m", "max_tokens": 32000,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=8a7f;"}, {"type": "text", "text": "You are Claude Code."}],
+            "messages": [
+                {"role": "system", "content": "Be terse."},
+                {"role": "user", "content": [{"type": "text", "text": "List files", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "ls", "signature": "s"}, {"type": "text", "text": "Sure."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "a.rs"}]},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "denied", "is_error": true}, {"type": "image", "source": {}}]},
+            ],
+            "thinking": {"type": "enabled", "budget_tokens": 1024}, "context_management": {}, "output_config": {}, "metadata": {"user_id": "u"},
+        }));
+        let conv = conversation(&req).unwrap();
+        assert_eq!(conv[0], ChatMessage::new("system", "You are Claude Code.\n\nBe terse."));
+        assert_eq!(conv[1], ChatMessage::new("user", "List files"));
+        assert_eq!(conv[2].content, "Sure.");
+        assert_eq!(conv[2].reasoning_content.as_deref(), Some("ls"));
+        assert_eq!(conv[2].tool_calls, vec![json!({"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}})]);
+        assert_eq!((conv[3].role.as_str(), conv[3].content.as_str(), conv[3].tool_call_id.as_deref()), ("tool", "a.rs", Some("toolu_1")));
+        assert_eq!(conv[4].content, "Error: denied");
+        assert_eq!(conv.len(), 5);
+    }
+
+    #[test]
+    fn tool_choice_and_server_tools() {
+        let req = request(json!({"model": "m", "messages": [],
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}}, {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "tool", "name": "Read", "disable_parallel_tool_use": true}}));
+        let set = tool_set(&req).unwrap();
+        assert_eq!(set.tools.len(), 1, "the server tool is ignored");
+        assert_eq!((set.choice.clone(), set.parallel), (ToolChoice::Named("Read".into()), false));
+        let req = request(json!({"model": "m", "messages": [], "tools": [], "tool_choice": {"type": "any"}}));
+        assert!(tool_set(&req).is_err(), "any without tools");
+    }
+
+    #[test]
+    fn stream_blocks_open_and_close_by_kind() {
+        let mut b = Blocks { request: 1, parallel: false, open: Open::None, index: 0, started: false };
+        let mut kinds = |d: Option<Delta>| {
+            let evs = match d {
+                Some(d) => b.events(d),
+                None => b.close().into_iter().collect(),
+            };
+            evs.into_iter().map(|(n, v)| format!("{n}:{}", v["index"])).collect::<Vec<_>>()
+        };
+        assert_eq!(kinds(Some(Delta::Reasoning("hm".into()))), ["content_block_start:0", "content_block_delta:0"]);
+        assert_eq!(kinds(Some(Delta::Text("Hi".into()))), ["content_block_stop:0", "content_block_start:1", "content_block_delta:1"]);
+        assert_eq!(kinds(Some(Delta::Text(" there".into()))), ["content_block_delta:1"]);
+        assert_eq!(kinds(Some(Delta::CallStart { index: 0, name: "f".into() })), ["content_block_stop:1", "content_block_start:2"]);
+        assert_eq!(kinds(Some(Delta::CallArgs { index: 0, text: "{}".into() })), ["content_block_delta:2"]);
+        // parallel calls off: the second call is left out
+        assert!(kinds(Some(Delta::CallStart { index: 1, name: "g".into() })).is_empty());
+        assert!(kinds(Some(Delta::CallArgs { index: 1, text: "{}".into() })).is_empty());
+        assert_eq!(kinds(None), ["content_block_stop:2"]);
+    }
+}
