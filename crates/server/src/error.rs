@@ -3,6 +3,24 @@
 //! (`ApiError::from_request`); the server's own (authentication, the body, the model name) are made here.
 
 use crate::Api;
+
+/// The API a request came in on, which decides what its fields are called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Chat,
+    Completion,
+    Responses,
+    Messages,
+}
+
+impl From<Api> for Wire {
+    fn from(api: Api) -> Wire {
+        match api {
+            Api::Chat => Wire::Chat,
+            Api::Completion => Wire::Completion,
+        }
+    }
+}
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -52,7 +70,8 @@ impl ApiError {
     }
 
     /// The engine's refusal, for a request of `api` (which names the fields).
-    pub fn from_request(e: RequestError, api: Api) -> Self {
+    pub fn from_request(e: RequestError, api: impl Into<Wire>) -> Self {
+        let api = api.into();
         let message = e.to_string();
         match e {
             RequestError::Invalid { field, .. } => Self::invalid(message, Some(param_name(field, api))),
@@ -104,13 +123,16 @@ impl ApiError {
 }
 
 /// What each API calls an engine field.
-fn param_name(field: Field, api: Api) -> &'static str {
+fn param_name(field: Field, api: Wire) -> &'static str {
     match field {
         Field::Prompt => match api {
-            Api::Chat => "messages",
-            Api::Completion => "prompt",
+            Wire::Chat | Wire::Messages => "messages",
+            Wire::Completion => "prompt",
+            Wire::Responses => "input",
         },
+        Field::MaxTokens if api == Wire::Responses => "max_output_tokens",
         Field::MaxTokens => "max_tokens",
+        Field::Stop if api == Wire::Messages => "stop_sequences",
         Field::Stop => "stop",
         Field::StopTokenIds => "stop_token_ids",
         Field::Temperature => "temperature",
@@ -121,8 +143,8 @@ fn param_name(field: Field, api: Api) -> &'static str {
         Field::PresencePenalty => "presence_penalty",
         Field::FrequencyPenalty => "frequency_penalty",
         Field::Logprobs => match api {
-            Api::Chat => "top_logprobs",
-            Api::Completion => "logprobs",
+            Wire::Completion => "logprobs",
+            _ => "top_logprobs",
         },
         Field::CacheSalt => "cache_salt",
     }

@@ -8,6 +8,7 @@ mod metrics;
 mod output;
 mod params;
 mod respond;
+mod responses;
 mod tools;
 
 pub use error::ApiError;
@@ -16,7 +17,7 @@ pub use respond::{stream_events, Api};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -41,6 +42,8 @@ pub struct AppState {
     /// With a key, requests must carry `Authorization: Bearer KEY` (`/health` and `/metrics` excepted).
     pub api_key: Option<String>,
     pub metrics: Arc<Metrics>,
+    /// Responses kept for the Responses API's `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: Arc<responses::ResponseStore>,
     /// Largest request body accepted; larger ones get 413 in OpenAI's error shape.
     pub max_body_bytes: usize,
 }
@@ -57,6 +60,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{id}", get(get_response).delete(delete_response))
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .layer(DefaultBodyLimit::max(limit))
@@ -147,4 +152,19 @@ async fn anthropic_count_tokens(State(state): State<AppState>, headers: HeaderMa
         Err(e) => Err(e),
     };
     answer.unwrap_or_else(ApiError::into_anthropic_response)
+}
+
+async fn create_response(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    match body_of(&state, &headers, body) {
+        Ok(body) => responses::create(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn get_response(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize(&state, &headers).and_then(|_| responses::get(&state, &id)).unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn delete_response(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize(&state, &headers).and_then(|_| responses::delete(&state, &id)).unwrap_or_else(IntoResponse::into_response)
 }

@@ -260,7 +260,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         logprobs: None,
         cache_salt: None,
     };
-    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::Api::Chat))?;
+    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(tools.parse_options(false));
     let mut pending = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
