@@ -13,7 +13,7 @@ from reckon_server import ReckonServer
 MODEL = "qwen2.5-coder-0.5b"
 FILES = {
     "type": "namespace",
-    "name": "mcp__files__",
+    "name": "mcp__files",
     "description": "Tools of the MCP server 'files'.",
     "tools": [
         {
@@ -70,12 +70,12 @@ class Responses(unittest.TestCase):
     def test_namespace_call_round_trips(self):
         tools = [SHELL, FILES] + CODEX_EXTRAS
         ask = "Show me the contents of src/main.rs."
-        forced = {"type": "function", "name": "read_file", "namespace": "mcp__files__"}
+        forced = {"type": "function", "name": "read_file", "namespace": "mcp__files"}
         r = self.create(input=ask, tools=tools, tool_choice=forced, max_output_tokens=48, store=False)
         calls = [o for o in r.output if o.type == "function_call"]
         self.assertEqual(len(calls), 1, r.output)
         call = calls[0].model_dump()
-        self.assertEqual((call["namespace"], call["name"]), ("mcp__files__", "read_file"))
+        self.assertEqual((call["namespace"], call["name"]), ("mcp__files", "read_file"))
         # (whether a 0.5B model's forced arguments parse is up to constrained decoding, issue 18's next step)
         self.assertTrue(call["call_id"])
         # streamed: output_item.done carries the whole call, then response.completed
@@ -89,7 +89,7 @@ class Responses(unittest.TestCase):
         # the call's output goes back as Codex sends it: the whole history, store false
         history = [
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": ask}]},
-            {"type": "function_call", "call_id": call["call_id"], "namespace": "mcp__files__", "name": "read_file", "arguments": call["arguments"]},
+            {"type": "function_call", "call_id": call["call_id"], "namespace": "mcp__files", "name": "read_file", "arguments": call["arguments"]},
             {"type": "function_call_output", "call_id": call["call_id"], "output": "fn main() { println!(\"hi\"); }"},
         ]
         r2 = self.create(input=history, tools=tools, max_output_tokens=48, store=False)

@@ -193,6 +193,7 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     let tools = tool_set(&req)?;
     let (text, prefill) = tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    tools::log_request("chat", prompt.len(), &tools);
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = match (req.logprobs, req.top_logprobs) {
         (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),

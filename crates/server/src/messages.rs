@@ -239,6 +239,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     let tools = tool_set(&req)?;
     let (ids, prefill) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
+    tools::log_request("messages", prompt_len, &tools);
     let params = GenerateParams {
         prompt: ids,
         // Anthropic's defaults: temperature 1, no top-p or top-k truncation

@@ -5,7 +5,7 @@
 //! whole answer, so the two cannot differ.
 //!
 //! What Codex sends that needs care: each MCP server's tools as one `{"type": "namespace", "name":
-//! "mcp__files__", "tools": [...]}` entry (the model sees `mcp__files__read_file`; the call goes back
+//! "mcp__files", "tools": [...]}` entry (the model sees `mcp__files__read_file`; the call goes back
 //! with `namespace` and `name` apart, as they came in); `custom` and `web_search` tools (no such tools
 //! here: ignored with a warning, not a 400); `store: false`, `include`, `reasoning`,
 //! `prompt_cache_key`, `client_metadata`, `text`, `parallel_tool_calls` (accepted).
@@ -133,7 +133,7 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
             }
             "function_call" => {
                 let name = str_field(item, "name").ok_or_else(|| ApiError::invalid("a function_call item needs a name", Some("input")))?;
-                let model_name = format!("{}{name}", str_field(item, "namespace").unwrap_or(""));
+                let model_name = tools::namespaced(str_field(item, "namespace"), name);
                 let call = tools::template_call(&model_name, str_field(item, "arguments").unwrap_or("{}"));
                 match out.last_mut() {
                     Some(last) if last.role == "assistant" => last.tool_calls.push(call),
@@ -162,7 +162,7 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
     let function = |t: &Value, namespace: Option<&str>| -> Result<Tool, ApiError> {
         let name = str_field(t, "name").ok_or_else(|| ApiError::invalid("a function tool needs a name", Some("tools")))?;
         Ok(Tool {
-            model_name: format!("{}{name}", namespace.unwrap_or("")),
+            model_name: tools::namespaced(namespace, name),
             namespace: namespace.map(str::to_string),
             name: name.to_string(),
             description: str_field(t, "description").map(str::to_string),
@@ -194,7 +194,7 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
             other => return Err(ApiError::invalid(format!("tool_choice must be 'auto', 'none', 'required' or a function. Given: '{other}'"), Some("tool_choice"))),
         },
         Some(v) => match str_field(v, "name") {
-            Some(name) => ToolChoice::Named(format!("{}{name}", str_field(v, "namespace").unwrap_or(""))),
+            Some(name) => ToolChoice::Named(tools::namespaced(str_field(v, "namespace"), name)),
             None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"name\": ...}", Some("tool_choice"))),
         },
     };
@@ -236,6 +236,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     }
     let (text, prefill) = tools::render_prompt(&state.template, messages, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    tools::log_request("responses", prompt.len(), &tools);
     let params = GenerateParams {
         prompt,
         sampling: SamplingParams {
@@ -340,7 +341,7 @@ impl Run {
         let mut answer = ChatMessage::new("assistant", &items.text);
         for item in &items.output {
             if item["type"] == "function_call" {
-                let name = format!("{}{}", item["namespace"].as_str().unwrap_or(""), item["name"].as_str().unwrap_or(""));
+                let name = tools::namespaced(item["namespace"].as_str(), item["name"].as_str().unwrap_or(""));
                 answer.tool_calls.push(tools::template_call(&name, item["arguments"].as_str().unwrap_or("{}")));
             }
         }
@@ -586,6 +587,10 @@ mod tests {
         ], "tool_choice": {"type": "function", "name": "read_file", "namespace": "mcp__files__"}}));
         let set = tool_set(&req).unwrap();
         assert_eq!(set.tools.iter().map(|t| t.model_name.as_str()).collect::<Vec<_>>(), ["shell", "mcp__files__read_file"]);
+        // Codex 0.171 names the namespace without the trailing separator: the model sees the same name
+        let codex = request(json!({"model": "m", "input": "hi", "tools": [{"type": "namespace", "name": "mcp__files", "tools": [{"type": "function", "name": "read_file"}]}]}));
+        let t = &tool_set(&codex).unwrap().tools[0];
+        assert_eq!((t.model_name.as_str(), t.namespace.as_deref(), t.name.as_str()), ("mcp__files__read_file", Some("mcp__files"), "read_file"));
         assert_eq!(set.choice, ToolChoice::Named("mcp__files__read_file".into()));
         let mut items = Items { request: 7, open: Open::None, output: Vec::new(), text: String::new(), parallel: true, tools: set };
         let mut ev = items.events(Delta::Text("Reading.".into()));

@@ -110,6 +110,13 @@ impl ToolSet {
     }
 }
 
+/// One line per request in the server's log: its API, prompt length, and the tools the model was shown
+/// (so an operator sees that an agent's tools, an MCP namespace's included, reached the prompt).
+pub fn log_request(api: &str, prompt_tokens: usize, tools: &ToolSet) {
+    let names: Vec<&str> = if tools.active() { tools.tools.iter().map(|t| t.model_name.as_str()).collect() } else { Vec::new() };
+    tracing::info!(api, prompt_tokens, tool_choice = ?tools.choice, "request with {} tools {names:?}", names.len());
+}
+
 /// A call the model made, with the id the API gives it.
 pub fn call_id(request_id: u64, index: usize) -> String {
     format!("call_{request_id:x}_{index}")
@@ -118,6 +125,17 @@ pub fn call_id(request_id: u64, index: usize) -> String {
 /// A call's arguments as templates want them: the JSON object the text holds (or the text itself).
 pub fn arguments_value(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+}
+
+/// The name the model sees for tool `name` of a namespace: MCP's `mcp__server__tool` convention, the
+/// separator added unless the namespace ends with one (`mcp__files` and `mcp__files__` both give
+/// `mcp__files__read_file`).
+pub fn namespaced(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        None | Some("") => name.to_string(),
+        Some(ns) if ns.ends_with(['_', '.', '/', ':']) => format!("{ns}{name}"),
+        Some(ns) => format!("{ns}__{name}"),
+    }
 }
 
 /// The history as an assistant message with calls renders them (`tool_calls` in Hugging Face's shape).
