@@ -102,7 +102,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let engine = spawn_with(Arc::new(loaded.model), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);

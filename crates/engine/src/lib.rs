@@ -5,6 +5,7 @@
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod grammar;
 pub mod huge_buf;
 pub mod kernels;
 pub mod kv;

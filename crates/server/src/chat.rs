@@ -7,6 +7,7 @@ use crate::respond::{generate, Api, Prepared};
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
 use axum::response::Response;
+use reckon_engine::grammar::Grammar;
 use reckon_engine::template::ChatMessage;
 use serde::Deserialize;
 use serde_json::Value;
@@ -149,6 +150,27 @@ fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
+/// `response_format`: `text` (none), `json_object` (any JSON object) or `json_schema` (`{"json_schema":
+/// {"name", "schema", "strict"}}`, enforced whether or not `strict` is set).
+pub fn response_format(format: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
+    let Some(format) = format else { return Ok(None) };
+    let bad = |m: &str| ApiError::invalid(m.to_string(), Some("response_format"));
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))),
+        Some("json_schema") => {
+            // chat nests it under "json_schema"; Responses' text.format has the fields inline
+            let spec = format.get("json_schema").unwrap_or(format);
+            match spec.get("schema") {
+                Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(Grammar::JsonSchema(schema.clone()))),
+                _ => Err(bad("response_format json_schema needs a 'schema' object")),
+            }
+        }
+        Some(other) => Err(bad(&format!("response_format type must be 'text', 'json_object' or 'json_schema'. Given: '{other}'"))),
+        None => Err(bad("response_format needs a 'type'")),
+    }
+}
+
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request.
 fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
     let mut tools = Vec::new();
@@ -185,11 +207,7 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
 
 pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
-    if let Some(format) = &req.response_format {
-        if format.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(ApiError::invalid("response_format other than 'text' is not supported yet", Some("response_format")));
-        }
-    }
+    let format = response_format(req.response_format.as_ref())?;
     let tools = tool_set(&req)?;
     let (text, prefill) = tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
@@ -199,6 +217,12 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
         (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
+    };
+    // a forced call's arguments, else the response format, are enforced by the grammar
+    params.constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
+        (Some(g), _) => Some(state.constraint(&g, "tools")?),
+        (None, Some(g)) => Some(state.constraint(&g, "response_format")?),
+        (None, None) => None,
     };
     let prepared = Prepared { parse: tools.parse_options(false), prefill, parallel_calls: tools.parallel };
     generate(state, Api::Chat, &req.params, params, prepared).await

@@ -44,6 +44,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Responses kept for the Responses API's `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: Arc<responses::ResponseStore>,
+    /// Compiles grammars for constrained decoding; built at the first constrained request.
+    pub grammar: Arc<std::sync::OnceLock<Result<reckon_engine::grammar::GrammarCompiler, String>>>,
     /// Largest request body accepted; larger ones get 413 in OpenAI's error shape.
     pub max_body_bytes: usize,
 }
@@ -93,6 +95,15 @@ impl AppState {
     /// Whether `name` is a name this server answers to.
     pub fn serves(&self, name: &str) -> bool {
         name == self.model_id || self.aliases.iter().any(|a| a == name)
+    }
+
+    /// A constraint for `grammar`, or a 400 naming `param` if it does not compile.
+    pub fn constraint(&self, grammar: &reckon_engine::grammar::Grammar, param: &str) -> Result<reckon_engine::grammar::Constraint, ApiError> {
+        let compiler = self.grammar.get_or_init(|| {
+            reckon_engine::grammar::GrammarCompiler::new(self.tokenizer.clone(), self.engine.limits().vocab_size)
+        });
+        let compiler = compiler.as_ref().map_err(|e| ApiError::invalid(format!("constrained decoding is not available for this model: {e}"), Some(param)))?;
+        compiler.compile(grammar).map_err(|e| ApiError::invalid(format!("{param}: {e}"), Some(param)))
     }
 
     /// The 404 for a model name this server does not answer to.

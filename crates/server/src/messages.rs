@@ -240,6 +240,10 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     let (ids, prefill) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
     tools::log_request("messages", prompt_len, &tools);
+    let constraint = match tools.active().then(|| tools.grammar()).flatten() {
+        Some(g) => Some(state.constraint(&g, "tools")?),
+        None => None,
+    };
     let params = GenerateParams {
         prompt: ids,
         // Anthropic's defaults: temperature 1, no top-p or top-k truncation
@@ -260,6 +264,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         ignore_eos: false,
         logprobs: None,
         cache_salt: None,
+        constraint,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(tools.parse_options(false));

@@ -64,6 +64,7 @@ impl CommonParams {
             ignore_eos: self.ignore_eos,
             logprobs: None,
             cache_salt: self.cache_salt.clone(),
+            constraint: None,
         })
     }
 

@@ -93,6 +93,8 @@ struct ResponsesRequest {
     previous_response_id: Option<String>,
     #[serde(default)]
     metadata: Value,
+    /// `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`.
+    text: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -237,6 +239,12 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let (text, prefill) = tools::render_prompt(&state.template, messages, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     tools::log_request("responses", prompt.len(), &tools);
+    let format = crate::chat::response_format(req.text.as_ref().and_then(|t| t.get("format")))?;
+    let constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
+        (Some(g), _) => Some(state.constraint(&g, "tools")?),
+        (None, Some(g)) => Some(state.constraint(&g, "text")?),
+        (None, None) => None,
+    };
     let params = GenerateParams {
         prompt,
         sampling: SamplingParams {
@@ -256,6 +264,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         ignore_eos: false,
         logprobs: None,
         cache_salt: None,
+        constraint,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
     let mut parser = OutputParser::new(tools.parse_options(false));
@@ -273,7 +282,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             "previous_response_id": req.previous_response_id, "max_output_tokens": req.max_output_tokens,
             "temperature": req.temperature.unwrap_or(1.0), "top_p": req.top_p.unwrap_or(1.0),
             "store": req.store.unwrap_or(true), "metadata": if req.metadata.is_null() { json!({}) } else { req.metadata.clone() },
-            "text": {"format": {"type": "text"}}, "truncation": "disabled",
+            "text": req.text.clone().unwrap_or(json!({"format": {"type": "text"}})), "truncation": "disabled",
         }),
         tools,
     };

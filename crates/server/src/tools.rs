@@ -16,6 +16,7 @@
 
 use crate::error::ApiError;
 use crate::output::ParseOptions;
+use reckon_engine::grammar::{with_json_options, Grammar};
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use serde_json::{json, Value};
 
@@ -98,6 +99,26 @@ impl ToolSet {
     pub fn parse_options(&self, reasoning: bool) -> ParseOptions {
         let tools = if self.active() { self.tools.iter().map(|t| t.model_name.clone()).collect() } else { Vec::new() };
         ParseOptions { tools, reasoning, starts_in_reasoning: false }
+    }
+
+    /// The grammar a required or named call's remaining text must match (after `prefill`): the
+    /// arguments valid under the tool's schema, then the call object's closing brace; then the answer
+    /// ends. `None` when no call is forced.
+    pub fn grammar(&self) -> Option<Grammar> {
+        let args = |t: &Tool| format!("%json {}", with_json_options(&t.parameters));
+        let lit = |s: &str| Value::from(s).to_string();
+        match &self.choice {
+            ToolChoice::Named(name) => self.find(name).map(|t| Grammar::Lark(format!("start: {} {}\n", args(t), lit("}")))),
+            ToolChoice::Required if !self.tools.is_empty() => {
+                let alternatives: Vec<String> = self
+                    .tools
+                    .iter()
+                    .map(|t| format!("{} {} {}", lit(&format!("{}\", \"arguments\": ", t.model_name)), args(t), lit("}")))
+                    .collect();
+                Some(Grammar::Lark(format!("start: {}\n", alternatives.join("\n     | "))))
+            }
+            _ => None,
+        }
     }
 
     /// The start of the answer the prompt ends with, when a call is required.

@@ -86,6 +86,8 @@ pub struct Engine {
     offload: Option<DiskOffload>,
     stats: Arc<EngineStats>,
     config: EngineConfig,
+    /// A logits row with a grammar's mask applied (constrained requests).
+    masked: Vec<f32>,
 }
 
 impl Engine {
@@ -115,7 +117,7 @@ impl Engine {
             max_running: config.max_running,
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching));
-        Ok(Engine { model, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config })
+        Ok(Engine { model, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new() })
     }
 
     /// What a request must fit.
@@ -242,7 +244,30 @@ impl Engine {
         for (row, c) in plan.chunks.iter().filter(|c| c.samples).enumerate() {
             let lg = &logits[row * vocab..(row + 1) * vocab];
             let req = self.scheduler.request_mut(c.id).expect("planned requests exist");
-            let token = req.sampler.sample(lg, &req.tokens);
+            let token = match req.constraint.as_mut() {
+                None => req.sampler.sample(lg, &req.tokens),
+                Some(constraint) => {
+                    // the grammar's mask on a copy of the row; a grammar that fails (it should not: every
+                    // token it is given was allowed by its own mask) stops constraining, with a warning
+                    self.masked.clear();
+                    self.masked.extend_from_slice(lg);
+                    let token = match constraint.mask(&mut self.masked) {
+                        Ok(()) => req.sampler.sample(&self.masked, &req.tokens),
+                        Err(e) => {
+                            tracing::warn!(request = c.id, "grammar mask failed, unconstrained from here: {e}");
+                            req.constraint = None;
+                            req.sampler.sample(lg, &req.tokens)
+                        }
+                    };
+                    if let Some(constraint) = req.constraint.as_mut() {
+                        if let Err(e) = constraint.advance(token) {
+                            tracing::warn!(request = c.id, "grammar rejected token {token}, unconstrained from here: {e}");
+                            req.constraint = None;
+                        }
+                    }
+                    token
+                }
+            };
             let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
             out.push(Sampled { id: c.id, token, logprobs });
         }

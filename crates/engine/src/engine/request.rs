@@ -82,6 +82,8 @@ pub struct Request {
     pub sampler: Sampler,
     /// Also return this many alternatives' log-probabilities with each token.
     pub logprobs: Option<usize>,
+    /// The grammar the answer must match, advanced by every sampled token.
+    pub constraint: Option<crate::grammar::Constraint>,
     pub times: RequestTimes,
     output: Output,
     events: UnboundedSender<Event>,
@@ -125,6 +127,7 @@ impl Request {
             blocks,
             sampler: Sampler::new(p.sampling),
             logprobs: p.logprobs,
+            constraint: p.constraint,
             times: RequestTimes { arrived, first_scheduled: None, first_token: None },
             output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,

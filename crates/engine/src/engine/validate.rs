@@ -25,6 +25,8 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Share prefix-cache blocks only with requests carrying the same salt (vLLM's `cache_salt`).
     pub cache_salt: Option<String>,
+    /// A compiled grammar the answer must match (structured output, forced tool arguments).
+    pub constraint: Option<crate::grammar::Constraint>,
 }
 
 impl GenerateParams {
@@ -38,6 +40,7 @@ impl GenerateParams {
             ignore_eos: false,
             logprobs: None,
             cache_salt: None,
+            constraint: None,
         }
     }
 }
