@@ -108,6 +108,12 @@ impl ChatTemplate {
         tmpl.render(ctx).map_err(|e| Error::Template(format!("rendering failed: {e}")))
     }
 
+    /// Whether the model writes its reasoning in `<think>…</think>` (its template mentions the tag): the
+    /// server then splits that text out as reasoning.
+    pub fn emits_reasoning(&self) -> bool {
+        self.source.contains("<think>")
+    }
+
     /// Whether the template renders tool definitions itself (it reads `tools`); otherwise the server puts
     /// them into the system message.
     pub fn supports_tools(&self) -> bool {

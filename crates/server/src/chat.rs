@@ -224,7 +224,7 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
         (None, Some(g)) => Some(state.constraint(&g, "response_format")?),
         (None, None) => None,
     };
-    let prepared = Prepared { parse: tools.parse_options(false), prefill, parallel_calls: tools.parallel };
+    let prepared = Prepared { parse: tools::parse_options(&state.template, &tools, &text), prefill, parallel_calls: tools.parallel };
     generate(state, Api::Chat, &req.params, params, prepared).await
 }
 

@@ -207,10 +207,12 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
 }
 
 /// The request's prompt: token ids, and the forced start of the answer (a required tool call).
-fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>), ApiError> {
+/// The request's prompt: token ids, the forced start of the answer (a required tool call), and what to
+/// parse the answer for.
+fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions), ApiError> {
     let (text, prefill) = tools::render_prompt(&state.template, conversation(req)?, tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    Ok((ids, prefill))
+    Ok((ids, prefill, tools::parse_options(&state.template, tools, &text)))
 }
 
 fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiError> {
@@ -225,7 +227,7 @@ fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiEr
 pub async fn count_tokens(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req = parse_request(state, body)?;
     let tools = tool_set(&req)?;
-    let (ids, _) = prompt(state, &req, &tools)?;
+    let (ids, ..) = prompt(state, &req, &tools)?;
     Ok(Json(json!({ "input_tokens": ids.len() })).into_response())
 }
 
@@ -237,7 +239,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         return Err(ApiError::invalid(format!("temperature: must be between 0 and 1. Given: {t}"), Some("temperature")));
     }
     let tools = tool_set(&req)?;
-    let (ids, prefill) = prompt(state, &req, &tools)?;
+    let (ids, prefill, parse) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
     tools::log_request("messages", prompt_len, &tools);
     let constraint = match tools.active().then(|| tools.grammar()).flatten() {
@@ -267,7 +269,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         constraint,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
-    let mut parser = OutputParser::new(tools.parse_options(false));
+    let mut parser = OutputParser::new(parse);
     let mut pending = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
     if req.stream {

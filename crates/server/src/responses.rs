@@ -267,7 +267,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         constraint,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
-    let mut parser = OutputParser::new(tools.parse_options(false));
+    let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let run = Run {
         state: state.clone(),

@@ -131,6 +131,13 @@ impl ToolSet {
     }
 }
 
+/// What the parser looks for in the answer to `prompt_text`: the offered tools, and `<think>` reasoning
+/// if the template emits it (the answer starts inside it when the generation prompt opens the tag).
+pub fn parse_options(template: &ChatTemplate, tools: &ToolSet, prompt_text: &str) -> ParseOptions {
+    let reasoning = template.emits_reasoning();
+    ParseOptions { starts_in_reasoning: reasoning && prompt_text.trim_end().ends_with("<think>"), ..tools.parse_options(reasoning) }
+}
+
 /// One line per request in the server's log: its API, prompt length, and the tools the model was shown
 /// (so an operator sees that an agent's tools, an MCP namespace's included, reached the prompt).
 pub fn log_request(api: &str, prompt_tokens: usize, tools: &ToolSet) {

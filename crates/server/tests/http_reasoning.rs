@@ -1,0 +1,55 @@
+//! Reasoning models: a template whose generation prompt opens `<think>` (as Qwen3's and DeepSeek-R1's
+//! do). On the tiny random model, which never closes the tag, the whole answer is reasoning, and each API
+//! returns it in its own place: chat's `reasoning_content` (streamed as deltas), a Responses `reasoning`
+//! item, a Messages `thinking` block. A template that renders a `<think>` it did not open is read the
+//! same way. Never skipped.
+
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+mod support;
+
+use reckon_engine::template::ChatTemplate;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use support::*;
+
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+
+fn thinking_server() -> std::net::SocketAddr {
+    let mut state = tiny_state(config(2048, 16, 64));
+    state.template = Arc::new(ChatTemplate::new(THINKING_TEMPLATE.into(), "", "").unwrap());
+    serve(state)
+}
+
+#[test]
+fn chat_returns_reasoning_content() {
+    let addr = thinking_server();
+    let a = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 12, json!({}))).json();
+    let msg = &a["choices"][0]["message"];
+    let reasoning = msg["reasoning_content"].as_str().expect("reasoning_content").to_string();
+    assert!(!reasoning.is_empty(), "{a}");
+    assert_eq!(msg["content"], "", "{a}");
+    let s = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 12, json!({"stream": true})));
+    let (chunks, done) = sse_chunks(&s);
+    assert!(done);
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
+    assert_eq!(streamed, reasoning);
+    assert_eq!(streamed_text(&chunks), "");
+}
+
+#[test]
+fn responses_and_messages_return_reasoning() {
+    let addr = thinking_server();
+    let r = post(addr, "/v1/responses", &json!({"model": TINY, "input": "Think.", "max_output_tokens": 8, "temperature": 0})).json();
+    assert_eq!(r["output"][0]["type"], "reasoning", "{r}");
+    assert!(!r["output"][0]["content"][0]["text"].as_str().unwrap().is_empty());
+    let m = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "Think."}]})).json();
+    assert_eq!(m["content"][0]["type"], "thinking", "{m}");
+    assert!(!m["content"][0]["thinking"].as_str().unwrap().is_empty());
+    // streamed Messages: a thinking block with thinking_delta pieces
+    let s = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 8, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "Think."}]}));
+    let datas: Vec<Value> = s.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(datas.iter().any(|d| d["content_block"]["type"] == "thinking"), "{}", s.body);
+    assert!(datas.iter().any(|d| d["delta"]["type"] == "thinking_delta"), "{}", s.body);
+}
