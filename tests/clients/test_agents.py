@@ -80,9 +80,14 @@ command = "python3"
 args = ["{MCP_SERVER}"]
 env = {{ MCP_LOG = "{mcp_log}" }}
 ''')
-        usages = []
-        for _ in range(2):
-            events, stderr = self.run_agent([CODEX, "exec", "--skip-git-repo-check", "--json", "What does main.rs print? Use the read_file tool."], {"CODEX_HOME": home})
+        usages, mcp_calls = [], []
+        # the second prompt names the tool outright; whether a 0.5B model sampled at Codex's temperature
+        # calls it varies, and when it does the call must reach Codex as the MCP server's tool (the
+        # namespace round trip). Codex's default approval policy in exec refuses the call itself, so the
+        # refusal goes back to reckon as the call's output: the whole loop, nothing executed.
+        prompts = ["What does main.rs print? Use the read_file tool.", 'Call the tool mcp__files__read_file with {"path": "main.rs"} and tell me what the program prints.']
+        for prompt in prompts:
+            events, stderr = self.run_agent([CODEX, "exec", "--skip-git-repo-check", "--json", prompt], {"CODEX_HOME": home})
             kinds = [e["type"] for e in events]
             self.assertIn("turn.completed", kinds, events)
             self.assertNotIn("turn.failed", kinds, events)
@@ -92,12 +97,16 @@ env = {{ MCP_LOG = "{mcp_log}" }}
             answers = [e["item"]["text"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "agent_message"]
             self.assertTrue(answers and answers[-1].strip(), events)
             usages.append([e["usage"] for e in events if e["type"] == "turn.completed"][-1])
+            mcp_calls += [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "mcp_tool_call"]
+        for call in mcp_calls:
+            self.assertEqual((call["server"], call["tool"]), ("files", "read_file"), call)
+            self.assertIsInstance(call["arguments"], dict)
         # the MCP server's tools reached the prompt as a namespace, under the name the model sees
         self.assertIn("mcp__files__read_file", self.server_log())
         with open(mcp_log) as f:
             self.assertIn("tools/list", f.read())
         self.assertGreater(usages[1]["cached_input_tokens"], 0, usages)
-        print(f"\ncodex usage per run: {usages}")
+        print(f"\ncodex usage per run: {usages}; MCP calls: {len(mcp_calls)}")
 
     def test_claude_code_print(self):
         env = {
