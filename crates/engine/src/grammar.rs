@@ -136,6 +136,11 @@ impl Constraint {
         Ok(())
     }
 
+    /// Whether the grammar is complete (only end-of-generation may follow).
+    pub fn is_complete(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
     /// Advances the grammar by the sampled token.
     pub fn advance(&mut self, token: u32) -> Result<(), String> {
         if self.matcher.is_stopped() {

@@ -270,12 +270,12 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(parse);
-    let mut pending = prefill.map(|p| parser.push(&p)).unwrap_or_default();
+    let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
     if req.stream {
-        Ok(stream(answer, parser, std::mem::take(&mut pending), events).into_response())
+        Ok(stream(answer, parser, first, events).into_response())
     } else {
-        collect(answer, parser, events).await.map(|v| Json(v).into_response())
+        collect(answer, parser, first, events).await.map(|v| Json(v).into_response())
     }
 }
 
@@ -291,10 +291,6 @@ struct Answer {
 impl Answer {
     fn message_id(&self) -> String {
         format!("msg_{:024x}", self.id)
-    }
-
-    fn tool_id(&self, index: usize) -> String {
-        tool_id(self.id, index)
     }
 
     fn usage(&self, u: &Usage) -> Value {
@@ -332,27 +328,72 @@ fn input_object(arguments: &str) -> Value {
     }
 }
 
-async fn collect(a: Answer, mut parser: OutputParser, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+/// The content blocks of a whole answer, in the order the stream opens them (`Blocks`' rule: a new
+/// block whenever the kind of delta changes), so the two answers agree.
+fn content_of(deltas: Vec<Delta>, request: u64, parallel: bool) -> Vec<Value> {
+    let mut content: Vec<Value> = Vec::new();
+    let mut open: Open = Open::None;
+    let mut args: Vec<String> = Vec::new(); // per tool_use block in `content`, its argument text
+    let mut arg_of_block: Vec<Option<usize>> = Vec::new();
+    for d in deltas {
+        match d {
+            Delta::Text(t) => {
+                if open != Open::Text {
+                    content.push(json!({ "type": "text", "text": "" }));
+                    arg_of_block.push(None);
+                    open = Open::Text;
+                }
+                let last = content.last_mut().expect("just opened");
+                last["text"] = json!(format!("{}{t}", last["text"].as_str().unwrap_or("")));
+            }
+            Delta::Reasoning(t) => {
+                if open != Open::Thinking {
+                    content.push(json!({ "type": "thinking", "thinking": "", "signature": "" }));
+                    arg_of_block.push(None);
+                    open = Open::Thinking;
+                }
+                let last = content.last_mut().expect("just opened");
+                last["thinking"] = json!(format!("{}{t}", last["thinking"].as_str().unwrap_or("")));
+            }
+            Delta::CallStart { index, name } => {
+                if !parallel && index > 0 {
+                    open = Open::None;
+                    continue;
+                }
+                content.push(json!({ "type": "tool_use", "id": tool_id(request, index), "name": name, "input": {} }));
+                arg_of_block.push(Some(args.len()));
+                args.push(String::new());
+                open = Open::Tool(index);
+            }
+            Delta::CallArgs { index, text } => {
+                if open == Open::Tool(index) {
+                    args.last_mut().expect("a call is open").push_str(&text);
+                }
+            }
+        }
+    }
+    for (block, arg) in content.iter_mut().zip(arg_of_block) {
+        if let Some(i) = arg {
+            block["input"] = input_object(&args[i]);
+        }
+    }
+    if content.is_empty() {
+        content.push(json!({ "type": "text", "text": "" }));
+    }
+    content
+}
+
+async fn collect(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+    let mut deltas = first;
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token { text, .. } => {
-                parser.push(&text);
-            }
+            Event::Token { text, .. } => deltas.extend(parser.push(&text)),
             Event::Finished { reason, usage, timings, stop } => {
                 a.state.metrics.finished(&timings);
-                parser.finish();
-                let calls = &parser.calls()[..if a.parallel { parser.calls().len() } else { parser.calls().len().min(1) }];
-                let mut content = Vec::new();
-                if !parser.reasoning().is_empty() {
-                    content.push(json!({ "type": "thinking", "thinking": parser.reasoning(), "signature": "" }));
-                }
-                if !parser.text().is_empty() || calls.is_empty() {
-                    content.push(json!({ "type": "text", "text": parser.text() }));
-                }
-                for (i, c) in calls.iter().enumerate() {
-                    content.push(json!({ "type": "tool_use", "id": a.tool_id(i), "name": c.name, "input": input_object(&c.arguments) }));
-                }
-                let (stop_reason, stop_sequence) = Answer::stop_reason(reason, &stop, !calls.is_empty());
+                deltas.extend(parser.finish());
+                let content = content_of(deltas, a.id, a.parallel);
+                let called = content.iter().any(|b| b["type"] == "tool_use");
+                let (stop_reason, stop_sequence) = Answer::stop_reason(reason, &stop, called);
                 return Ok(json!({
                     "id": a.message_id(), "type": "message", "role": "assistant", "model": a.model,
                     "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": a.usage(&usage),
@@ -533,6 +574,27 @@ mod tests {
         assert_eq!((set.choice.clone(), set.parallel), (ToolChoice::Named("Read".into()), false));
         let req = request(json!({"model": "m", "messages": [], "tools": [], "tool_choice": {"type": "any"}}));
         assert!(tool_set(&req).is_err(), "any without tools");
+    }
+
+    #[test]
+    fn whole_answer_blocks_follow_the_stream() {
+        let deltas = vec![
+            Delta::Text("A".into()),
+            Delta::CallStart { index: 0, name: "f".into() },
+            Delta::CallArgs { index: 0, text: "{\"x\": ".into() },
+            Delta::CallArgs { index: 0, text: "1}".into() },
+            Delta::Text("B".into()),
+            Delta::CallStart { index: 1, name: "g".into() },
+            Delta::CallArgs { index: 1, text: "{}".into() },
+        ];
+        let c = content_of(deltas.clone(), 9, true);
+        let kinds: Vec<&str> = c.iter().map(|b| b["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["text", "tool_use", "text", "tool_use"]);
+        assert_eq!(c[1]["input"], json!({"x": 1}));
+        assert_eq!(c[3]["id"], "toolu_9_1");
+        let c = content_of(deltas, 9, false);
+        assert_eq!(c.iter().filter(|b| b["type"] == "tool_use").count(), 1, "parallel calls off");
+        assert_eq!(content_of(vec![], 1, true), vec![json!({"type": "text", "text": ""})]);
     }
 
     #[test]

@@ -227,11 +227,16 @@ impl OutputParser {
                             out.push(Delta::CallStart { index, name: call.name });
                             out.push(Delta::CallArgs { index, text: call.arguments });
                         }
+                        self.mode = Mode::Text;
+                        false
                     }
-                    None => push_text(out, text),
+                    None => {
+                        // not JSON calls: text, read again for tagged calls in it
+                        self.pending = text;
+                        self.mode = Mode::Text;
+                        true
+                    }
                 }
-                self.mode = Mode::Text;
-                false
             }
         }
     }
@@ -250,7 +255,9 @@ impl OutputParser {
                 }
             }
         }
-        let close = buf.find(CALL_CLOSE);
+        // the closing tag is looked for after the arguments' start (a tag inside the name cannot close)
+        let from = header.as_ref().map_or(0, |(_, at)| *at);
+        let close = buf[from..].find(CALL_CLOSE).map(|i| i + from);
         if close.is_none() && !end {
             if let Some((_, args_at)) = header {
                 let args = &buf[*args_at..];
@@ -451,6 +458,9 @@ mod tests {
         }
         let (_, p) = feed(opts(&["f"]), "{\"name\": \"f\", \"arguments\": {}}\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", 3);
         assert_eq!(p.calls().len(), 2, "calls one per line");
+        // an answer that starts like JSON but holds a tagged call: the call is still found
+        let (_, p) = feed(opts(&["f"]), "`ls` lists files. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", 4);
+        assert_eq!((p.text(), p.calls().len()), ("`ls` lists files. ", 1));
         // JSON that is not a call to an offered tool stays text
         let (_, p) = feed(opts(&["get_weather"]), "{\"answer\": 42}", 3);
         assert!(p.calls().is_empty());

@@ -168,7 +168,7 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
             namespace: namespace.map(str::to_string),
             name: name.to_string(),
             description: str_field(t, "description").map(str::to_string),
-            parameters: t.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            parameters: t.get("parameters").filter(|v| !v.is_null()).cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
         })
     };
     let mut set = ToolSet::default();
@@ -477,16 +477,13 @@ impl Items {
         self.output.push(item);
         ev
     }
-
-    fn called(&self) -> bool {
-        self.output.iter().any(|i| i["type"] == "function_call")
-    }
 }
 
 /// The end of a response: the events that close it, and the final response object.
 fn finish(run: &Run, items: &mut Items, reason: FinishReason, usage: &Usage) -> (Vec<Value>, Value) {
     let mut ev = items.close();
-    let incomplete = (reason == FinishReason::Length && !items.called()).then_some("max_output_tokens");
+    // cut by the token limit, even inside a call (whose arguments are then unfinished)
+    let incomplete = (reason == FinishReason::Length).then_some("max_output_tokens");
     let status = if incomplete.is_some() { "incomplete" } else { "completed" };
     let response = run.response(status, &items.output, Some(usage), incomplete);
     run.keep(items, &response);

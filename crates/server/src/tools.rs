@@ -113,7 +113,11 @@ impl ToolSet {
                 let alternatives: Vec<String> = self
                     .tools
                     .iter()
-                    .map(|t| format!("{} {} {}", lit(&format!("{}\", \"arguments\": ", t.model_name)), args(t), lit("}")))
+                    .map(|t| {
+                        // the rest of `{"name": "` : the name as a JSON string without its opening quote
+                        let quoted = Value::from(t.model_name.as_str()).to_string();
+                        format!("{} {} {}", lit(&format!("{}, \"arguments\": ", &quoted[1..])), args(t), lit("}"))
+                    })
                     .collect();
                 Some(Grammar::Lark(format!("start: {}\n", alternatives.join("\n     | "))))
             }

@@ -31,11 +31,11 @@ fn a_named_tool_choice_is_always_that_call() {
     assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
     assert_eq!(msg["content"], Value::Null, "nothing but the call");
     // random weights, yet the arguments are JSON under the tool's schema: the grammar allowed nothing
-    // else (then only end-of-generation, which ignore_eos lets run on to max_tokens)
+    // else, then only end-of-generation, which ends the answer even under ignore_eos
     let args = calls[0]["function"]["arguments"].as_str().unwrap().to_string();
     let parsed: Value = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert!(parsed.is_object(), "{args}");
-    assert_eq!(a["choices"][0]["finish_reason"], "length");
+    assert_eq!(a["choices"][0]["finish_reason"], "tool_calls");
     // the fallback prompt put the tool into the system message: the prompt is longer than without
     let plain = post(addr, "/v1/chat/completions", &tiny_chat("Weather in Paris?", 1, json!({}))).json();
     assert!(a["usage"]["prompt_tokens"].as_u64().unwrap() > plain["usage"]["prompt_tokens"].as_u64().unwrap() + 50);
@@ -53,7 +53,7 @@ fn a_named_tool_choice_is_always_that_call() {
     assert!(pieces.iter().all(|p| p["index"] == 0));
     let joined: String = pieces.iter().filter_map(|p| p["function"]["arguments"].as_str()).collect();
     assert_eq!(joined, args);
-    assert_eq!(streamed_finish(&chunks).as_deref(), Some("length"));
+    assert_eq!(streamed_finish(&chunks).as_deref(), Some("tool_calls"));
 }
 
 #[test]

@@ -149,8 +149,10 @@ impl Request {
     pub fn process_new_token(&mut self, detok: &dyn Detokenizer) -> (String, Option<FinishReason>) {
         let token = *self.tokens.last().expect("a token was sampled");
         let at_limit = self.num_generated() >= self.max_new_tokens;
+        // a complete grammar ends the answer even under ignore_eos (it allows nothing but the end)
+        let grammar_done = self.constraint.as_ref().is_some_and(|c| c.is_complete());
         let out = &mut self.output;
-        if (!out.ignore_eos && detok.is_end_of_generation(token)) || out.stop_token_ids.contains(&token) {
+        if ((!out.ignore_eos || grammar_done) && detok.is_end_of_generation(token)) || out.stop_token_ids.contains(&token) {
             // the stop token itself has no text; what was held back is sent
             return (out.flush().0, Some(FinishReason::Stop));
         }
