@@ -127,6 +127,16 @@ class AnthropicSdk(unittest.TestCase):
             self.assertEqual(m.usage.input_tokens + m.usage.cache_read_input_tokens, counted)
         self.assertGreater(second.usage.cache_read_input_tokens, 0)
 
+    def test_structured_output(self):
+        schema = {"type": "object", "properties": {"language": {"type": "string", "enum": ["Rust", "Python", "C"]}, "stars": {"type": "integer", "minimum": 1, "maximum": 5}},
+                  "required": ["language", "stars"], "additionalProperties": False}
+        m = self.create(temperature=1.0, max_tokens=64, messages=[{"role": "user", "content": "Rate a programming language."}],
+                        output_config={"format": {"type": "json_schema", "schema": schema}})
+        v = json.loads(m.content[0].text)
+        self.assertIn(v["language"], ["Rust", "Python", "C"])
+        self.assertTrue(1 <= v["stars"] <= 5)
+        self.assertEqual(m.stop_reason, "end_turn")
+
     def test_alias_and_system_message_inside_messages(self):
         msgs = [{"role": "system", "content": "Answer in French."}] + HELLO
         m = self.create(model=ALIAS, messages=msgs, max_tokens=32000)  # clamped, not refused

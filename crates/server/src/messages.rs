@@ -7,7 +7,8 @@
 //! `x-anthropic-billing-header: ...` line it puts first in the system prompt, whose hash changes with
 //! every request (it would make every prompt differ from its first tokens and defeat the prefix cache:
 //! it is dropped); `max_tokens: 32000` whatever the model (clamped to what the context leaves, by the
-//! engine's validation); `thinking`, `context_management`, `output_config`, `metadata` (accepted).
+//! engine's validation); `thinking`, `context_management`, `metadata` (accepted). `output_config.format`
+//! (a JSON schema) is enforced by the grammar, as chat's `response_format`.
 
 use crate::error::ApiError;
 use crate::output::{Delta, OutputParser};
@@ -42,6 +43,8 @@ struct MessagesRequest {
     #[serde(default)]
     tools: Vec<AnthropicTool>,
     tool_choice: Option<AnthropicToolChoice>,
+    /// `{"format": {"type": "json_schema", "schema": {...}}, "effort": ...}`: structured output.
+    output_config: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,9 +245,12 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     let (ids, prefill, parse) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
     tools::log_request("messages", prompt_len, &tools);
-    let constraint = match tools.active().then(|| tools.grammar()).flatten() {
-        Some(g) => Some(state.constraint(&g, "tools")?),
-        None => None,
+    let format = crate::chat::response_format(req.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()))
+        .map_err(|e| ApiError { param: Some("output_config".into()), ..e })?;
+    let constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
+        (Some(g), _) => Some(state.constraint(&g, "tools")?),
+        (None, Some(g)) => Some(state.constraint(&g, "output_config")?),
+        (None, None) => None,
     };
     let params = GenerateParams {
         prompt: ids,

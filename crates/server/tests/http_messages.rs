@@ -99,3 +99,19 @@ fn errors_have_anthropics_shape() {
     // max_tokens beyond the context is clamped, not refused (Claude Code sends 32000)
     assert_eq!(post(addr, MESSAGES, &body(json!({"max_tokens": 32000, "stop_sequences": ["\n\n\n\n"]}))).status, 200);
 }
+
+/// Structured output (`output_config.format`) on random weights: the text parses and fits the schema.
+#[test]
+fn output_config_format_is_enforced() {
+    let addr = tiny_server(config(2048, 16, 64));
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["ok", "n"], "additionalProperties": false});
+    let m = post(addr, MESSAGES, &body(json!({"max_tokens": 60, "temperature": 1.0, "output_config": {"format": {"type": "json_schema", "schema": schema}}}))).json();
+    let text = m["content"][0]["text"].as_str().unwrap();
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert!(v["ok"].is_boolean() && (0..=9).contains(&v["n"].as_i64().unwrap()), "{text}");
+    assert_eq!(m["stop_reason"], "end_turn");
+    let bad = post(addr, MESSAGES, &body(json!({"output_config": {"format": {"type": "json_schema"}}})));
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
+}
