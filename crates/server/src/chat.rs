@@ -189,12 +189,7 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
     }
     let choice = match &req.tool_choice {
         None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => return Err(ApiError::invalid(format!("tool_choice must be 'auto', 'none', 'required' or a function. Given: '{other}'"), Some("tool_choice"))),
-        },
+        Some(Value::String(s)) => ToolChoice::from_openai(s)?,
         Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
             Some(name) => ToolChoice::Named(name.to_string()),
             None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", Some("tool_choice"))),

@@ -65,6 +65,11 @@ impl ApiError {
         ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, code: Some("request_too_large"), ..Self::invalid(format!("the request body is larger than {limit} bytes"), None) }
     }
 
+    /// The engine dropped a request without its last event (it stopped).
+    pub fn engine_stopped() -> Self {
+        Self::internal("the engine stopped before the request finished")
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", ..Self::invalid(message, None) }
     }

@@ -408,7 +408,7 @@ async fn collect(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut eve
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
-    Err(ApiError::internal("the engine stopped before the request finished"))
+    Err(ApiError::engine_stopped())
 }
 
 /// The content block open in a stream.
@@ -531,7 +531,7 @@ fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: Un
                 }
             }
         }
-        send("error", ApiError::internal("the engine stopped before the request finished").anthropic_body()).await;
+        send("error", ApiError::engine_stopped().anthropic_body()).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

@@ -301,7 +301,7 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
-    Err(ApiError::internal("the engine stopped before the request finished"))
+    Err(ApiError::engine_stopped())
 }
 
 /// Server-sent events: text chunks as it is decoded, a finish chunk, optionally a usage chunk, then
@@ -357,7 +357,7 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
         }
         // The engine dropped the request without a last event (it stopped): say so rather than end
         // the stream as if it were complete.
-        send(ApiError::internal("the engine stopped before the request finished").body()).await;
+        send(ApiError::engine_stopped().body()).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
 }

@@ -189,12 +189,7 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
     }
     set.choice = match &req.tool_choice {
         None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            other => return Err(ApiError::invalid(format!("tool_choice must be 'auto', 'none', 'required' or a function. Given: '{other}'"), Some("tool_choice"))),
-        },
+        Some(Value::String(s)) => ToolChoice::from_openai(s)?,
         Some(v) => match str_field(v, "name") {
             Some(name) => ToolChoice::Named(tools::namespaced(str_field(v, "namespace"), name)),
             None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"name\": ...}", Some("tool_choice"))),
@@ -514,7 +509,7 @@ async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut even
             Event::Error(e) => return Err(ApiError::internal(e)),
         }
     }
-    Err(ApiError::internal("the engine stopped before the request finished"))
+    Err(ApiError::engine_stopped())
 }
 
 /// The event stream: `response.created`, `response.in_progress`, the items' events, then
@@ -568,7 +563,7 @@ fn stream(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: Unb
             }
         }
         let mut failed = run.response("failed", &items.output, None, None);
-        failed["error"] = json!({ "code": "server_error", "message": "the engine stopped before the request finished" });
+        failed["error"] = json!({ "code": "server_error", "message": ApiError::engine_stopped().message });
         send(json!({ "type": "response.failed", "response": failed })).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())

@@ -55,6 +55,18 @@ impl Default for ToolSet {
     }
 }
 
+impl ToolChoice {
+    /// OpenAI's string form (chat and Responses): `auto`, `none` or `required`.
+    pub fn from_openai(mode: &str) -> Result<ToolChoice, ApiError> {
+        match mode {
+            "auto" => Ok(ToolChoice::Auto),
+            "none" => Ok(ToolChoice::None),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(ApiError::invalid(format!("tool_choice must be 'auto', 'none', 'required' or a function. Given: '{other}'"), Some("tool_choice"))),
+        }
+    }
+}
+
 impl ToolSet {
     /// Whether the model is offered tools at all.
     pub fn active(&self) -> bool {
