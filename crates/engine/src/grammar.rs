@@ -66,7 +66,7 @@ pub struct GrammarCompiler {
 }
 
 impl GrammarCompiler {
-    /// Builds the token trie for `tokenizer` (tens of milliseconds for a 150k vocabulary).
+    /// Builds the token trie for `tokenizer` (once per model: it walks the whole vocabulary).
     /// `logits_len`: the model's output size.
     pub fn new(tokenizer: Arc<Tokenizer>, logits_len: usize) -> Result<Self, String> {
         let n = tokenizer.vocab_size();

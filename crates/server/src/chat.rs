@@ -213,12 +213,7 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    // a forced call's arguments, else the response format, are enforced by the grammar
-    params.constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
-        (Some(g), _) => Some(state.constraint(&g, "tools")?),
-        (None, Some(g)) => Some(state.constraint(&g, "response_format")?),
-        (None, None) => None,
-    };
+    params.constraint = state.answer_constraint(&tools, format.as_ref(), "response_format")?;
     let prepared = Prepared { parse: tools::parse_options(&state.template, &tools, &text), prefill, parallel_calls: tools.parallel };
     generate(state, Api::Chat, &req.params, params, prepared).await
 }

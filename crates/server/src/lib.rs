@@ -106,6 +106,16 @@ impl AppState {
         compiler.compile(grammar).map_err(|e| ApiError::invalid(format!("{param}: {e}"), Some(param)))
     }
 
+    /// The grammar an answer is held to: a forced tool call's (named or `required`), else the response
+    /// format's (`format_param` names the field for errors), else none.
+    pub(crate) fn answer_constraint(&self, tools: &tools::ToolSet, format: Option<&reckon_engine::grammar::Grammar>, format_param: &str) -> Result<Option<reckon_engine::grammar::Constraint>, ApiError> {
+        match (tools.grammar(), format) {
+            (Some(g), _) => self.constraint(&g, "tools").map(Some),
+            (None, Some(g)) => self.constraint(g, format_param).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
     /// The 404 for a model name this server does not answer to.
     pub fn unknown_model(&self, name: &str) -> ApiError {
         let msg = format!("the model '{name}' does not exist; this server serves '{}'", self.model_id);

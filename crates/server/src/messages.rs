@@ -247,11 +247,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     tools::log_request("messages", prompt_len, &tools);
     let format = crate::chat::response_format(req.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()))
         .map_err(|e| ApiError { param: Some("output_config".into()), ..e })?;
-    let constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
-        (Some(g), _) => Some(state.constraint(&g, "tools")?),
-        (None, Some(g)) => Some(state.constraint(&g, "output_config")?),
-        (None, None) => None,
-    };
+    let constraint = state.answer_constraint(&tools, format.as_ref(), "output_config")?;
     let params = GenerateParams {
         prompt: ids,
         // Anthropic's defaults: temperature 1, no top-p or top-k truncation

@@ -235,11 +235,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     tools::log_request("responses", prompt.len(), &tools);
     let format = crate::chat::response_format(req.text.as_ref().and_then(|t| t.get("format")))?;
-    let constraint = match (tools.active().then(|| tools.grammar()).flatten(), format) {
-        (Some(g), _) => Some(state.constraint(&g, "tools")?),
-        (None, Some(g)) => Some(state.constraint(&g, "text")?),
-        (None, None) => None,
-    };
+    let constraint = state.answer_constraint(&tools, format.as_ref(), "text")?;
     let params = GenerateParams {
         prompt,
         sampling: SamplingParams {

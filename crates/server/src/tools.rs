@@ -107,12 +107,6 @@ impl ToolSet {
             .collect()
     }
 
-    /// What the parser looks for.
-    pub fn parse_options(&self, reasoning: bool) -> ParseOptions {
-        let tools = if self.active() { self.tools.iter().map(|t| t.model_name.clone()).collect() } else { Vec::new() };
-        ParseOptions { tools, reasoning, starts_in_reasoning: false }
-    }
-
     /// The grammar a required or named call's remaining text must match (after `prefill`): the
     /// arguments valid under the tool's schema, then the call object's closing brace; then the answer
     /// ends. `None` when no call is forced.
@@ -151,7 +145,11 @@ impl ToolSet {
 /// if the template emits it (the answer starts inside it when the generation prompt opens the tag).
 pub fn parse_options(template: &ChatTemplate, tools: &ToolSet, prompt_text: &str) -> ParseOptions {
     let reasoning = template.emits_reasoning();
-    ParseOptions { starts_in_reasoning: reasoning && prompt_text.trim_end().ends_with("<think>"), ..tools.parse_options(reasoning) }
+    ParseOptions {
+        tools: if tools.active() { tools.tools.iter().map(|t| t.model_name.clone()).collect() } else { Vec::new() },
+        reasoning,
+        starts_in_reasoning: reasoning && prompt_text.trim_end().ends_with("<think>"),
+    }
 }
 
 /// One line per request in the server's log: its API, prompt length, and the tools the model was shown
