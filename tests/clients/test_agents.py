@@ -81,11 +81,11 @@ args = ["{MCP_SERVER}"]
 env = {{ MCP_LOG = "{mcp_log}" }}
 ''')
         usages, mcp_calls = [], []
-        # the second prompt names the tool outright; whether a 0.5B model sampled at Codex's temperature
-        # calls it varies, and when it does the call must reach Codex as the MCP server's tool (the
-        # namespace round trip). Codex's default approval policy in exec refuses the call itself, so the
-        # refusal goes back to reckon as the call's output: the whole loop, nothing executed.
-        prompts = ["What does main.rs print? Use the read_file tool.", 'Call the tool mcp__files__read_file with {"path": "main.rs"} and tell me what the program prints.']
+        # The same prompt twice (the second run reads the first one's prefix from the cache). Whether a
+        # 0.5B model sampled at Codex's temperature calls the MCP tool varies; any call it makes must
+        # reach Codex as the MCP server's tool (the namespace round trip). A prompt naming the tool was
+        # tried and dropped: the model can loop on the call and end its turn without an answer.
+        prompts = ["What does main.rs print? Use the read_file tool."] * 2
         for prompt in prompts:
             events, stderr = self.run_agent([CODEX, "exec", "--skip-git-repo-check", "--json", prompt], {"CODEX_HOME": home})
             kinds = [e["type"] for e in events]
