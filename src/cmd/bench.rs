@@ -33,7 +33,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let threads = args.model.init_process()?;
     let path = model_path(&args.model.model)?;
     let model = std::sync::Arc::new(args.model.load_model(&path)?);
-    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk };
+    let kv_dtypes = args.model.kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;
     if args.json {
@@ -42,10 +43,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    println!("| model | numerics | threads | test | t/s median | min | max |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| model | numerics | KV | threads | test | t/s median | min | max |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &results {
-        println!("| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.numerics, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
+        println!("| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.numerics, r.kv_dtype, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
     }
     Ok(())
 }

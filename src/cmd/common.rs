@@ -5,6 +5,7 @@ use clap::Args;
 use reckon_engine::engine::EngineConfig;
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
+use reckon_engine::kv::KvDtypes;
 use reckon_engine::model::{LoadOptions, Model, Numerics};
 use reckon_engine::registry::{resolve_model, DEFAULT_MODEL};
 use reckon_engine::sampler::SamplingParams;
@@ -37,6 +38,11 @@ pub struct ModelArgs {
     /// (`{name}-{layer}.f32`), to compare with llama.cpp's (bench/llamacpp_tensors.py). Debugging only.
     #[arg(long)]
     pub dump_dir: Option<PathBuf>,
+    /// How the KV cache stores keys and values: `f16`, `q8_0` or `q4_0` (ggml's 32-value blocks with an
+    /// f16 scale), or `K,V` separately (`q8_0,q4_0`; f16 pairs with f16 only). Quantized cells are read
+    /// by integer attention kernels (docs/kv-lab.md).
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -75,6 +81,13 @@ impl ModelArgs {
         }
         reckon_engine::huge_buf::set_huge_pages(!self.no_huge_pages);
         init_threads(self.threads)
+    }
+
+    /// `--kv-dtype`, checked against the model's heads and the KV block size.
+    pub fn kv_dtypes(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize) -> Result<KvDtypes> {
+        let d = KvDtypes::parse(&self.kv_dtype).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
+        d.check_shape(cfg.head_dim, block_size).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
+        Ok(d)
     }
 
     /// The options a model is loaded with.
@@ -227,11 +240,14 @@ impl KvArgs {
         Ok(blocks)
     }
 
-    /// The engine's configuration for this cache and these limits.
-    pub fn engine_config(&self, bytes_per_token: usize, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
+    /// The engine's configuration for this cache (of `kv_dtypes` cells, for a model of `cfg`) and these
+    /// limits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn engine_config(&self, cfg: &reckon_engine::model::ModelConfig, kv_dtypes: KvDtypes, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
         Ok(EngineConfig {
             block_size: self.block_size,
-            num_blocks: self.num_blocks(bytes_per_token)?,
+            num_blocks: self.num_blocks(kv_dtypes.bytes_per_token(cfg.n_layers, cfg.kv_dim()))?,
+            kv_dtypes,
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_prefill_tokens_while_decoding: self.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
             max_running: max_running.max(1),

@@ -5,6 +5,7 @@ use super::common::{load, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
+use reckon_engine::kv::KvDtypes;
 use reckon_engine::template::ChatMessage;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -41,9 +42,10 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 
 /// An engine for one conversation: a KV cache as large as the context (plus a block), prefix caching
 /// on so a conversation's next turn reuses the last one's blocks.
-pub fn start_engine(loaded: Loaded, ctx: usize) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
-    const BLOCK_SIZE: usize = 16;
-    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, ..EngineConfig::default() };
+pub const BLOCK_SIZE: usize = 16;
+
+pub fn start_engine(loaded: Loaded, ctx: usize, kv_dtypes: KvDtypes) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
+    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes, ..EngineConfig::default() };
     let tokenizer = Arc::new(loaded.tokenizer);
     (spawn(Arc::new(loaded.model), tokenizer.clone(), config), tokenizer, loaded.template)
 }
@@ -70,7 +72,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         loaded.template.render(&msgs, true)?
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
-    let (engine, _, _) = start_engine(loaded, ctx);
+    let kv_dtypes = args.model.kv_dtypes(&loaded.model.config, BLOCK_SIZE)?;
+    let (engine, _, _) = start_engine(loaded, ctx, kv_dtypes);
     let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
     let stats = stream(&engine, params)?;
     if !args.raw {

@@ -88,7 +88,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let config = args.kv.engine_config(cfg.kv_f16_bytes_per_token(), max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    let kv_dtypes = args.model.kv_dtypes(cfg, args.kv.block_size)?;
+    let config = args.kv.engine_config(cfg, kv_dtypes, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
     let num_blocks = config.num_blocks;
     let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);
@@ -107,7 +108,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens)", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size);
+        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
         let engine = state.engine.clone();
         let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends

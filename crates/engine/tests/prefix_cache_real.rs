@@ -1,12 +1,14 @@
 //! Determinism across prefix cache states on the three real models: at temperature 0, a request whose
 //! prompt starts with cached blocks gives exactly the tokens of a cold prefill of the same prompt (the
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
-//! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI).
+//! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI). The same holds with quantized KV cells
+//! (`--kv-dtype q8_0`).
 
 mod common;
 
 use common::{open_real_model as open, parity_fixture};
 use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
+use reckon_engine::kv::KvDtypes;
 use reckon_engine::model::Model;
 use reckon_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ fn run(engine: &reckon_engine::engine::EngineHandle, prompt: &[u32]) -> (Vec<u32
     (c.ids, c.usage.cached_tokens)
 }
 
-fn check_model(name: &str) {
+fn check_model(name: &str, kv: &str) {
     let Some(file) = open(name) else { return };
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
@@ -41,14 +43,14 @@ fn check_model(name: &str) {
         [prefix, &text[500..537]].concat(),
         [prefix, &text[700..701]].concat(),
     ];
-    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true };
+    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap() };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
     let mut cached = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let (ids, c) = run(&warm, p);
-        assert_eq!(ids, reference[i], "{name}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill");
+        assert_eq!(ids, reference[i], "{name} {kv}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill");
         cached.push(c);
     }
     assert_eq!(cached, vec![0, 400, 400, 432, 400], "{name}: cached tokens per request");
@@ -58,21 +60,36 @@ fn check_model(name: &str) {
         let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| run(&busy, p).0)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(got, reference, "{name}: concurrent requests with shared blocks");
-    eprintln!("{name}: {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
+    assert_eq!(got, reference, "{name} {kv}: concurrent requests with shared blocks");
+    eprintln!("{name} ({kv} KV): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
 }
 
 #[test]
 fn cache_hits_match_cold_prefill_smollm2() {
-    check_model("smollm2-135m");
+    check_model("smollm2-135m", "f16");
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_smollm2_q8_0() {
+    check_model("smollm2-135m", "q8_0");
 }
 
 #[test]
 fn cache_hits_match_cold_prefill_gemma3() {
-    check_model("gemma3-270m");
+    check_model("gemma3-270m", "f16");
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_gemma3_q8_0() {
+    check_model("gemma3-270m", "q8_0");
 }
 
 #[test]
 fn cache_hits_match_cold_prefill_qwen2() {
-    check_model("qwen2.5-coder-0.5b");
+    check_model("qwen2.5-coder-0.5b", "f16");
+}
+
+#[test]
+fn cache_hits_match_cold_prefill_qwen2_q8_0() {
+    check_model("qwen2.5-coder-0.5b", "q8_0");
 }

@@ -12,6 +12,7 @@
 use crate::stats::{summarize, Summary};
 use crate::LabError;
 use reckon_engine::engine::{spawn, Completion, Detokenizer, EngineConfig, EngineHandle, GenerateParams};
+use reckon_engine::kv::KvDtypes;
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
 use serde::Serialize;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Tokens per KV block of the benchmark's engine.
-const BLOCK_SIZE: usize = 16;
+pub const BLOCK_SIZE: usize = 16;
 
 #[derive(Clone, Debug)]
 pub struct BenchSpec {
@@ -30,6 +31,8 @@ pub struct BenchSpec {
     pub threads: usize,
     /// Tokens per prefill step (llama-bench's n_ubatch).
     pub chunk: usize,
+    /// How the KV cache stores keys and values.
+    pub kv_dtypes: KvDtypes,
 }
 
 /// One test's result; field names follow llama-bench's JSON where they overlap.
@@ -38,6 +41,8 @@ pub struct BenchResult {
     pub model: String,
     /// The matmul arithmetic ("packed" or "ggml").
     pub numerics: &'static str,
+    /// The KV cache's storage (`f16`, `q8_0`, `q8_0,q4_0`): llama-bench's type_k/type_v in one.
+    pub kv_dtype: String,
     pub n_prompt: usize,
     pub n_gen: usize,
     pub n_depth: usize,
@@ -54,6 +59,7 @@ impl BenchResult {
         BenchResult {
             model: model.to_string(),
             numerics,
+            kv_dtype: spec.kv_dtypes.name(),
             n_prompt,
             n_gen,
             n_depth: spec.n_depth,
@@ -103,6 +109,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         max_waiting: 1,
         max_model_len: spec.n_depth + per_rep + 1,
         prefix_caching: true,
+        kv_dtypes: spec.kv_dtypes,
         ..EngineConfig::default()
     };
     let engine = spawn(model, Arc::new(NoText), config);

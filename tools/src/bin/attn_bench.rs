@@ -1,6 +1,6 @@
 //! Attention alone, for kernel work: one layer's prefill attention of N query tokens at a depth, on
 //! random K/V, timed over repetitions (median). attn_bench HEADS KV_HEADS HEAD_DIM DEPTH N [REPS] [THREADS] [WINDOW]
-//! With `PER_HEAD=1` in the environment it times the per-head reference path instead; with `DECODE=1`,
+//! With `KV_DTYPE=q8_0` (or q4_0) over quantized cells; with `PER_HEAD=1` in the environment it times the per-head reference path instead; with `DECODE=1`,
 //! N sequences decoding one token each at DEPTH.
 //! e.g. SmolLM2: `attn_bench 9 3 64 4096 256`. Prints ns per (query, head, key).
 use reckon_engine::kernels::attention::{attend, attend_per_head_path, AttnShape, QueryPos};
@@ -18,9 +18,11 @@ fn main() {
     let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
     let per_head = std::env::var_os("PER_HEAD").is_some();
     let bs = 16;
+    // KV_DTYPE=q8_0 (or q4_0, or `K,V`): quantized cells.
+    let dtypes = reckon_engine::kv::KvDtypes::parse(&std::env::var("KV_DTYPE").unwrap_or_else(|_| "f16".into())).expect("KV_DTYPE");
     let total = depth + n;
     let kv_dim = n_kv_heads * head_dim;
-    let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: total.div_ceil(bs) });
+    let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: total.div_ceil(bs), dtypes });
     let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
     let mut rng = reckon_engine::sampler::Rng::new(1);
     let mut rnd = move || rng.next_f64() as f32 * 2.0 - 1.0;

@@ -25,7 +25,7 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use validate::{validate, Field, GenerateParams, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvFormat, KvStorage};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvStorage};
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -52,6 +52,9 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Park the thread pool's workers after each forward pass (see `Engine::execute`).
     pub rest_pool_between_steps: bool,
+    /// How keys and values are stored (`--kv-dtype`); `KvDtypes::check_shape` must accept the model's
+    /// head size and `block_size`.
+    pub kv_dtypes: KvDtypes,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +69,7 @@ impl Default for EngineConfig {
             max_model_len: 4096,
             prefix_caching: true,
             rest_pool_between_steps: true,
+            kv_dtypes: KvDtypes::F16,
         }
     }
 }
@@ -94,7 +98,7 @@ impl Engine {
     /// An engine over `model` with `config`'s KV cache; with `disk`, the prefix cache also keeps blocks
     /// in that directory (ignored when prefix caching is off). Fails if the directory cannot be used.
     pub fn new(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<Engine> {
-        let kv = model.new_kv(config.block_size, config.num_blocks);
+        let kv = model.new_kv_with(config.kv_dtypes, config.block_size, config.num_blocks);
         let offload = match disk.filter(|_| config.prefix_caching) {
             Some(d) => {
                 let format = KvFormat {
@@ -102,7 +106,7 @@ impl Engine {
                     num_layers: kv.shape.num_layers as u32,
                     kv_dim: kv.shape.kv_dim as u32,
                     block_size: config.block_size as u32,
-                    dtype: 0,
+                    dtype: config.kv_dtypes.code(),
                     version: kv_numerics_version(model.numerics()),
                 };
                 Some(DiskOffload::open(&d, format)?)

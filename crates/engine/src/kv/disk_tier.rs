@@ -8,7 +8,7 @@
 //! whose checksum fails is ignored with a warning, never served.
 //!
 //! File layout (little-endian): magic `RKNKV002`, fingerprint u128, num_layers u32, kv_dim u32,
-//! block_size u32, dtype u32 (0 = f16), numerics version u32, hash u128, parent_hash u128,
+//! block_size u32, dtype u32 (`KvDtypes::code`, 0 = f16), numerics version u32, hash u128, parent_hash u128,
 //! tokens [u32; block_size], data_len u64, checksum u64, then the data (`KvStorage::read_block`).
 //!
 //! The size bound counts this model's and format's block files; files of other models sharing the
@@ -57,7 +57,7 @@ pub struct KvFormat {
     pub num_layers: u32,
     pub kv_dim: u32,
     pub block_size: u32,
-    /// 0 = f16.
+    /// `KvDtypes::code` (0 = f16 keys and values).
     pub dtype: u32,
     /// `kv_numerics_version` of the build and numerics that wrote the file.
     pub version: u32,
@@ -71,9 +71,10 @@ impl KvFormat {
         FIXED_HEADER + 4 * self.block_size as usize + 16
     }
 
-    /// Bytes of one block's keys and values (f16).
+    /// Bytes of one block's keys and values (`KvStorage::block_bytes`).
     fn data_len(&self) -> u64 {
-        2 * self.num_layers as u64 * self.block_size as u64 * self.kv_dim as u64 * 2
+        let dtypes = super::KvDtypes::from_code(self.dtype).unwrap_or(super::KvDtypes::F16);
+        self.block_size as u64 * dtypes.bytes_per_token(self.num_layers as usize, self.kv_dim as usize) as u64
     }
 
     fn file_len(&self) -> u64 {

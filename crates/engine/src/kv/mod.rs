@@ -1,6 +1,7 @@
 //! The KV cache: where every request's keys and values live, and which of them a later request may reuse.
 //!
-//! - `storage`: the tensors, `[layer][block][slot][kv_dim]` f16; the model reads and writes them.
+//! - `storage`: the tensors, `[layer][block][slot][kv_dim]` f16 or quantized by head (`quant`); the model
+//!   reads and writes them.
 //! - `block_pool` (+ `free_queue`): which block ids are free, held, or cached under a prefix key. Ids only.
 //! - `manager`: a request's blocks: prefix-cache lookup at admission, allocation as it grows, caching of
 //!   its full blocks, release. Ids only, so every decision is tested without a model.
@@ -11,9 +12,11 @@ pub mod disk_tier;
 mod free_queue;
 mod manager;
 pub mod offload;
+pub mod quant;
 mod storage;
 
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};
-pub use storage::{KvShape, KvStorage, LayerWriter};
+pub use quant::{KvDtype, KvDtypes};
+pub use storage::{KvShape, KvStorage, LayerWriter, QuantLayer};

@@ -1,9 +1,12 @@
 //! KV storage: the keys and values of every cached token, in fixed-size blocks of token slots.
 //!
 //! The model never owns it: callers pass it into `forward` together with each sequence's block table,
-//! so a scheduler can page, share and free blocks without touching tensors. Layout per layer:
-//! `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`, stored as f16 (llama.cpp's default).
+//! so a scheduler can page, share and free blocks without touching tensors. Layout per layer, f16 (llama.cpp's
+//! default): `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`; quantized (`kv::quant`):
+//! `k[block][kv_head]` regions of a block's cells of one head. Either way a block's cells of a layer are
+//! one contiguous byte range, which is what the disk tier saves.
 
+use super::quant::{KvDtype, KvDtypes, Region};
 use crate::huge_buf::HugeBuf;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -12,31 +15,68 @@ use half::slice::HalfFloatSliceExt;
 pub struct KvShape {
     pub num_layers: usize,
     pub kv_dim: usize,
+    /// Values per KV head (the quantized layouts are per head).
+    pub head_dim: usize,
     pub block_size: usize,
     pub num_blocks: usize,
+    pub dtypes: KvDtypes,
+}
+
+/// One layer's keys or values.
+enum Cells {
+    F16(HugeBuf<f16>),
+    Quant(HugeBuf<u8>),
+}
+
+impl Cells {
+    fn new(dtype: KvDtype, shape: &KvShape) -> Cells {
+        let cells = shape.num_blocks * shape.block_size;
+        match dtype {
+            KvDtype::F16 => Cells::F16(HugeBuf::zeroed(cells * shape.kv_dim)),
+            d => Cells::Quant(HugeBuf::zeroed(cells * d.bytes(shape.kv_dim))),
+        }
+    }
+}
+
+/// One layer's quantized keys and values, with their regions' geometry (`kv::quant`).
+#[derive(Clone, Copy)]
+pub struct QuantLayer<'a> {
+    pub(crate) keys: &'a [u8],
+    pub(crate) values: &'a [u8],
+    pub(crate) k: Region,
+    pub(crate) v: Region,
+    pub(crate) n_kv_heads: usize,
+}
+
+impl QuantLayer<'_> {
+    /// Byte offset of (block, KV head)'s region of keys (`k`) or values.
+    #[inline]
+    pub(crate) fn region_at(&self, r: &Region, block: u32, kv_head: usize) -> usize {
+        (block as usize * self.n_kv_heads + kv_head) * r.bytes()
+    }
 }
 
 pub struct KvStorage {
     pub shape: KvShape,
-    /// Per layer: `[num_blocks * block_size * kv_dim]` keys, then values.
-    /// Huge pages: a decode step reads cells scattered over the whole pool (see `huge_buf`).
-    keys: Vec<HugeBuf<f16>>,
-    values: Vec<HugeBuf<f16>>,
+    /// Per layer. Huge pages: a decode step reads cells scattered over the whole pool (see `huge_buf`).
+    keys: Vec<Cells>,
+    values: Vec<Cells>,
 }
 
 impl KvStorage {
     pub fn new(shape: KvShape) -> Self {
-        let len = shape.num_blocks * shape.block_size * shape.kv_dim;
+        assert!(shape.kv_dim % shape.head_dim == 0, "kv_dim is whole heads");
+        shape.dtypes.check_shape(shape.head_dim, shape.block_size).expect("KV dtypes checked before the storage is made");
         KvStorage {
             shape,
-            keys: (0..shape.num_layers).map(|_| HugeBuf::zeroed(len)).collect(),
-            values: (0..shape.num_layers).map(|_| HugeBuf::zeroed(len)).collect(),
+            keys: (0..shape.num_layers).map(|_| Cells::new(shape.dtypes.k, &shape)).collect(),
+            values: (0..shape.num_layers).map(|_| Cells::new(shape.dtypes.v, &shape)).collect(),
         }
     }
 
     /// Bytes held for keys and values of all layers.
     pub fn num_bytes(&self) -> usize {
-        2 * self.shape.num_layers * self.shape.num_blocks * self.shape.block_size * self.shape.kv_dim * 2
+        self.shape.num_blocks * self.block_bytes()
     }
 
     /// The storage slot of position `pos` of a sequence with this block table.
@@ -46,39 +86,50 @@ impl KvStorage {
         block_table[pos / bs] as usize * bs + pos % bs
     }
 
+    fn region(&self, dtype: KvDtype) -> Region {
+        Region { dtype, hd: self.shape.head_dim, bs: self.shape.block_size }
+    }
+
     /// A writer of `layer`'s cells that the parts of a parallel run share, each writing its own tokens'
     /// cells (see `LayerWriter::write`).
     pub fn layer_writer(&mut self, layer: usize) -> LayerWriter<'_> {
-        let kv_dim = self.shape.kv_dim;
-        let (k, v) = (&mut self.keys[layer], &mut self.values[layer]);
-        LayerWriter { keys: k.as_mut_ptr(), values: v.as_mut_ptr(), len: k.len(), kv_dim, block_size: self.shape.block_size, _storage: std::marker::PhantomData }
+        let (k, v) = (self.region(self.shape.dtypes.k), self.region(self.shape.dtypes.v));
+        let part = |c: &mut Cells| match c {
+            Cells::F16(b) => (b.as_mut_ptr().cast::<u8>(), 2 * b.len()),
+            Cells::Quant(b) => (b.as_mut_ptr(), b.len()),
+        };
+        let ((keys, len_k), (values, len_v)) = (part(&mut self.keys[layer]), part(&mut self.values[layer]));
+        LayerWriter { keys, values, len_k, len_v, kv_dim: self.shape.kv_dim, block_size: self.shape.block_size, k, v, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
-        let d = self.shape.kv_dim;
-        // `half`'s slice conversion (F16C where present) rounds to nearest even, as `f16::from_f32`.
-        self.keys[layer][slot * d..(slot + 1) * d].convert_from_f32_slice(k);
-        self.values[layer][slot * d..(slot + 1) * d].convert_from_f32_slice(v);
+        let w = self.layer_writer(layer);
+        // SAFETY: `&mut self`: no one else reads or writes the storage meanwhile.
+        unsafe { w.write(slot, k, v) };
     }
 
     /// Bytes of one block: keys and values of every layer.
     pub fn block_bytes(&self) -> usize {
-        2 * self.shape.num_layers * self.shape.block_size * self.shape.kv_dim * 2
+        self.shape.block_size * self.shape.dtypes.bytes_per_token(self.shape.num_layers, self.shape.kv_dim)
     }
 
-    /// Range of block `b`'s elements in a layer's keys (or values).
-    fn block_range(&self, b: u32) -> std::ops::Range<usize> {
-        let n = self.shape.block_size * self.shape.kv_dim;
+    /// Range of block `b`'s bytes in a layer's cells of `dtype`.
+    fn block_range(&self, dtype: KvDtype, b: u32) -> std::ops::Range<usize> {
+        let n = self.shape.block_size * dtype.bytes(self.shape.kv_dim);
         b as usize * n..(b as usize + 1) * n
     }
 
-    /// Block `b`'s keys and values: per layer its keys then its values, f16 little-endian.
+    /// Block `b`'s keys and values: per layer its keys then its values (f16 little-endian, or the
+    /// quantized regions' bytes).
     pub fn read_block(&self, b: u32) -> Vec<u8> {
-        let r = self.block_range(b);
         let mut out = Vec::with_capacity(self.block_bytes());
         for (k, v) in self.keys.iter().zip(&self.values) {
-            for part in [&k[r.clone()], &v[r.clone()]] {
-                extend_le_bytes(&mut out, part);
+            for (cells, dtype) in [(k, self.shape.dtypes.k), (v, self.shape.dtypes.v)] {
+                let r = self.block_range(dtype, b);
+                match cells {
+                    Cells::F16(c) => extend_le_bytes(&mut out, &c[r.start / 2..r.end / 2]),
+                    Cells::Quant(c) => out.extend_from_slice(&c[r]),
+                }
             }
         }
         out
@@ -87,29 +138,58 @@ impl KvStorage {
     /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
-        let r = self.block_range(b);
-        let part = r.len() * 2;
-        let mut src = data.chunks_exact(part);
+        let (rk, rv) = (self.block_range(self.shape.dtypes.k, b), self.block_range(self.shape.dtypes.v, b));
+        let mut at = 0;
         for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            for dst in [&mut k[r.clone()], &mut v[r.clone()]] {
-                copy_le_bytes(dst, src.next().expect("length checked"));
+            for (cells, r) in [(k, rk.clone()), (v, rv.clone())] {
+                let src = &data[at..at + r.len()];
+                at += r.len();
+                match cells {
+                    Cells::F16(c) => copy_le_bytes(&mut c[r.start / 2..r.end / 2], src),
+                    Cells::Quant(c) => c[r].copy_from_slice(src),
+                }
             }
         }
     }
 
-    /// All keys and values of one layer, indexed by slot.
+    /// All f16 keys and values of one layer, indexed by slot, or None when the cells are quantized.
+    pub fn layer_f16(&self, layer: usize) -> Option<(&[f16], &[f16])> {
+        match (&self.keys[layer], &self.values[layer]) {
+            (Cells::F16(k), Cells::F16(v)) => Some((k, v)),
+            _ => None,
+        }
+    }
+
+    /// All f16 keys and values of one layer, indexed by slot (f16 storage only).
     pub fn layer(&self, layer: usize) -> (&[f16], &[f16]) {
-        (&self.keys[layer], &self.values[layer])
+        self.layer_f16(layer).expect("an f16 KV storage")
+    }
+
+    /// One layer's quantized cells, or None for f16 storage.
+    pub fn layer_quant(&self, layer: usize) -> Option<QuantLayer<'_>> {
+        match (&self.keys[layer], &self.values[layer]) {
+            (Cells::Quant(k), Cells::Quant(v)) => Some(QuantLayer {
+                keys: k,
+                values: v,
+                k: self.region(self.shape.dtypes.k),
+                v: self.region(self.shape.dtypes.v),
+                n_kv_heads: self.shape.kv_dim / self.shape.head_dim,
+            }),
+            _ => None,
+        }
     }
 }
 
 /// One layer's keys and values, written cell by cell from several threads (`KvStorage::layer_writer`).
 pub struct LayerWriter<'a> {
-    keys: *mut f16,
-    values: *mut f16,
-    len: usize,
+    keys: *mut u8,
+    values: *mut u8,
+    len_k: usize,
+    len_v: usize,
     kv_dim: usize,
     block_size: usize,
+    k: Region,
+    v: Region,
     _storage: std::marker::PhantomData<&'a mut KvStorage>,
 }
 
@@ -124,17 +204,34 @@ impl LayerWriter<'_> {
         block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
     }
 
-    /// `KvStorage::write` of one cell.
+    /// `KvStorage::write` of one cell: `k` and `v` are `[kv_dim]`, rounded to f16 or quantized.
     ///
     /// # Safety
     /// No other thread writes or reads cell `slot` of this layer during the call.
     pub unsafe fn write(&self, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
-        assert!((slot + 1) * d <= self.len && k.len() == d && v.len() == d, "KV cell {slot} out of range");
-        // SAFETY: in bounds (checked), exclusive by the caller's promise; the storage outlives `self`.
-        let (kc, vc) = unsafe { (std::slice::from_raw_parts_mut(self.keys.add(slot * d), d), std::slice::from_raw_parts_mut(self.values.add(slot * d), d)) };
-        kc.convert_from_f32_slice(k);
-        vc.convert_from_f32_slice(v);
+        assert!(k.len() == d && v.len() == d, "a KV cell is [kv_dim]");
+        for (base, len, r, x, keys) in [(self.keys, self.len_k, &self.k, k, true), (self.values, self.len_v, &self.v, v, false)] {
+            if r.dtype == KvDtype::F16 {
+                assert!((slot + 1) * d * 2 <= len, "KV cell {slot} out of range");
+                // SAFETY: in bounds (checked), exclusive by the caller's promise, f16-aligned (the buffer
+                // holds f16); the storage outlives `self`.
+                let cell = unsafe { std::slice::from_raw_parts_mut(base.cast::<f16>().add(slot * d), d) };
+                // `half`'s slice conversion (F16C where present) rounds to nearest even, as `f16::from_f32`.
+                cell.convert_from_f32_slice(x);
+                continue;
+            }
+            let (block, c) = (slot / self.block_size, slot % self.block_size);
+            let heads = d / r.hd;
+            for h in 0..heads {
+                let at = (block * heads + h) * r.bytes();
+                assert!(at + r.bytes() <= len, "KV cell {slot} out of range");
+                // SAFETY: the region is in bounds (checked); `Region::write` touches only cell `c`'s bytes
+                // (its quants and scales; a q4_0 byte holds two dims of one cell), which are this call's
+                // alone by the caller's promise.
+                unsafe { r.write(base.add(at), c, &x[h * r.hd..(h + 1) * r.hd], keys) };
+            }
+        }
     }
 }
 
@@ -174,7 +271,7 @@ mod tests {
 
     #[test]
     fn a_block_read_writes_back_into_another_block() {
-        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, block_size: 2, num_blocks: 3 });
+        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, head_dim: 3, block_size: 2, num_blocks: 3, dtypes: KvDtypes::F16 });
         for layer in 0..2 {
             for slot in 0..6 {
                 let x = (layer * 10 + slot) as f32;
@@ -187,5 +284,27 @@ mod tests {
         assert_eq!(kv.read_block(2), block1);
         let (k, v) = kv.layer(1);
         assert_eq!((k[4 * 3..6 * 3].to_vec(), v[4 * 3..6 * 3].to_vec()), (k[2 * 3..4 * 3].to_vec(), v[2 * 3..4 * 3].to_vec()));
+    }
+
+    #[test]
+    fn quantized_blocks_read_and_write_back_whole() {
+        for dtypes in ["q8_0", "q4_0", "q8_0,q4_0"] {
+            let dtypes = KvDtypes::parse(dtypes).unwrap();
+            let shape = KvShape { num_layers: 2, kv_dim: 128, head_dim: 64, block_size: 16, num_blocks: 3, dtypes };
+            let mut kv = KvStorage::new(shape);
+            for layer in 0..2 {
+                for slot in 0..48 {
+                    let k: Vec<f32> = (0..128).map(|i| ((layer * 1000 + slot * 128 + i) as f32 * 0.1).sin()).collect();
+                    let v: Vec<f32> = k.iter().map(|x| x * 2.0 - 0.5).collect();
+                    kv.write(layer, slot, &k, &v);
+                }
+            }
+            let block1 = kv.read_block(1);
+            assert_eq!(block1.len(), kv.block_bytes());
+            assert_eq!(kv.block_bytes(), 16 * dtypes.bytes_per_token(2, 128));
+            assert_ne!(kv.read_block(2), block1);
+            kv.write_block(2, &block1);
+            assert_eq!(kv.read_block(2), block1, "{dtypes:?}");
+        }
     }
 }

@@ -18,7 +18,7 @@ pub use config::{Arch, ModelConfig};
 use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kv::{KvShape, KvStorage};
+use crate::kv::{KvDtypes, KvShape, KvStorage};
 use crate::kernels::ops::{self, Rope};
 use crate::kernels::ggml::dequantize_row;
 pub use crate::kernels::packed::Numerics;
@@ -140,9 +140,15 @@ impl Model {
         u128::from_le_bytes(h.finalize()[..16].try_into().expect("SHA-256 has 32 bytes"))
     }
 
-    /// A KV storage shaped for this model.
+    /// An f16 KV storage shaped for this model.
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> KvStorage {
-        KvStorage::new(KvShape { num_layers: self.config.n_layers, kv_dim: self.config.kv_dim(), block_size, num_blocks })
+        self.new_kv_with(KvDtypes::F16, block_size, num_blocks)
+    }
+
+    /// A KV storage of `dtypes` shaped for this model (`KvDtypes::check_shape` must accept it).
+    pub fn new_kv_with(&self, dtypes: KvDtypes, block_size: usize, num_blocks: usize) -> KvStorage {
+        let c = &self.config;
+        KvStorage::new(KvShape { num_layers: c.n_layers, kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes })
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
@@ -178,10 +184,15 @@ impl Model {
     }
 
     /// `logits_of` without keeping them: `f` gets each position's logits (`[vocab]`) in order.
-    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
+    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, f: impl FnMut(&[f32])) {
+        self.for_each_logits_with(KvDtypes::F16, tokens, chunk, f)
+    }
+
+    /// `for_each_logits` over a KV cache of `dtypes` (the KV lab's quality measures).
+    pub fn for_each_logits_with(&self, dtypes: KvDtypes, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
-        let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
+        let mut kv = self.new_kv_with(dtypes, BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
         let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {

@@ -12,6 +12,9 @@ use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
 mod key_order;
+mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_x86;
 
 /// Positions per run of the packed numerics' value sums (`key_order`): each output value is one FMA
 /// chain per run of `RUN` positions, the runs' sums added in order.
@@ -60,6 +63,9 @@ pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryP
     assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
     assert_eq!(q.len(), queries.len() * q_dim, "attention queries are not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
+    if let Some(layer) = kv.layer_quant(layer) {
+        return quant::attend(shape, &layer, kv.shape.block_size, queries, q, out_ptr);
+    }
     #[cfg(target_arch = "x86_64")]
     if shape.head_dim % 64 == 0 && (crate::kernels::ggml::math::avx512_available() || crate::kernels::ggml::math::avx2_available()) {
         let tiles = tiled::tiles(queries);
@@ -81,6 +87,9 @@ const PREFETCH_KV_MAX: usize = 768 << 10;
 /// stalling attention later. Does nothing for prefill chunks or a lone token, or when the cells are more
 /// than `PREFETCH_KV_MAX`.
 pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
+    if kv.shape.dtypes.is_quantized() {
+        return;
+    }
     let distinct = queries.windows(2).all(|w| !std::ptr::eq(w[0].block_table, w[1].block_table));
     let bytes_per_cell = 2 * 2 * kv.shape.kv_dim;
     if queries.len() < 2 || !distinct || queries.iter().map(|q| q.pos).sum::<usize>() * bytes_per_cell > PREFETCH_KV_MAX {
@@ -403,7 +412,7 @@ mod tests {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;
             let bs = 16;
-            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, block_size: bs, num_blocks: 120 });
+            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: 120, dtypes: crate::kv::KvDtypes::F16 });
             // three sequences: 250, 37 and 1300 positions, blocks scattered
             let tables: Vec<Vec<u32>> = vec![(0..16).map(|b| (b * 2 + 1) as u32).collect(), vec![30, 6, 0], (34..116).rev().collect()];
             let lens = [250usize, 37, 1300];
