@@ -20,6 +20,44 @@ pub enum LabCommand {
     /// history) with the prefix cache on and off: per turn, prompt tokens, tokens reused, tokens
     /// prefilled and time to first token.
     Prefix(PrefixArgs),
+    /// KV-cache quantization against f16, in the same run: decode and prefill speed at several depths
+    /// (interleaved passes), KV memory, and teacher-forced agreement with f16 over a text.
+    KvQuant(KvQuantArgs),
+}
+
+#[derive(Args)]
+pub struct KvQuantArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The arms, comma-separated: `f16` first (the baseline), then KV dtypes (`q8_0`, `q4_0`, or `K/V`
+    /// pairs written with a slash: `q8_0/q4_0`).
+    #[arg(long, default_value = "f16,q8_0,q4_0")]
+    pub arms: String,
+    /// Context depths, comma-separated (multiples of 16).
+    #[arg(long, default_value = "0,1024,2048,4096")]
+    pub depths: String,
+    /// Interleaved passes (arm order reversed every other pass); figures are medians over them.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub passes: usize,
+    /// Tokens decoded per measurement (0: no decode test).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    pub n_gen: usize,
+    /// Tokens prefilled per measurement, after the depth (0: no prefill test).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub n_prompt: usize,
+    /// The text teacher-forced for the quality columns (cut to --quality-tokens).
+    #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
+    pub text: PathBuf,
+    /// Positions of the quality measure (0: none).
+    #[arg(long, default_value_t = 4096)]
+    pub quality_tokens: usize,
+    /// An instance's price per hour: adds $ per million tokens to each speed.
+    #[arg(long)]
+    pub price_per_hour: Option<f64>,
+    /// Where to write records.jsonl, quality.jsonl, table.md, speed.csv, speed.svg and command.txt
+    /// (default bench/out/kv-quant-<time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -57,6 +95,7 @@ pub struct PrefixArgs {
 pub fn run(args: LabArgs) -> Result<()> {
     match args.command {
         LabCommand::Prefix(a) => run_prefix(a),
+        LabCommand::KvQuant(a) => run_kv_quant(a),
     }
 }
 
@@ -108,6 +147,75 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     let title = format!("{name}: {} turns x {} session(s), {}-token system prompt{}", args.turns, args.sessions, args.prefix_tokens, if args.timestamp { ", timestamp first" } else { "" });
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     report::plot(&rows, &title, &out.join("ttft.svg"))?;
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
+    Ok(())
+}
+
+fn list<T>(spec: &str, flag: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+    let v: Vec<T> = spec.split(',').filter(|s| !s.trim().is_empty()).map(|s| parse(s.trim())).collect::<Result<_>>()?;
+    anyhow::ensure!(!v.is_empty(), "{flag}: empty list");
+    Ok(v)
+}
+
+fn out_dir(out: &Option<PathBuf>, leg: &str) -> Result<PathBuf> {
+    let out = out.clone().unwrap_or_else(|| {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        PathBuf::from(format!("bench/out/{leg}-{secs}"))
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let command: Vec<String> = std::env::args().collect();
+    std::fs::write(out.join("command.txt"), format!("{}\n{}", command.join(" "), super::common::stamp()))?;
+    Ok(out)
+}
+
+fn run_kv_quant(args: KvQuantArgs) -> Result<()> {
+    use reckon_engine::kv::KvDtypes;
+    use reckon_lab::kv;
+    anyhow::ensure!(args.passes >= 1, "--passes must be at least 1");
+    let loaded = load(&args.model)?;
+    let cfg = loaded.model.config.clone();
+    let dtypes = list(&args.arms, "--arms", |s| {
+        let d = KvDtypes::parse(&s.replace('/', ",")).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
+        d.check_shape(cfg.head_dim, 16).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
+        Ok(d)
+    })?;
+    let depths = list(&args.depths, "--depths", |s| {
+        let d: usize = s.parse().with_context(|| format!("--depths: '{s}' is not a number"))?;
+        anyhow::ensure!(d % 16 == 0 && d + args.n_prompt.max(args.n_gen) < cfg.context_length, "--depths: {d} must be a multiple of 16 that leaves room in the model's {}-token context", cfg.context_length);
+        Ok(d)
+    })?;
+    let out = out_dir(&args.out, "kv-quant")?;
+    let model = Arc::new(loaded.model);
+    let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
+    let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
+    let records = kv::speed(&model, &spec, |r| {
+        let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        eprintln!("pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}", r.pass + 1, r.kv_dtype, r.test, r.depth, r.tokens_per_s, if r.drift_check { " (drift check)" } else { "" });
+    })?;
+    let mut quality = Vec::new();
+    if args.quality_tokens > 0 {
+        let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
+        let mut tokens = loaded.tokenizer.encode(&text, true, false)?;
+        tokens.truncate(args.quality_tokens.min(cfg.context_length));
+        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), dtypes.len());
+        quality = kv::quality(&model, &tokens, 512, &dtypes);
+        let mut f = std::fs::File::create(out.join("quality.jsonl"))?;
+        for q in &quality {
+            writeln!(f, "{}", serde_json::to_string(q)?)?;
+        }
+    }
+    let rows = kv::speed_rows(&records, &dtypes, &depths);
+    let mut csv = String::from("kv_dtype,depth,test,tokens_per_s_median,min,max,ratio_median,ratio_min,ratio_max\n");
+    for r in &rows {
+        let (t, q) = (&r.tokens_per_s, &r.ratio);
+        csv += &format!("{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.4}\n", r.kv_dtype, r.depth, r.test, t.median, t.min, t.max, q.median, q.min, q.max);
+    }
+    std::fs::write(out.join("speed.csv"), csv)?;
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: KV dtypes, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+    let table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour);
+    std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
+    kv::plot(&rows, &title, &out.join("speed.svg"))?;
     println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }

@@ -78,12 +78,12 @@ impl BenchResult {
     }
 }
 
-fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
 /// Benchmarks never read the text.
-struct NoText;
+pub(crate) struct NoText;
 
 impl Detokenizer for NoText {
     fn token_bytes(&self, _: u32) -> Vec<u8> {

@@ -1,6 +1,7 @@
 //! reckon's lab: benchmarks and the statistics behind every figure reckon reports.
 
 pub mod bench;
+pub mod kv;
 pub mod prefix;
 pub mod stats;
 

@@ -1,0 +1,359 @@
+//! `reckon lab kv-quant`: what storing the KV cache quantized does to speed, memory and quality, on this
+//! machine, each KV dtype against f16 in the same run.
+//!
+//! Speed: one engine per dtype, all holding the same seeded random context in their prefix caches; each
+//! pass visits every (depth, dtype) once, the dtypes' order reversed on odd passes (A B C, C B A, ...),
+//! and times a decode of `n_gen` tokens after the depth and a prefill of `n_prompt` fresh tokens after
+//! it (as `reckon bench`'s tg and pp at depth). After the last pass the first arm runs again: a change of
+//! over 5% from its first pass flags a host that changed speed during the run (the ratios are still from
+//! interleaved passes, but the absolute figures are suspect).
+//!
+//! Quality: a text, teacher-forced through every dtype in lockstep (chunks of `chunk` tokens, each arm its
+//! own KV cache): per position, whether the top-1 token equals f16's and KL(f16 ‖ dtype) of the next-token
+//! distributions.
+
+use crate::bench::{random_tokens, NoText};
+use crate::stats::{summarize, Summary};
+use crate::LabError;
+use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateParams};
+use reckon_engine::kv::KvDtypes;
+use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
+use reckon_engine::sampler::Rng;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+const BLOCK_SIZE: usize = 16;
+
+/// A top-2 logit gap that two implementations of the same arithmetic precision do not flip: reckon's two
+/// numerics and llama.cpp's two modes disagree only below 0.5 (docs/correctness.md).
+pub const CLEAR_GAP: f32 = 1.0;
+
+#[derive(Clone, Debug)]
+pub struct KvQuantSpec {
+    /// The arms; the first is the baseline (f16).
+    pub dtypes: Vec<KvDtypes>,
+    /// Context depths, each a multiple of the block size (or 0).
+    pub depths: Vec<usize>,
+    pub passes: usize,
+    pub n_gen: usize,
+    pub n_prompt: usize,
+    /// Tokens per prefill step.
+    pub chunk: usize,
+}
+
+/// One timed measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpeedRecord {
+    pub pass: usize,
+    pub kv_dtype: String,
+    pub depth: usize,
+    /// "tg" (decode) or "pp" (prefill).
+    pub test: &'static str,
+    pub tokens: usize,
+    pub tokens_per_s: f64,
+    /// The drift check's repeat of the first arm.
+    pub drift_check: bool,
+}
+
+/// One dtype's agreement with the baseline over the teacher-forced text.
+#[derive(Clone, Debug, Serialize)]
+pub struct QualityRecord {
+    pub kv_dtype: String,
+    pub positions: usize,
+    pub top1_agree: usize,
+    pub top1_agreement: f64,
+    /// Positions where the baseline's top-2 logit gap is at least `CLEAR_GAP` (not a near-tie), and how
+    /// many of them keep the baseline's top-1.
+    pub clear_positions: usize,
+    pub clear_agree: usize,
+    pub mean_kl: f64,
+    pub max_kl: f64,
+}
+
+/// KV bytes of one token of `model` with `dtypes` cells.
+pub fn kv_bytes_per_token(model: &Model, dtypes: KvDtypes) -> usize {
+    dtypes.bytes_per_token(model.config.n_layers, model.config.kv_dim())
+}
+
+/// Runs the speed passes; `record` sees each measurement as it is made.
+pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+    let vocab = model.config.vocab_size;
+    let max_depth = spec.depths.iter().copied().max().unwrap_or(0);
+    let mut rng = Rng::new(1234);
+    let context = random_tokens(&mut rng, max_depth.max(BLOCK_SIZE), vocab);
+    let per_run = spec.n_prompt.max(spec.n_gen + 2) + BLOCK_SIZE;
+    let config = |kv_dtypes| EngineConfig {
+        block_size: BLOCK_SIZE,
+        num_blocks: (max_depth + 8 * per_run).div_ceil(BLOCK_SIZE) + 4,
+        max_batch_tokens: spec.chunk.max(1),
+        max_running: 1,
+        max_waiting: 1,
+        max_model_len: max_depth + per_run + 1,
+        prefix_caching: true,
+        kv_dtypes,
+        ..EngineConfig::default()
+    };
+    let engines: Vec<EngineHandle> = spec.dtypes.iter().map(|&d| spawn(model.clone(), Arc::new(NoText), config(d))).collect();
+    let generate = |engine: &EngineHandle, prompt: Vec<u32>, n: usize| -> Result<(Completion, Vec<Instant>), LabError> {
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
+        let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
+        let mut arrivals = Vec::with_capacity(n);
+        let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
+        Ok((done, arrivals))
+    };
+    // The whole context into every cache (and one untimed warm-up of each test).
+    for e in &engines {
+        generate(e, context.clone(), 2)?;
+        generate(e, [context.as_slice(), &random_tokens(&mut rng, spec.n_prompt.max(1), vocab)].concat(), 1)?;
+    }
+    let mut out = Vec::new();
+    let mut measure = |pass: usize, arm: usize, depth: usize, drift_check: bool, rng: &mut Rng| -> Result<(), LabError> {
+        let (engine, name) = (&engines[arm], spec.dtypes[arm].name());
+        let start = if depth == 0 { vec![1] } else { context[..depth].to_vec() };
+        if spec.n_gen > 0 {
+            let (_, arrivals) = generate(engine, start.clone(), spec.n_gen + 1)?;
+            let secs = arrivals[spec.n_gen].duration_since(arrivals[0]).as_secs_f64();
+            let r = SpeedRecord { pass, kv_dtype: name.clone(), depth, test: "tg", tokens: spec.n_gen, tokens_per_s: spec.n_gen as f64 / secs, drift_check };
+            record(&r);
+            out.push(r);
+        }
+        if spec.n_prompt > 0 {
+            let prompt = [&context[..depth], &random_tokens(rng, spec.n_prompt, vocab)].concat();
+            let (done, _) = generate(engine, prompt, 1)?;
+            let secs = done.timings.time_to_first_token.as_secs_f64();
+            let r = SpeedRecord { pass, kv_dtype: name, depth, test: "pp", tokens: spec.n_prompt, tokens_per_s: spec.n_prompt as f64 / secs, drift_check };
+            record(&r);
+            out.push(r);
+        }
+        Ok(())
+    };
+    for pass in 0..spec.passes {
+        for &depth in &spec.depths {
+            let arms: Vec<usize> = if pass % 2 == 0 { (0..engines.len()).collect() } else { (0..engines.len()).rev().collect() };
+            for arm in arms {
+                measure(pass, arm, depth, false, &mut rng)?;
+            }
+        }
+    }
+    if let Some(&depth) = spec.depths.first() {
+        measure(spec.passes, 0, depth, true, &mut rng)?;
+    }
+    Ok(out)
+}
+
+/// Teacher-forces `tokens` through every arm in lockstep and compares each with the first.
+pub fn quality(model: &Model, tokens: &[u32], chunk: usize, dtypes: &[KvDtypes]) -> Vec<QualityRecord> {
+    let vocab = model.config.vocab_size;
+    let blocks = tokens.len().div_ceil(BLOCK_SIZE).max(1);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut arms: Vec<(reckon_engine::kv::KvStorage, Scratch)> = dtypes.iter().map(|&d| (model.new_kv_with(d, BLOCK_SIZE, blocks), Scratch::default())).collect();
+    // per arm: top-1 agreements, KL sum, KL max, agreements at clear positions
+    let mut stats = vec![(0usize, 0.0f64, 0.0f64, 0usize); dtypes.len()];
+    let mut clear = 0;
+    let mut base: Vec<f32> = Vec::new();
+    let mut base_lp = vec![0f64; vocab];
+    for (i, part) in tokens.chunks(chunk.max(1)).enumerate() {
+        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_table: &table, logits: LogitsWanted::All };
+        for (a, (kv, scratch)) in arms.iter_mut().enumerate() {
+            let logits = model.forward(std::slice::from_ref(&input), kv, scratch);
+            if a == 0 {
+                base.clear();
+                base.extend_from_slice(logits);
+                continue;
+            }
+            for (row, b) in logits.chunks_exact(vocab).zip(base.chunks_exact(vocab)) {
+                log_softmax(b, &mut base_lp);
+                let top_b = argmax(b);
+                let second = b.iter().enumerate().filter(|&(i, _)| i != top_b).map(|(_, &x)| x).fold(f32::NEG_INFINITY, f32::max);
+                let is_clear = b[top_b] - second >= CLEAR_GAP;
+                clear += usize::from(is_clear && a == 1);
+                let kl = kl_from(&base_lp, row);
+                let s = &mut stats[a];
+                let agree = argmax(row) == top_b;
+                s.0 += usize::from(agree);
+                s.1 += kl;
+                s.2 = s.2.max(kl);
+                s.3 += usize::from(agree && is_clear);
+            }
+        }
+    }
+    dtypes
+        .iter()
+        .zip(&stats)
+        .enumerate()
+        .map(|(a, (d, &(agree, kl_sum, kl_max, clear_agree)))| {
+            let (agree, clear_agree) = if a == 0 { (tokens.len(), clear) } else { (agree, clear_agree) };
+            QualityRecord {
+                kv_dtype: d.name(),
+                positions: tokens.len(),
+                top1_agree: agree,
+                top1_agreement: agree as f64 / tokens.len() as f64,
+                clear_positions: clear,
+                clear_agree,
+                mean_kl: kl_sum / tokens.len() as f64,
+                max_kl: kl_max,
+            }
+        })
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0
+}
+
+fn log_softmax(row: &[f32], out: &mut [f64]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    for (o, &x) in out.iter_mut().zip(row) {
+        *o = x as f64 - max - z;
+    }
+}
+
+/// KL(p ‖ q) with p given as log-probabilities and q as logits.
+fn kl_from(log_p: &[f64], q_logits: &[f32]) -> f64 {
+    let max = q_logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z = q_logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    log_p.iter().zip(q_logits).map(|(&lp, &x)| lp.exp() * (lp - (x as f64 - max - z))).sum::<f64>().max(0.0)
+}
+
+/// One (dtype, depth, test) over the passes.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpeedRow {
+    pub kv_dtype: String,
+    pub depth: usize,
+    pub test: &'static str,
+    pub tokens_per_s: Summary,
+    /// Median over the passes of this arm's speed over the baseline's in the same pass.
+    pub ratio: Summary,
+}
+
+pub fn speed_rows(records: &[SpeedRecord], dtypes: &[KvDtypes], depths: &[usize]) -> Vec<SpeedRow> {
+    let mut rows = Vec::new();
+    fn timed<'a>(records: &'a [SpeedRecord], d: &'a str, depth: usize, test: &'a str) -> impl Iterator<Item = &'a SpeedRecord> {
+        records.iter().filter(move |r| !r.drift_check && r.kv_dtype == d && r.depth == depth && r.test == test)
+    }
+    for test in ["tg", "pp"] {
+        for &depth in depths {
+            let base = dtypes[0].name();
+            for d in dtypes {
+                let name = d.name();
+                let speeds: Vec<f64> = timed(records, &name, depth, test).map(|r| r.tokens_per_s).collect();
+                let ratios: Vec<f64> = timed(records, &name, depth, test).filter_map(|r| timed(records, &base, depth, test).find(|b| b.pass == r.pass).map(|b| r.tokens_per_s / b.tokens_per_s)).collect();
+                if let (Some(tokens_per_s), Some(ratio)) = (summarize(&speeds), summarize(&ratios)) {
+                    rows.push(SpeedRow { kv_dtype: name, depth, test, tokens_per_s, ratio });
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// The drift check: the first arm's first-depth decode (or prefill) speed at the end over its first pass.
+pub fn drift(records: &[SpeedRecord]) -> Option<f64> {
+    let last = records.iter().rfind(|r| r.drift_check)?;
+    let first = records.iter().find(|r| !r.drift_check && r.pass == 0 && r.kv_dtype == last.kv_dtype && r.depth == last.depth && r.test == last.test)?;
+    Some(last.tokens_per_s / first.tokens_per_s - 1.0)
+}
+
+/// The leg's markdown: speed table (with $ per million tokens at `price_per_hour`), KV memory, quality.
+pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], drift: Option<f64>, price_per_hour: Option<f64>) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let price = |tps: f64| price_per_hour.map(|p| format!(" | ${:.3}", p / (tps * 3600.0) * 1e6)).unwrap_or_default();
+    let price_head = if price_per_hour.is_some() { " | $ / M tokens" } else { "" };
+    let price_rule = if price_per_hour.is_some() { "|---" } else { "" };
+    let _ = writeln!(out, "| test | depth | KV | tok/s median (min-max) | vs first arm, median (min-max) | KV MiB at depth{price_head} |");
+    let _ = writeln!(out, "|---|---|---|---|---|---{price_rule}|");
+    for r in rows {
+        let d = KvDtypes::parse(&r.kv_dtype).unwrap_or_default();
+        let mib = (kv_bytes_per_token(model, d) * r.depth) as f64 / (1 << 20) as f64;
+        let t = &r.tokens_per_s;
+        let q = &r.ratio;
+        let _ = writeln!(out, "| {} | {} | {} | {:.1} ({:.1}-{:.1}) | {:.2}x ({:.2}-{:.2}) | {:.1}{} |", r.test, r.depth, r.kv_dtype, t.median, t.min, t.max, q.median, q.min, q.max, mib, price(t.median));
+    }
+    if let Some(d) = drift {
+        let flag = if d.abs() > 0.05 { " — over 5%: the host changed speed during the run; treat absolute figures with care" } else { "" };
+        let _ = writeln!(out, "\nDrift check (first arm repeated at the end): {:+.1}%{flag}", 100.0 * d);
+    }
+    if !quality.is_empty() {
+        let _ = writeln!(out, "\n| KV | bytes/token | teacher-forced top-1 = first arm's | same, where its top-2 gap ≥ {CLEAR_GAP} | mean KL | max KL |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for q in quality {
+            let d = KvDtypes::parse(&q.kv_dtype).unwrap_or_default();
+            let pct = |a: usize, n: usize| 100.0 * a as f64 / n.max(1) as f64;
+            let _ = writeln!(
+                out,
+                "| {} | {} | {}/{} ({:.2}%) | {}/{} ({:.2}%) | {:.5} | {:.4} |",
+                q.kv_dtype,
+                kv_bytes_per_token(model, d),
+                q.top1_agree,
+                q.positions,
+                100.0 * q.top1_agreement,
+                q.clear_agree,
+                q.clear_positions,
+                pct(q.clear_agree, q.clear_positions),
+                q.mean_kl,
+                q.max_kl
+            );
+        }
+    }
+    out
+}
+
+/// Decode tok/s against depth, one line per dtype, as an SVG.
+pub fn plot(rows: &[SpeedRow], title: &str, path: &std::path::Path) -> Result<(), LabError> {
+    use plotters::prelude::*;
+    let err = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
+    let root = SVGBackend::new(path, (1100, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root.titled(title, ("sans-serif", 18)).map_err(|e| err(&e))?;
+    let (left, right) = root.split_horizontally(550);
+    let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
+    for (area, test, caption) in [(&left, "tg", "decode tok/s (median) vs depth"), (&right, "pp", "prefill tok/s at depth (median)")] {
+        let sel: Vec<&SpeedRow> = rows.iter().filter(|r| r.test == test).collect();
+        if sel.is_empty() {
+            continue;
+        }
+        let xmax = sel.iter().map(|r| r.depth).max().unwrap_or(1).max(1) as f64 * 1.05;
+        let ymax = sel.iter().map(|r| r.tokens_per_s.max).fold(1.0, f64::max) * 1.1;
+        let mut chart = ChartBuilder::on(area).caption(caption, ("sans-serif", 15)).margin(12).x_label_area_size(35).y_label_area_size(55).build_cartesian_2d(0.0..xmax, 0.0..ymax).map_err(|e| err(&e))?;
+        chart.configure_mesh().x_desc("context depth (tokens)").draw().map_err(|e| err(&e))?;
+        let mut names: Vec<&str> = sel.iter().map(|r| r.kv_dtype.as_str()).collect();
+        names.dedup();
+        for (i, name) in names.iter().enumerate() {
+            let color = colors[i % colors.len()];
+            let pts: Vec<(f64, f64)> = sel.iter().filter(|r| r.kv_dtype == *name).map(|r| (r.depth as f64, r.tokens_per_s.median)).collect();
+            chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?.label(*name).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        }
+        chart.configure_series_labels().position(SeriesLabelPosition::LowerLeft).border_style(BLACK).background_style(WHITE).draw().map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kl_is_zero_for_equal_and_positive_otherwise() {
+        let a = [1.0f32, 2.0, 3.0];
+        let mut lp = [0f64; 3];
+        log_softmax(&a, &mut lp);
+        assert!(kl_from(&lp, &a) < 1e-12);
+        assert!(kl_from(&lp, &[3.0, 2.0, 1.0]) > 0.5);
+        assert_eq!(argmax(&a), 2);
+    }
+
+    #[test]
+    fn rows_pair_each_pass_with_the_baseline() {
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 1024, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 150.0), rec(1, "q8_0", 120.0), rec(1, "f16", 100.0), SpeedRecord { drift_check: true, pass: 2, ..rec(2, "f16", 90.0) }];
+        let dtypes = [KvDtypes::F16, KvDtypes::parse("q8_0").unwrap()];
+        let rows = speed_rows(&records, &dtypes, &[1024]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[1].ratio.median, rows[1].ratio.min, rows[1].ratio.max), (1.35, 1.2, 1.5));
+        assert_eq!(rows[0].tokens_per_s.n, 2, "the drift check is not a pass");
+        assert!((drift(&records).unwrap() + 0.1).abs() < 1e-12);
+    }
+}
