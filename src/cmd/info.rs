@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::ModelConfig;
+use reckon_engine::kv::{KvDtype, KvDtypes};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -60,6 +61,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "kv_f16_bytes_at_4096": kv_bytes_per_token * 4096,
             "kv_f16_bytes_at_context_length": kv_bytes_per_token * cfg.context_length as u64,
             "total_at_4096_bytes": weight_bytes + kv_bytes_per_token * 4096,
+            "kv_bytes_per_token_by_dtype": KvDtype::ALL.iter().filter(|d| KvDtypes { k: **d, v: **d }.check_shape(cfg.head_dim, 16).is_ok()).map(|&d| (d.name(), KvDtypes { k: d, v: d }.bytes_per_token(cfg.n_layers, cfg.kv_dim()))).collect::<BTreeMap<_, _>>(),
         },
     });
     if args.json {
@@ -88,6 +90,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
     }
     println!("memory:          weights {:.1} MiB (memory-mapped); f16 KV {:.1} KiB/token = {:.1} MiB at 4096 tokens, {:.1} MiB at {}",
         mib(weight_bytes), kv_bytes_per_token as f64 / 1024.0, mib(kv_bytes_per_token * 4096), mib(kv_bytes_per_token * cfg.context_length as u64), cfg.context_length);
+    if let Some(by_dtype) = report["memory"]["kv_bytes_per_token_by_dtype"].as_object() {
+        let line: Vec<String> = by_dtype.iter().map(|(d, b)| format!("{d} {:.1} KiB", b.as_f64().unwrap_or(0.0) / 1024.0)).collect();
+        println!("KV per token:    {} (--kv-dtype)", line.join(", "));
+    }
     if args.metadata {
         println!("metadata:");
         for (k, v) in &file.header().metadata {
