@@ -24,6 +24,10 @@ pub struct BenchArgs {
     /// Tokens per prefill step.
     #[arg(short = 'b', long = "batch", default_value_t = 512)]
     pub chunk: usize,
+    /// After the tests, measure the memory read bandwidth and show each decode's ceiling (bandwidth ÷
+    /// bytes read per token) and the fraction of it reached.
+    #[arg(long)]
+    pub bandwidth: bool,
     /// One JSON object per line per test.
     #[arg(long)]
     pub json: bool,
@@ -34,19 +38,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let path = model_path(&args.model.model)?;
     let model = std::sync::Arc::new(args.model.load_model(&path)?);
     let kv_dtypes = args.model.kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
-    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes };
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;
+    if let Some(bw) = results.iter().find_map(|r| r.read_gb_s) {
+        eprintln!("read bandwidth ({threads} threads, after the tests): {bw:.1} GB/s");
+    }
     if args.json {
         for r in &results {
             println!("{}", serde_json::to_string(r)?);
         }
         return Ok(());
     }
-    println!("| model | numerics | KV | threads | test | t/s median | min | max |");
-    println!("|---|---|---|---|---|---|---|---|");
+    let (head, rule) = if args.bandwidth { (" MB/token | bound t/s | of bound |", "---|---|---|") } else { ("", "") };
+    println!("| model | numerics | KV | threads | test | t/s median | min | max |{head}");
+    println!("|---|---|---|---|---|---|---|---|{rule}");
     for r in &results {
-        println!("| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |", r.model, r.numerics, r.kv_dtype, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
+        let bound = match (r.bytes_per_token, r.bound_tokens_per_s, r.fraction_of_bound) {
+            (Some(b), Some(t), Some(f)) => format!(" {:.1} | {t:.1} | {:.0}% |", b as f64 / 1e6, 100.0 * f),
+            _ if args.bandwidth => " | | |".to_string(),
+            _ => String::new(),
+        };
+        println!("| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |{bound}", r.model, r.numerics, r.kv_dtype, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
     }
     Ok(())
 }

@@ -33,6 +33,8 @@ pub struct BenchSpec {
     pub chunk: usize,
     /// How the KV cache stores keys and values.
     pub kv_dtypes: KvDtypes,
+    /// Measure the read bandwidth after the tests and report each decode's fraction of its bound.
+    pub bandwidth: bool,
 }
 
 /// One test's result; field names follow llama-bench's JSON where they overlap.
@@ -51,6 +53,17 @@ pub struct BenchResult {
     pub tokens_per_s_median: f64,
     pub tokens_per_s_min: f64,
     pub tokens_per_s_max: f64,
+    /// Decode tests: bytes a token reads (weights and attended KV, `Model::decode_bytes_per_token`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_per_token: Option<u64>,
+    /// Decode tests with `--bandwidth`: the read bandwidth measured after the tests, the ceiling it puts
+    /// on decode (`read_gb_s / bytes_per_token`) and the median's fraction of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_gb_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_tokens_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_bound: Option<f64>,
 }
 
 impl BenchResult {
@@ -68,6 +81,10 @@ impl BenchResult {
             tokens_per_s_median: median,
             tokens_per_s_min: min,
             tokens_per_s_max: max,
+            bytes_per_token: None,
+            read_gb_s: None,
+            bound_tokens_per_s: None,
+            fraction_of_bound: None,
         }
     }
 
@@ -112,7 +129,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         kv_dtypes: spec.kv_dtypes,
         ..EngineConfig::default()
     };
-    let engine = spawn(model, Arc::new(NoText), config);
+    let engine = spawn(model.clone(), Arc::new(NoText), config);
     let generate = |prompt: Vec<u32>, n: usize| -> Result<(Completion, Vec<Instant>), LabError> {
         let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
         let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
@@ -140,9 +157,21 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
             let decode = arrivals[spec.n_gen].duration_since(arrivals[0]);
             Ok(spec.n_gen as f64 / decode.as_secs_f64())
         })?;
-        results.push(BenchResult::new(model_name, numerics, spec, 0, spec.n_gen, samples));
+        let mut r = BenchResult::new(model_name, numerics, spec, 0, spec.n_gen, samples);
+        // the depth, and on average half the generated tokens besides
+        r.bytes_per_token = Some(model.decode_bytes_per_token(spec.n_depth + spec.n_gen / 2, spec.kv_dtypes));
+        results.push(r);
     }
     drop::<EngineHandle>(engine);
+    if spec.bandwidth {
+        let bw = crate::bandwidth::measure(spec.threads);
+        for r in results.iter_mut() {
+            if let Some(bytes) = r.bytes_per_token {
+                let bound = bw.read_gb_s * 1e9 / bytes as f64;
+                (r.read_gb_s, r.bound_tokens_per_s, r.fraction_of_bound) = (Some(bw.read_gb_s), Some(bound), Some(r.tokens_per_s_median / bound));
+            }
+        }
+    }
     Ok(results)
 }
 

@@ -1,5 +1,6 @@
 //! reckon's lab: benchmarks and the statistics behind every figure reckon reports.
 
+pub mod bandwidth;
 pub mod bench;
 pub mod kv;
 pub mod prefix;

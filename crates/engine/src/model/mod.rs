@@ -140,6 +140,20 @@ impl Model {
         u128::from_le_bytes(h.finalize()[..16].try_into().expect("SHA-256 has 32 bytes"))
     }
 
+    /// Bytes one decode token reads from memory at `depth` cells of context: every weight tensor as the
+    /// file stores it (the token embedding table only where it is also the output matrix: otherwise one
+    /// row is read), and the keys and values each layer attends (a sliding-window layer its window).
+    /// The ceiling on decode speed is the read bandwidth divided by this.
+    pub fn decode_bytes_per_token(&self, depth: usize, dtypes: KvDtypes) -> u64 {
+        let tensors = &self.file.header().tensors;
+        let tied = !tensors.iter().any(|t| t.name == "output.weight");
+        let weights: u64 = tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(|t| t.num_bytes).sum();
+        let c = &self.config;
+        let per_layer_cell = (dtypes.k.bytes(c.kv_dim()) + dtypes.v.bytes(c.kv_dim())) as u64;
+        let kv: u64 = (0..c.n_layers).map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell).sum();
+        weights + kv
+    }
+
     /// An f16 KV storage shaped for this model.
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> KvStorage {
         self.new_kv_with(KvDtypes::F16, block_size, num_blocks)
