@@ -11,6 +11,10 @@ use crate::huge_buf::HugeBuf;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
+// Blocks are saved to disk as the bytes in memory: f16 little-endian.
+#[cfg(not(target_endian = "little"))]
+compile_error!("the KV storage's disk format assumes a little-endian machine");
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
     pub num_layers: usize,
@@ -20,22 +24,6 @@ pub struct KvShape {
     pub block_size: usize,
     pub num_blocks: usize,
     pub dtypes: KvDtypes,
-}
-
-/// One layer's keys or values.
-enum Cells {
-    F16(HugeBuf<f16>),
-    Quant(HugeBuf<u8>),
-}
-
-impl Cells {
-    fn new(dtype: KvDtype, shape: &KvShape) -> Cells {
-        let cells = shape.num_blocks * shape.block_size;
-        match dtype {
-            KvDtype::F16 => Cells::F16(HugeBuf::zeroed(cells * shape.kv_dim)),
-            d => Cells::Quant(HugeBuf::zeroed(cells * d.bytes(shape.kv_dim))),
-        }
-    }
 }
 
 /// One layer's quantized keys and values, with their regions' geometry (`kv::quant`).
@@ -58,20 +46,25 @@ impl QuantLayer<'_> {
 
 pub struct KvStorage {
     pub shape: KvShape,
-    /// Per layer. Huge pages: a decode step reads cells scattered over the whole pool (see `huge_buf`).
-    keys: Vec<Cells>,
-    values: Vec<Cells>,
+    /// Every layer's keys then values, one mapping: huge pages need 2 MiB-aligned runs of 2 MiB, which a
+    /// layer's own buffer (1.7 MiB for SmolLM2's 4,400 f16 cells) would not hold; on 4 KiB pages a decode
+    /// at depth 4096 ran at two thirds of the speed. f16 elements, so f16 views are aligned; quantized
+    /// cells are viewed as bytes. Huge pages: a decode step reads cells scattered over the pool (`huge_buf`).
+    data: HugeBuf<f16>,
+    /// Bytes of one layer's keys, and of its values.
+    k_bytes: usize,
+    v_bytes: usize,
 }
 
 impl KvStorage {
     pub fn new(shape: KvShape) -> Self {
         assert!(shape.kv_dim % shape.head_dim == 0, "kv_dim is whole heads");
         shape.dtypes.check_shape(shape.head_dim, shape.block_size).expect("KV dtypes checked before the storage is made");
-        KvStorage {
-            shape,
-            keys: (0..shape.num_layers).map(|_| Cells::new(shape.dtypes.k, &shape)).collect(),
-            values: (0..shape.num_layers).map(|_| Cells::new(shape.dtypes.v, &shape)).collect(),
-        }
+        let cells = shape.num_blocks * shape.block_size;
+        let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
+        // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
+        debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
+        KvStorage { shape, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes }
     }
 
     /// Bytes held for keys and values of all layers.
@@ -90,16 +83,32 @@ impl KvStorage {
         Region { dtype, hd: self.shape.head_dim, bs: self.shape.block_size }
     }
 
+    /// Byte ranges of `layer`'s keys and values in `data`.
+    fn layer_ranges(&self, layer: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let at = layer * (self.k_bytes + self.v_bytes);
+        (at..at + self.k_bytes, at + self.k_bytes..at + self.k_bytes + self.v_bytes)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: f16 is plain 2-byte data; the view covers exactly the buffer's memory.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), 2 * self.data.len()) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`; every byte pattern is a valid f16.
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast::<u8>(), 2 * self.data.len()) }
+    }
+
     /// A writer of `layer`'s cells that the parts of a parallel run share, each writing its own tokens'
     /// cells (see `LayerWriter::write`).
     pub fn layer_writer(&mut self, layer: usize) -> LayerWriter<'_> {
         let (k, v) = (self.region(self.shape.dtypes.k), self.region(self.shape.dtypes.v));
-        let part = |c: &mut Cells| match c {
-            Cells::F16(b) => (b.as_mut_ptr().cast::<u8>(), 2 * b.len()),
-            Cells::Quant(b) => (b.as_mut_ptr(), b.len()),
-        };
-        let ((keys, len_k), (values, len_v)) = (part(&mut self.keys[layer]), part(&mut self.values[layer]));
-        LayerWriter { keys, values, len_k, len_v, kv_dim: self.shape.kv_dim, block_size: self.shape.block_size, k, v, _storage: std::marker::PhantomData }
+        let (rk, rv) = self.layer_ranges(layer);
+        let (kv_dim, block_size) = (self.shape.kv_dim, self.shape.block_size);
+        let base = self.bytes_mut().as_mut_ptr();
+        // SAFETY: both ranges are inside the buffer.
+        let (keys, values) = unsafe { (base.add(rk.start), base.add(rv.start)) };
+        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, k, v, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
@@ -113,24 +122,24 @@ impl KvStorage {
         self.shape.block_size * self.shape.dtypes.bytes_per_token(self.shape.num_layers, self.shape.kv_dim)
     }
 
-    /// Range of block `b`'s bytes in a layer's cells of `dtype`.
-    fn block_range(&self, dtype: KvDtype, b: u32) -> std::ops::Range<usize> {
-        let n = self.shape.block_size * dtype.bytes(self.shape.kv_dim);
-        b as usize * n..(b as usize + 1) * n
+    /// Byte ranges (in `data`) of block `b`'s keys then values, layer by layer.
+    fn block_ranges(&self, b: u32) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let bs = self.shape.block_size;
+        (0..self.shape.num_layers).flat_map(move |layer| {
+            let (rk, rv) = self.layer_ranges(layer);
+            [(rk, self.shape.dtypes.k), (rv, self.shape.dtypes.v)].map(|(r, d)| {
+                let n = bs * d.bytes(self.shape.kv_dim);
+                r.start + b as usize * n..r.start + (b as usize + 1) * n
+            })
+        })
     }
 
     /// Block `b`'s keys and values: per layer its keys then its values (f16 little-endian, or the
     /// quantized regions' bytes).
     pub fn read_block(&self, b: u32) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.block_bytes());
-        for (k, v) in self.keys.iter().zip(&self.values) {
-            for (cells, dtype) in [(k, self.shape.dtypes.k), (v, self.shape.dtypes.v)] {
-                let r = self.block_range(dtype, b);
-                match cells {
-                    Cells::F16(c) => extend_le_bytes(&mut out, &c[r.start / 2..r.end / 2]),
-                    Cells::Quant(c) => out.extend_from_slice(&c[r]),
-                }
-            }
+        for r in self.block_ranges(b) {
+            out.extend_from_slice(&self.bytes()[r]);
         }
         out
     }
@@ -138,26 +147,22 @@ impl KvStorage {
     /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
-        let (rk, rv) = (self.block_range(self.shape.dtypes.k, b), self.block_range(self.shape.dtypes.v, b));
+        let ranges: Vec<std::ops::Range<usize>> = self.block_ranges(b).collect();
         let mut at = 0;
-        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            for (cells, r) in [(k, rk.clone()), (v, rv.clone())] {
-                let src = &data[at..at + r.len()];
-                at += r.len();
-                match cells {
-                    Cells::F16(c) => copy_le_bytes(&mut c[r.start / 2..r.end / 2], src),
-                    Cells::Quant(c) => c[r].copy_from_slice(src),
-                }
-            }
+        for r in ranges {
+            let n = r.len();
+            self.bytes_mut()[r].copy_from_slice(&data[at..at + n]);
+            at += n;
         }
     }
 
     /// All f16 keys and values of one layer, indexed by slot, or None when the cells are quantized.
     pub fn layer_f16(&self, layer: usize) -> Option<(&[f16], &[f16])> {
-        match (&self.keys[layer], &self.values[layer]) {
-            (Cells::F16(k), Cells::F16(v)) => Some((k, v)),
-            _ => None,
+        if self.shape.dtypes.is_quantized() {
+            return None;
         }
+        let (rk, rv) = self.layer_ranges(layer);
+        Some((&self.data[rk.start / 2..rk.end / 2], &self.data[rv.start / 2..rv.end / 2]))
     }
 
     /// All f16 keys and values of one layer, indexed by slot (f16 storage only).
@@ -167,16 +172,17 @@ impl KvStorage {
 
     /// One layer's quantized cells, or None for f16 storage.
     pub fn layer_quant(&self, layer: usize) -> Option<QuantLayer<'_>> {
-        match (&self.keys[layer], &self.values[layer]) {
-            (Cells::Quant(k), Cells::Quant(v)) => Some(QuantLayer {
-                keys: k,
-                values: v,
-                k: self.region(self.shape.dtypes.k),
-                v: self.region(self.shape.dtypes.v),
-                n_kv_heads: self.shape.kv_dim / self.shape.head_dim,
-            }),
-            _ => None,
+        if !self.shape.dtypes.is_quantized() {
+            return None;
         }
+        let (rk, rv) = self.layer_ranges(layer);
+        Some(QuantLayer {
+            keys: &self.bytes()[rk],
+            values: &self.bytes()[rv],
+            k: self.region(self.shape.dtypes.k),
+            v: self.region(self.shape.dtypes.v),
+            n_kv_heads: self.shape.kv_dim / self.shape.head_dim,
+        })
     }
 }
 
@@ -232,36 +238,6 @@ impl LayerWriter<'_> {
                 unsafe { r.write(base.add(at), c, &x[h * r.hd..(h + 1) * r.hd], keys) };
             }
         }
-    }
-}
-
-/// Appends f16 values as little-endian bytes (one copy on little-endian machines).
-fn extend_le_bytes(out: &mut Vec<u8>, values: &[f16]) {
-    #[cfg(target_endian = "little")]
-    {
-        // SAFETY: f16 is a plain 2-byte value with no padding; its in-memory bytes are its bits in
-        // little-endian order on this target.
-        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
-        out.extend_from_slice(bytes);
-    }
-    #[cfg(not(target_endian = "little"))]
-    for x in values {
-        out.extend_from_slice(&x.to_bits().to_le_bytes());
-    }
-}
-
-/// Overwrites f16 values from little-endian bytes (one copy on little-endian machines).
-fn copy_le_bytes(dst: &mut [f16], src: &[u8]) {
-    assert_eq!(src.len(), std::mem::size_of_val(dst));
-    #[cfg(target_endian = "little")]
-    {
-        // SAFETY: lengths are equal (checked above), the regions cannot overlap (one is borrowed mutably),
-        // and every bit pattern is a valid f16.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast::<u8>(), src.len()) };
-    }
-    #[cfg(not(target_endian = "little"))]
-    for (x, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-        *x = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
     }
 }
 
