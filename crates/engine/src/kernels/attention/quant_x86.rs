@@ -47,6 +47,7 @@ impl Job<'_> {
 
     /// The region (block, this KV head) holding cell `cell` (relative to `base`), and the cell's index
     /// in the block.
+    #[inline(always)]
     fn region(&self, r: &Region, data: &[u8], cell: usize) -> (*const u8, usize) {
         let pos = self.base + cell;
         let at = self.kv.region_at(r, self.table()[pos / self.bs], self.kv_head);
@@ -432,14 +433,25 @@ unsafe fn values(job: &Job, w: *const f32, rows: Range<usize>, cells: Range<usiz
 
 type ValueArgs<'a> = (&'a Job<'a>, *const f32, usize, Range<usize>, usize, bool, &'a dyn Fn(usize) -> *mut f32);
 
-/// The cells of `cells` chunk by chunk: (region, index in the block of the chunk's first cell, the
-/// cells of the chunk that are in `cells`).
+/// Chunk `ch` of a value pass over `cells`: its region, the block index of its first cell, and its cells
+/// that are in `cells`. It also asks for the chunk two ahead to be brought into L1 (its cells' rows and
+/// scales): a head's chunks are regions apart, which the hardware prefetcher did not follow from DRAM.
+/// (A function, not an iterator's closure: closures are compiled without the caller's target features
+/// and were not inlined, 3% of a decode step.)
 #[inline(always)]
-fn chunk_walk<'a>(job: &'a Job, r: &'a Region, cells: Range<usize>) -> impl Iterator<Item = (*const u8, usize, Range<usize>)> + 'a {
-    (cells.start / 16..cells.end.div_ceil(16)).map(move |ch| {
-        let (region, cell0) = job.region(r, job.kv.values, 16 * ch);
-        (region, cell0, (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end))
-    })
+unsafe fn value_chunk(job: &Job, r: &Region, ch: usize, cells: &Range<usize>) -> (*const u8, usize, Range<usize>) {
+    if 16 * ch + 32 < cells.end {
+        let (next, c) = job.region(r, job.kv.values, 16 * ch + 32);
+        let row_bytes = r.dtype.quant_bytes(r.hd);
+        for line in (c * row_bytes..(c + 16) * row_bytes).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(next.add(line) as *const i8);
+        }
+        for b in 0..r.hd / 32 {
+            _mm_prefetch::<_MM_HINT_T0>(next.add(r.scales_at() + 2 * (b * r.bs + c)) as *const i8);
+        }
+    }
+    let (region, cell0) = job.region(r, job.kv.values, 16 * ch);
+    (region, cell0, (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end))
 }
 
 /// R rows × dims `16·v0 .. 16·v0 + 64` (two scale blocks): per cell the 64 values dequantized once
@@ -452,7 +464,8 @@ unsafe fn values_avx512<const R: usize>((job, w, r0, cells, v0, add, out): Value
     let row_bytes = r.dtype.quant_bytes(hd);
     let (low, eight) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(8));
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    for (region, cell0, span) in chunk_walk(job, r, cells) {
+    for ch in cells.start / 16..cells.end.div_ceil(16) {
+        let (region, cell0, span) = value_chunk(job, r, ch, &cells);
         let scales = region.add(r.scales_at() + 2 * cell0);
         let mut d = [[0f32; 16]; 2];
         for (k, d) in d.iter_mut().enumerate() {
@@ -502,7 +515,8 @@ unsafe fn values_avx2<const R: usize>((job, w, r0, cells, v0, add, out): ValueAr
     let (b, high) = (v0 / 4, v0 % 4 >= 2);
     let (low, eight) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(8));
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    for (region, cell0, span) in chunk_walk(job, r, cells) {
+    for ch in cells.start / 16..cells.end.div_ceil(16) {
+        let (region, cell0, span) = value_chunk(job, r, ch, &cells);
         let mut d = [0f32; 16];
         let scales = region.add(r.scales_at() + 2 * (b * bs + cell0));
         _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(scales as *const __m128i)));
