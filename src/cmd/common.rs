@@ -167,9 +167,12 @@ fn init_threads(threads: Option<usize>) -> Result<usize> {
 /// What a raw result file names besides its command: the commit this binary was built from, the CPU
 /// model and the ISA extensions the kernels choose between.
 pub fn stamp() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, m)| m.trim().to_string()));
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| info.lines().find(|l| l.split(':').next().map(str::trim) == Some(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_else(|| "unknown".into());
+    // "AMD EPYC" alone names no generation: family and model do (26/2 is Zen 5, 25/1 Zen 3).
+    let cpu = format!("{} (family {}, model {}, {} logical CPUs)", field("model name"), field("cpu family"), field("model"), info.lines().filter(|l| l.starts_with("processor")).count());
     let features = reckon_engine::kernels::cpu::CpuFeatures::get();
-    format!("commit: {}\ncpu: {}\nisa: {}\nkernels: {}\n", env!("RECKON_COMMIT"), cpu.as_deref().unwrap_or("unknown"), features.describe(), reckon_engine::kernels::cpu::simd_level().name())
+    format!("commit: {}\ncpu: {cpu}\nisa: {}\nkernels: {}\n", env!("RECKON_COMMIT"), features.describe(), reckon_engine::kernels::cpu::simd_level().name())
 }
 
 /// Where fetched models live: `$RECKON_HOME`, default `~/.cache/reckon/models` (as scripts/fetch-models).
