@@ -14,12 +14,16 @@ def _git(*args):
 
 
 def stamp():
-    model, flags = "unknown", set()
+    model, flags, family, cpu_model = "unknown", set(), "?", "?"
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name") and model == "unknown":
                     model = line.split(":", 1)[1].strip()
+                elif line.startswith("cpu family") and family == "?":
+                    family = line.split(":", 1)[1].strip()
+                elif line.split(":", 1)[0].strip() == "model" and cpu_model == "?":
+                    cpu_model = line.split(":", 1)[1].strip()
                 elif line.startswith("flags") and not flags:
                     flags = set(line.split(":", 1)[1].split())
     except OSError:
@@ -29,7 +33,8 @@ def stamp():
         "command": " ".join(sys.argv),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-        "cpu": model,
+        # "AMD EPYC" alone names no generation: family and model do (26/2 is Zen 5, 25/1 Zen 3).
+        "cpu": f"{model} (family {family}, model {cpu_model})",
         "isa": isa,
         "cpus": os.cpu_count(),
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

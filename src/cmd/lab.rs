@@ -23,6 +23,10 @@ pub enum LabCommand {
     /// KV-cache quantization against f16, in the same run: decode and prefill speed at several depths
     /// (interleaved passes), KV memory, and teacher-forced agreement with f16 over a text.
     KvQuant(KvQuantArgs),
+    /// What long context costs: decode and prefill speed, step time and KV memory against depth (up to the
+    /// model's context) for each KV dtype, beside the bound that the read bandwidth (measured in the same
+    /// run) puts on decode. `kv-quant` with deeper default depths, no quality pass, and the bound.
+    KvTax(KvQuantArgs),
 }
 
 #[derive(Args)]
@@ -33,9 +37,10 @@ pub struct KvQuantArgs {
     /// pairs written with a slash: `q8_0/q4_0`).
     #[arg(long, default_value = "f16,q8_0,q4_0")]
     pub arms: String,
-    /// Context depths, comma-separated (multiples of 16).
-    #[arg(long, default_value = "0,1024,2048,4096")]
-    pub depths: String,
+    /// Context depths, comma-separated (multiples of 16). Default: kv-quant 0,1024,2048,4096; kv-tax
+    /// also 8192 and the model's context, less room for the tests, where the model has it.
+    #[arg(long)]
+    pub depths: Option<String>,
     /// Interleaved passes (arm order reversed every other pass); figures are medians over them.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub passes: usize,
@@ -48,9 +53,13 @@ pub struct KvQuantArgs {
     /// The text teacher-forced for the quality columns (cut to --quality-tokens).
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
     pub text: PathBuf,
-    /// Positions of the quality measure (0: none).
-    #[arg(long, default_value_t = 4096)]
-    pub quality_tokens: usize,
+    /// Positions of the quality measure (0: none). Default: kv-quant 4096, kv-tax 0.
+    #[arg(long)]
+    pub quality_tokens: Option<usize>,
+    /// Measure the read bandwidth after the passes and show each decode's bound and fraction of it
+    /// (always on for kv-tax).
+    #[arg(long)]
+    pub bandwidth: bool,
     /// An instance's price per hour: adds $ per million tokens to each speed.
     #[arg(long)]
     pub price_per_hour: Option<f64>,
@@ -95,7 +104,8 @@ pub struct PrefixArgs {
 pub fn run(args: LabArgs) -> Result<()> {
     match args.command {
         LabCommand::Prefix(a) => run_prefix(a),
-        LabCommand::KvQuant(a) => run_kv_quant(a),
+        LabCommand::KvQuant(a) => run_kv_quant(a, false),
+        LabCommand::KvTax(a) => run_kv_quant(a, true),
     }
 }
 
@@ -168,7 +178,7 @@ fn out_dir(out: &Option<PathBuf>, leg: &str) -> Result<PathBuf> {
     Ok(out)
 }
 
-fn run_kv_quant(args: KvQuantArgs) -> Result<()> {
+fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     use reckon_engine::kv::KvDtypes;
     use reckon_lab::kv;
     anyhow::ensure!(args.passes >= 1, "--passes must be at least 1");
@@ -179,12 +189,24 @@ fn run_kv_quant(args: KvQuantArgs) -> Result<()> {
         d.check_shape(cfg.head_dim, 16).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
         Ok(d)
     })?;
-    let depths = list(&args.depths, "--depths", |s| {
+    let room = args.n_prompt.max(args.n_gen) + 64;
+    let default_depths = if tax {
+        let mut d: Vec<usize> = [0, 1024, 2048, 4096, 8192].into_iter().filter(|&d| d + room < cfg.context_length).collect();
+        let last = (cfg.context_length - room) / 1024 * 1024;
+        if last > *d.last().unwrap_or(&0) && last <= 16384 {
+            d.push(last);
+        }
+        d.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+    } else {
+        "0,1024,2048,4096".to_string()
+    };
+    let depths = list(args.depths.as_deref().unwrap_or(&default_depths), "--depths", |s| {
         let d: usize = s.parse().with_context(|| format!("--depths: '{s}' is not a number"))?;
         anyhow::ensure!(d % 16 == 0 && d + args.n_prompt.max(args.n_gen) < cfg.context_length, "--depths: {d} must be a multiple of 16 that leaves room in the model's {}-token context", cfg.context_length);
         Ok(d)
     })?;
-    let out = out_dir(&args.out, "kv-quant")?;
+    let out = out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })?;
+    let quality_tokens = args.quality_tokens.unwrap_or(if tax { 0 } else { 4096 });
     let model = Arc::new(loaded.model);
     let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
@@ -193,10 +215,17 @@ fn run_kv_quant(args: KvQuantArgs) -> Result<()> {
         eprintln!("pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}", r.pass + 1, r.kv_dtype, r.test, r.depth, r.tokens_per_s, if r.drift_check { " (drift check)" } else { "" });
     })?;
     let mut quality = Vec::new();
-    if args.quality_tokens > 0 {
+    let bandwidth = (tax || args.bandwidth).then(|| {
+        eprintln!("measuring the read bandwidth");
+        reckon_lab::bandwidth::measure(reckon_engine::pool::current().threads())
+    });
+    if let Some(bw) = &bandwidth {
+        std::fs::write(out.join("bandwidth.json"), serde_json::to_string(bw)?)?;
+    }
+    if quality_tokens > 0 {
         let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
         let mut tokens = loaded.tokenizer.encode(&text, true, false)?;
-        tokens.truncate(args.quality_tokens.min(cfg.context_length));
+        tokens.truncate(quality_tokens.min(cfg.context_length));
         eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), dtypes.len());
         quality = kv::quality(&model, &tokens, 512, &dtypes);
         let mut f = std::fs::File::create(out.join("quality.jsonl"))?;
@@ -213,7 +242,7 @@ fn run_kv_quant(args: KvQuantArgs) -> Result<()> {
     std::fs::write(out.join("speed.csv"), csv)?;
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
     let title = format!("{name}: KV dtypes, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
-    let table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour);
+    let table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour, bandwidth.as_ref());
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     kv::plot(&rows, &title, &out.join("speed.svg"))?;
     println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());

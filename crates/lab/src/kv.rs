@@ -256,21 +256,38 @@ pub fn drift(records: &[SpeedRecord]) -> Option<f64> {
     Some(last.tokens_per_s / first.tokens_per_s - 1.0)
 }
 
-/// The leg's markdown: speed table (with $ per million tokens at `price_per_hour`), KV memory, quality.
-pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], drift: Option<f64>, price_per_hour: Option<f64>) -> String {
+/// The leg's markdown: speed table (with $ per million tokens at `price_per_hour`, and with a measured
+/// `bandwidth` each decode's bound and the fraction reached), KV memory, quality.
+pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], drift: Option<f64>, price_per_hour: Option<f64>, bandwidth: Option<&crate::bandwidth::Bandwidth>) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let price = |tps: f64| price_per_hour.map(|p| format!(" | ${:.3}", p / (tps * 3600.0) * 1e6)).unwrap_or_default();
-    let price_head = if price_per_hour.is_some() { " | $ / M tokens" } else { "" };
-    let price_rule = if price_per_hour.is_some() { "|---" } else { "" };
-    let _ = writeln!(out, "| test | depth | KV | tok/s median (min-max) | vs first arm, median (min-max) | KV MiB at depth{price_head} |");
-    let _ = writeln!(out, "|---|---|---|---|---|---{price_rule}|");
+    let mut head = String::from("| test | depth | KV | tok/s median (min-max) | ms per token | vs first arm, median (min-max) | KV MiB at depth");
+    let mut rule = String::from("|---|---|---|---|---|---|---");
+    if price_per_hour.is_some() {
+        head += " | $ / M tokens";
+        rule += "|---";
+    }
+    if let Some(bw) = bandwidth {
+        head += &format!(" | MB read per token | bound at {:.1} GB/s | of bound", bw.read_gb_s);
+        rule += "|---|---|---";
+    }
+    let _ = writeln!(out, "{head} |\n{rule}|");
     for r in rows {
         let d = KvDtypes::parse(&r.kv_dtype).unwrap_or_default();
         let mib = (kv_bytes_per_token(model, d) * r.depth) as f64 / (1 << 20) as f64;
         let t = &r.tokens_per_s;
         let q = &r.ratio;
-        let _ = writeln!(out, "| {} | {} | {} | {:.1} ({:.1}-{:.1}) | {:.2}x ({:.2}-{:.2}) | {:.1}{} |", r.test, r.depth, r.kv_dtype, t.median, t.min, t.max, q.median, q.min, q.max, mib, price(t.median));
+        let bound = match bandwidth {
+            Some(bw) if r.test == "tg" => {
+                let bytes = model.decode_bytes_per_token(r.depth, d) as f64;
+                let b = bw.read_gb_s * 1e9 / bytes;
+                format!(" | {:.1} | {b:.1} | {:.0}%", bytes / 1e6, 100.0 * t.median / b)
+            }
+            Some(_) => " | | |".to_string(),
+            None => String::new(),
+        };
+        let _ = writeln!(out, "| {} | {} | {} | {:.1} ({:.1}-{:.1}) | {:.2} | {:.2}x ({:.2}-{:.2}) | {:.1}{}{bound} |", r.test, r.depth, r.kv_dtype, t.median, t.min, t.max, 1000.0 / t.median, q.median, q.min, q.max, mib, price(t.median));
     }
     if let Some(d) = drift {
         let flag = if d.abs() > 0.05 { " — over 5%: the host changed speed during the run; treat absolute figures with care" } else { "" };

@@ -87,7 +87,8 @@ pub fn render(state: &AppState) -> String {
     gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, load(&s.waiting) as f64);
     gauge("vllm:num_requests_running", "Requests in the running batch.", &m, load(&s.running) as f64);
     gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", &m, usage);
-    let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\"");
+    // vLLM's label names; cache_dtype as `--kv-dtype` spells it (vLLM: "auto" for the model's dtype, "fp8").
+    let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"", state.engine.config().kv_dtypes.name());
     gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
     gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
     gauge("reckon_prefix_cache_disk_blocks", "Block files in the prefix cache's disk tier.", &m, load(&s.prefix_cache_disk_blocks) as f64);

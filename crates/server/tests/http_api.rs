@@ -28,7 +28,7 @@ fn health_models_and_metrics() {
     let blocks = config(2048, 16, 64).num_blocks;
     let metrics = Metrics::read(addr, TINY);
     for line in [
-        format!("vllm:cache_config_info{{model_name=\"tiny\",block_size=\"16\",num_gpu_blocks=\"{blocks}\"}} 1"),
+        format!("vllm:cache_config_info{{model_name=\"tiny\",block_size=\"16\",num_gpu_blocks=\"{blocks}\",cache_dtype=\"f16\"}} 1"),
         format!("reckon_kv_blocks_free{{model_name=\"tiny\"}} {blocks}"),
         "reckon_request_success_total{model_name=\"tiny\"} 0".to_string(),
         "reckon_request_aborted_total{model_name=\"tiny\"} 0".to_string(),
