@@ -134,27 +134,69 @@ unsafe fn pass_avx512<const R: usize, const V: usize>(a: &Pass) {
     }
 }
 
-/// `run_values_avx512` on 8-lane registers: the same chains, 8 values at a time.
+/// Rows whose sums the AVX2 pass holds at once (× 2 vectors of 16 values, 4 registers each row).
+const ROWS_AVX2: usize = 3;
+
+/// `run_values_avx512` on 8-lane registers: the same chains (one per output value, cells in order),
+/// `ROWS_AVX2` rows × 2 vectors of 16 values at a time, so each value is converted once for the pass's
+/// rows and 12 independent chains hide the FMA latency (one row and one vector at a time was bound by it).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn run_values_avx2(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
-    for r in rows {
-        let wr = w.add(r * g.n_pad);
-        for v in 0..hd / 16 {
-            // two 8-value halves of the 16-value vector v
-            let mut acc = [_mm256_setzero_ps(); 2];
-            let base = values.as_ptr().add(16 * v);
-            for j in cells.clone() {
-                let pv = base.add(offsets[j]) as *const __m128i;
-                let p = _mm256_set1_ps(*wr.add(j));
-                for (h, s) in acc.iter_mut().enumerate() {
-                    *s = _mm256_fmadd_ps(p, _mm256_cvtph_ps(_mm_loadu_si128(pv.add(h))), *s);
-                }
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let rs = ROWS_AVX2.min(rows.end - r0);
+        let mut v0 = 0;
+        while v0 < hd / 16 {
+            let a = Pass { values, g, offsets, w: w.add(r0 * g.n_pad), v0, cells: cells.clone(), add, out: &|r| out(r0 + r) };
+            macro_rules! by_rows {
+                ($v:literal) => {
+                    match rs {
+                        3 => pass_avx2::<3, $v>(&a),
+                        2 => pass_avx2::<2, $v>(&a),
+                        _ => pass_avx2::<1, $v>(&a),
+                    }
+                };
             }
-            let o = out(r).add(16 * v);
-            for (h, s) in acc.iter().enumerate() {
-                let s = if add { _mm256_add_ps(_mm256_loadu_ps(o.add(8 * h)), *s) } else { *s };
-                _mm256_storeu_ps(o.add(8 * h), s);
+            if hd / 16 - v0 >= 2 {
+                by_rows!(2);
+                v0 += 2;
+            } else {
+                by_rows!(1);
+                v0 += 1;
+            }
+        }
+        r0 += rs;
+    }
+}
+
+/// `pass_avx512` on AVX2: V vectors of 16 values as 2V halves of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pass_avx2<const R: usize, const V: usize>(a: &Pass) {
+    let mut acc = [[[_mm256_setzero_ps(); 2]; V]; R];
+    let base = a.values.as_ptr().add(16 * a.v0);
+    for j in a.cells.clone() {
+        if let Some(&ahead) = a.offsets.get(j + AHEAD) {
+            _mm_prefetch::<_MM_HINT_T0>(base.add(ahead) as *const i8);
+        }
+        let pv = base.add(a.offsets[j]) as *const __m128i;
+        let v: [[__m256; 2]; V] = std::array::from_fn(|k| [_mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k))), _mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k + 1)))]);
+        for (r, acc_r) in acc.iter_mut().enumerate() {
+            let p = _mm256_set1_ps(*a.w.add(r * a.g.n_pad + j));
+            for (s, vk) in acc_r.iter_mut().zip(&v) {
+                s[0] = _mm256_fmadd_ps(p, vk[0], s[0]);
+                s[1] = _mm256_fmadd_ps(p, vk[1], s[1]);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        let o = (a.out)(r).add(16 * a.v0);
+        for (k, s) in acc_r.iter().enumerate() {
+            for (h, s) in s.iter().enumerate() {
+                let at = o.add(16 * k + 8 * h);
+                let s = if a.add { _mm256_add_ps(_mm256_loadu_ps(at), *s) } else { *s };
+                _mm256_storeu_ps(at, s);
             }
         }
     }

@@ -353,6 +353,11 @@ fn values_in_key_order(values: &[f16], hd: usize, lo: usize, w: &[f32], offsets:
         unsafe { key_order::values(values, hd, &g, offsets, w.as_ptr(), 0..1, &|_| o) };
         return;
     }
+    values_in_key_order_scalar(values, hd, lo, w, offsets, out, vrow);
+}
+
+/// `values_in_key_order` one value at a time: the definition the vector routines are tested against.
+fn values_in_key_order_scalar(values: &[f16], hd: usize, lo: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
     vrow.resize(2 * hd, 0.0);
     let (vrow, run_sum) = vrow.split_at_mut(hd);
     let mut j = 0;
@@ -453,6 +458,26 @@ mod tests {
             for (k, &t) in picks.iter().enumerate() {
                 assert_eq!(bits(&dec[k * q_dim..(k + 1) * q_dim]), bits(&per_head[t * q_dim..(t + 1) * q_dim]), "decode batch token {t}");
             }
+        }
+    }
+
+    /// The vector value passes in key order (AVX-512, AVX2) give the scalar chains' bits: one and several
+    /// runs of positions, head sizes 64 and 128, a start inside a run.
+    #[test]
+    fn key_order_values_equal_the_scalar_chains() {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "key-order value pass vs scalar") {
+            return;
+        }
+        for (hd, lo, n) in [(64, 0, 37), (64, 1000, 2100), (128, 5, 1500)] {
+            let cells = 3000;
+            let values: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(noise(i, 1.5))).collect();
+            let offsets: Vec<usize> = (0..n).map(|j| ((j * 7) % cells) * hd).collect();
+            let w: Vec<f32> = (0..n).map(|j| noise(j, 9.0).abs() / n as f32).collect();
+            let (mut simd, mut scalar, mut vrow) = (vec![0.0; hd], vec![0.0; hd], Vec::new());
+            values_in_key_order(&values, hd, lo, &w, &offsets, &mut simd, &mut vrow);
+            values_in_key_order_scalar(&values, hd, lo, &w, &offsets, &mut scalar, &mut vrow);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&simd), bits(&scalar), "hd {hd} lo {lo} n {n}");
         }
     }
 }
