@@ -9,7 +9,9 @@ fn main() {
     let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     println!("cargo:rustc-env=RECKON_COMMIT={commit}{}", if dirty { "-dirty" } else { "" });
-    for path in [".git/HEAD", ".git/index"] {
+    // The sources too: an edit that is not staged changes neither HEAD nor the index, and a binary built
+    // from it must still say "-dirty".
+    for path in [".git/HEAD", ".git/index", "src", "crates", "tools", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={path}");
     }
     if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
