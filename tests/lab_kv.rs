@@ -3,15 +3,13 @@
 //! arm with f16 (q8_0 keeps f16's top-1 wherever f16 is not near a tie). Skipped (with a note) when
 //! SmolLM2 is not fetched, unless RECKON_REQUIRE_MODELS=1.
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn lab_kv_quant_measures_every_arm() {
-    let dir = std::env::var_os("RECKON_HOME").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/reckon/models"));
-    let model = reckon_engine::registry::known_model_path(&dir, "smollm2-135m").expect("known model");
-    if !model.exists() {
-        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing", model.display());
-        eprintln!("note: {} not found; skipping", model.display());
+    if !common::default_model_fetched() {
         return;
     }
     let out = std::env::temp_dir().join(format!("reckon-lab-kv-{}", std::process::id()));

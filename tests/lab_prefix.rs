@@ -3,6 +3,8 @@
 //! timestamp first the report names the low hits and where the prompts differ. Skipped (with a note)
 //! when SmolLM2 is not fetched, unless RECKON_REQUIRE_MODELS=1.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -23,11 +25,7 @@ fn lab(out: &Path, extra: &[&str]) -> (String, Vec<serde_json::Value>) {
 
 #[test]
 fn lab_prefix_replays_a_small_session() {
-    let dir = std::env::var_os("RECKON_HOME").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/reckon/models"));
-    let model = reckon_engine::registry::known_model_path(&dir, "smollm2-135m").expect("known model");
-    if !model.exists() {
-        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing", model.display());
-        eprintln!("note: {} not found; skipping", model.display());
+    if !common::default_model_fetched() {
         return;
     }
     let out = std::env::temp_dir().join(format!("reckon-lab-prefix-{}", std::process::id()));

@@ -393,14 +393,57 @@ struct Scratch {
     vrow: Vec<f32>,
 }
 
+/// The attention tests' inputs: three sequences with scattered blocks in one storage, and a batch.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kv::KvShape;
+pub(super) mod fixture {
+    use super::QueryPos;
+    use crate::kv::{KvDtypes, KvShape, KvStorage};
 
-    fn noise(i: usize, salt: f32) -> f32 {
+    pub fn noise(i: usize, salt: f32) -> f32 {
         ((i as f32 * 0.7071 + salt).sin() * 43758.547).fract() * 2.0 - 1.0
     }
+
+    /// Positions of the three sequences.
+    pub const LENS: [usize; 3] = [250, 37, 1300];
+
+    /// A one-layer storage of `dtypes` holding the three sequences' keys and values (blocks scattered:
+    /// every other one, then in reverse), and their block tables.
+    pub fn three_sequences(kv_dim: usize, head_dim: usize, bs: usize, dtypes: KvDtypes) -> (KvStorage, Vec<Vec<u32>>) {
+        let nb = |len: usize| len.div_ceil(bs);
+        let tables: Vec<Vec<u32>> = vec![
+            (0..nb(LENS[0])).map(|b| (b * 2 + 1) as u32).collect(),
+            (0..nb(LENS[1])).map(|b| (2 * nb(LENS[0]) + 2 + b) as u32).rev().collect(),
+            (0..nb(LENS[2])).map(|b| (2 * nb(LENS[0]) + nb(LENS[1]) + 4 + b) as u32).rev().collect(),
+        ];
+        let num_blocks = 2 * nb(LENS[0]) + nb(LENS[1]) + nb(LENS[2]) + 8;
+        let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks, dtypes });
+        for (s, table) in tables.iter().enumerate() {
+            for pos in 0..LENS[s] {
+                let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
+                let v: Vec<f32> = (0..kv_dim).map(|i| noise(i + 1000 * pos, 7.0 + s as f32)).collect();
+                let slot = kv.slot(table, pos);
+                kv.write(0, slot, &k, &v);
+            }
+        }
+        (kv, tables)
+    }
+
+    /// The batch: the last 45 positions of sequence 0, the last 30 of 1, the last 20 of 2.
+    pub fn batch(tables: &[Vec<u32>]) -> Vec<QueryPos<'_>> {
+        let mut queries = Vec::new();
+        for (s, n) in [(0, 45), (1, 30), (2, 20)] {
+            for pos in LENS[s] - n..LENS[s] {
+                queries.push(QueryPos { block_table: &tables[s], pos });
+            }
+        }
+        queries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixture::{batch, noise, three_sequences};
+    use super::*;
 
     /// Every path gives the per-head path's bits: a batch (by tiles where the CPU allows), and single
     /// tokens (phase-split over a long context): several sequences, partial tiles, GQA groups, head sizes
@@ -416,26 +459,8 @@ mod tests {
         for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;
-            let bs = 16;
-            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: 120, dtypes: crate::kv::KvDtypes::F16 });
-            // three sequences: 250, 37 and 1300 positions, blocks scattered
-            let tables: Vec<Vec<u32>> = vec![(0..16).map(|b| (b * 2 + 1) as u32).collect(), vec![30, 6, 0], (34..116).rev().collect()];
-            let lens = [250usize, 37, 1300];
-            for (s, table) in tables.iter().enumerate() {
-                for pos in 0..lens[s] {
-                    let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
-                    let v: Vec<f32> = (0..kv_dim).map(|i| noise(i + 1000 * pos, 7.0 + s as f32)).collect();
-                    let slot = kv.slot(table, pos);
-                    kv.write(0, slot, &k, &v);
-                }
-            }
-            // batch: the last 45 positions of sequence 0, the last 30 of 1, the last 20 of 2
-            let mut queries = Vec::new();
-            for (s, n) in [(0, 45), (1, 30), (2, 20)] {
-                for pos in lens[s] - n..lens[s] {
-                    queries.push(QueryPos { block_table: &tables[s], pos });
-                }
-            }
+            let (kv, tables) = three_sequences(kv_dim, head_dim, 16, crate::kv::KvDtypes::F16);
+            let queries = batch(&tables);
             let q_dim = n_heads * head_dim;
             let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

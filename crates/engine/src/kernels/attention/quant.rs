@@ -108,12 +108,9 @@ pub(super) fn attend(shape: &AttnShape, kv: &QuantLayer, bs: usize, queries: &[Q
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixture::{batch, noise, three_sequences};
     use super::*;
-    use crate::kv::{KvDtype, KvDtypes, KvShape, KvStorage};
-
-    fn noise(i: usize, salt: f32) -> f32 {
-        ((i as f32 * 0.7071 + salt).sin() * 43758.547).fract() * 2.0 - 1.0
-    }
+    use crate::kv::{KvDtype, KvDtypes};
 
     /// The dispatched path (AVX-512 VNNI, AVX2, or the reference itself) gives the reference's bits for
     /// every row: prefill tiles, a decode batch, lone tokens over long contexts (the phase split), a
@@ -127,26 +124,9 @@ mod tests {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order: true };
             let kv_dim = n_kv_heads * head_dim;
             let bs = if ci % 2 == 0 { 16 } else { 32 };
-            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: 2000 / bs + 8, dtypes: KvDtypes { k, v } });
-            // three sequences of 250, 37 and 1300 positions, blocks scattered
-            let nb = |len: usize| len.div_ceil(bs);
-            let tables: Vec<Vec<u32>> = vec![(0..nb(250)).map(|b| (b * 2 + 1) as u32).collect(), (0..nb(37)).map(|b| (2 * nb(250) + 2 + b) as u32).rev().collect(), (0..nb(1300)).map(|b| (2 * nb(250) + nb(37) + 4 + b) as u32).rev().collect()];
-            let lens = [250usize, 37, 1300];
-            for (s, table) in tables.iter().enumerate() {
-                for pos in 0..lens[s] {
-                    let kx: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
-                    let vx: Vec<f32> = (0..kv_dim).map(|i| noise(i + 1000 * pos, 7.0 + s as f32)).collect();
-                    let slot = kv.slot(table, pos);
-                    kv.write(0, slot, &kx, &vx);
-                }
-            }
+            let (kv, tables) = three_sequences(kv_dim, head_dim, bs, KvDtypes { k, v });
             let layer = kv.layer_quant(0).expect("quantized");
-            let mut queries = Vec::new();
-            for (s, n) in [(0, 45), (1, 30), (2, 20)] {
-                for pos in lens[s] - n..lens[s] {
-                    queries.push(QueryPos { block_table: &tables[s], pos });
-                }
-            }
+            let queries = batch(&tables);
             let q_dim = n_heads * head_dim;
             let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
             let mut want = vec![0.0; q.len()];
