@@ -173,8 +173,10 @@ fn split(jobs: &[Job], out: OutPtr) {
             b.prepare(job);
             b.runs.resize(runs.len() * job.rows * hd, 0.0);
         }
+        // The phases write scores and run sums through these (from `as_mut_ptr`, so writes are allowed);
+        // the shared reborrow below reads only the other fields.
+        let ptrs: Vec<(OutPtr, OutPtr)> = bufs[..jobs.len()].iter_mut().map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.runs.as_mut_ptr()))).collect();
         let bufs = &bufs[..jobs.len()];
-        let ptrs: Vec<(OutPtr, OutPtr)> = bufs.iter().map(|b| (OutPtr(b.scores.as_ptr() as *mut f32), OutPtr(b.runs.as_ptr() as *mut f32))).collect();
         let rows: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(i, j)| (0..j.rows).map(move |r| (i, r))).collect();
         let pool = pool::current();
         let splits = 2 * pool.threads();
