@@ -73,6 +73,8 @@ impl Metrics {
 
 pub fn render(state: &AppState) -> String {
     let s = state.engine.stats();
+    // The request counts first (Acquire, pairing with the engine's Release stores, made after the blocks').
+    let (waiting, running) = (s.waiting.load(Ordering::Acquire), s.running.load(Ordering::Acquire));
     let load = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed);
     let count = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let (num_blocks, block_size) = (state.engine.config().num_blocks, state.engine.config().block_size);
@@ -84,8 +86,8 @@ pub fn render(state: &AppState) -> String {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}");
     };
     let m = format!("model_name=\"{model}\"");
-    gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, load(&s.waiting) as f64);
-    gauge("vllm:num_requests_running", "Requests in the running batch.", &m, load(&s.running) as f64);
+    gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, waiting as f64);
+    gauge("vllm:num_requests_running", "Requests in the running batch.", &m, running as f64);
     gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", &m, usage);
     // vLLM's label names; cache_dtype as `--kv-dtype` spells it (vLLM: "auto" for the model's dtype, "fp8").
     let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"", state.engine.config().kv_dtypes.name());

@@ -329,10 +329,12 @@ impl Engine {
     /// Copies the live figures into `stats` (read by metrics without stopping the engine).
     pub fn publish_stats(&self) {
         let s = &self.stats;
-        s.waiting.store(self.scheduler.num_waiting(), Ordering::Relaxed);
-        s.running.store(self.scheduler.num_running(), Ordering::Relaxed);
         let pool = self.scheduler.pool();
+        // Blocks first, the request counts last (Release; `/metrics` reads the counts first, Acquire): a
+        // reader that sees a finished request gone also sees its blocks freed.
         s.blocks_used.store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
+        s.waiting.store(self.scheduler.num_waiting(), Ordering::Release);
+        s.running.store(self.scheduler.num_running(), Ordering::Release);
         s.preemptions.store(self.scheduler.num_preemptions(), Ordering::Relaxed);
         let prefix = self.scheduler.prefix_stats();
         s.prefix_cache_queried_tokens.store(prefix.queried_tokens, Ordering::Relaxed);
