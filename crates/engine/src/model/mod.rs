@@ -198,15 +198,10 @@ impl Model {
     }
 
     /// `logits_of` without keeping them: `f` gets each position's logits (`[vocab]`) in order.
-    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, f: impl FnMut(&[f32])) {
-        self.for_each_logits_with(KvDtypes::F16, tokens, chunk, f)
-    }
-
-    /// `for_each_logits` over a KV cache of `dtypes` (the KV lab's quality measures).
-    pub fn for_each_logits_with(&self, dtypes: KvDtypes, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
+    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
-        let mut kv = self.new_kv_with(dtypes, BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
+        let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
         let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
