@@ -38,7 +38,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let path = model_path(&args.model.model)?;
     let model = std::sync::Arc::new(args.model.load_model(&path)?);
     let kv_dtypes = args.model.kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
-    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth };
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()? };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;
     if let Some(bw) = results.iter().find_map(|r| r.read_gb_s) {

@@ -34,7 +34,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let loaded = load(&args.model)?;
     let ctx = context_size(&loaded, args.ctx_size);
     let kv_dtypes = args.model.kv_dtypes(&loaded.model.config, super::run::BLOCK_SIZE)?;
-    let (engine, tokenizer, template) = start_engine(loaded, ctx, kv_dtypes);
+    let kv_window = args.model.kv_window()?;
+    let (engine, tokenizer, template) = start_engine(loaded, ctx, kv_dtypes, kv_window);
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
     let stdin = std::io::stdin();

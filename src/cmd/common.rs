@@ -5,7 +5,7 @@ use clap::Args;
 use reckon_engine::engine::EngineConfig;
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
-use reckon_engine::kv::KvDtypes;
+use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::model::{LoadOptions, Model, Numerics};
 use reckon_engine::registry::{resolve_model, DEFAULT_MODEL};
 use reckon_engine::sampler::SamplingParams;
@@ -43,6 +43,15 @@ pub struct ModelArgs {
     /// by integer attention kernels (docs/kv-lab.md).
     #[arg(long, default_value = "f16")]
     pub kv_dtype: String,
+    /// A StreamingLLM window: every sequence attends to its first `--kv-sinks` tokens and its last N
+    /// (whole blocks: N to N + block size - 1), and blocks between them return to the pool, so a
+    /// sequence's KV memory is bounded however long it runs. Tokens keep their original positions.
+    #[arg(long, value_name = "N")]
+    pub kv_window: Option<usize>,
+    /// With --kv-window: the leading tokens every query still attends to (the attention sinks; rounded up
+    /// to whole blocks).
+    #[arg(long, default_value_t = 4, requires = "kv_window")]
+    pub kv_sinks: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -88,6 +97,13 @@ impl ModelArgs {
         let d = KvDtypes::parse(&self.kv_dtype).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
         d.check_shape(cfg.head_dim, block_size).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
         Ok(d)
+    }
+
+    /// `--kv-window` and `--kv-sinks`.
+    pub fn kv_window(&self) -> Result<Option<KvWindow>> {
+        let Some(window) = self.kv_window else { return Ok(None) };
+        anyhow::ensure!(window > 0, "--kv-window must be at least 1");
+        Ok(Some(KvWindow { window, sinks: self.kv_sinks }))
     }
 
     /// The options a model is loaded with.
@@ -258,6 +274,7 @@ impl KvArgs {
             max_model_len,
             prefix_caching,
             rest_pool_between_steps: !self.no_pool_rest,
+            kv_window: None,
         })
     }
 }

@@ -27,6 +27,44 @@ pub enum LabCommand {
     /// model's context) for each KV dtype, beside the bound that the read bandwidth (measured in the same
     /// run) puts on decode. `kv-quant` with deeper default depths, no quality pass, and the bound.
     KvTax(KvQuantArgs),
+    /// What a rotating KV window (--kv-window, --kv-sinks) saves and loses: needle recall against prompt
+    /// length for full KV and each window, the KV memory each holds, and perplexity past the window
+    /// with and without the sinks.
+    Eviction(EvictionArgs),
+}
+
+#[derive(Args)]
+pub struct EvictionArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Haystack lengths in tokens, comma-separated.
+    #[arg(long, default_value = "512,1024,2048,4096")]
+    pub lengths: String,
+    /// Window sizes (N of --kv-window), comma-separated; full KV is always measured too.
+    #[arg(long, default_value = "256,512,1024")]
+    pub windows: String,
+    /// Sinks of every window (--kv-sinks).
+    #[arg(long, default_value_t = 4)]
+    pub sinks: usize,
+    /// Needles per haystack, at evenly spaced depths.
+    #[arg(long, default_value_t = 5)]
+    pub needles: usize,
+    /// Seed of the haystacks and the needles' numbers.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Reply tokens at most.
+    #[arg(long, default_value_t = 12)]
+    pub max_tokens: usize,
+    /// The text teacher-forced for the fluency table (cut to --fluency-tokens).
+    #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
+    pub text: PathBuf,
+    /// Tokens of the fluency text (0: no fluency table).
+    #[arg(long, default_value_t = 4096)]
+    pub fluency_tokens: usize,
+    /// Where to write recall.jsonl, fluency.jsonl, table.md, recall.svg and command.txt (default
+    /// bench/out/eviction-<time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -106,7 +144,50 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::Prefix(a) => run_prefix(a),
         LabCommand::KvQuant(a) => run_kv_quant(a, false),
         LabCommand::KvTax(a) => run_kv_quant(a, true),
+        LabCommand::Eviction(a) => run_eviction(a),
     }
+}
+
+fn run_eviction(args: EvictionArgs) -> Result<()> {
+    use reckon_lab::eviction;
+    anyhow::ensure!(args.needles >= 1 && args.max_tokens >= 1, "--needles and --max-tokens must be at least 1");
+    let loaded = load(&args.model)?;
+    let cfg = loaded.model.config.clone();
+    let kv_dtypes = args.model.kv_dtypes(&cfg, 16)?;
+    let number = |flag: &'static str| move |s: &str| s.parse::<usize>().with_context(|| format!("{flag}: '{s}' is not a number"));
+    let lengths = list(&args.lengths, "--lengths", number("--lengths"))?;
+    let windows = list(&args.windows, "--windows", number("--windows"))?;
+    anyhow::ensure!(windows.iter().all(|&w| w > 0), "--windows: a window holds at least one token");
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    anyhow::ensure!(longest + 256 + args.max_tokens < cfg.context_length, "--lengths: {longest} tokens leave no room in the model's {}-token context", cfg.context_length);
+    let out = out_dir(&args.out, "eviction")?;
+    let spec = eviction::EvictionSpec { lengths, windows, sinks: args.sinks, needles: args.needles, seed: args.seed, max_tokens: args.max_tokens, kv_dtypes };
+    let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
+    let mut raw = std::fs::File::create(out.join("recall.jsonl"))?;
+    let records = eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
+        let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        let arm = r.window.map_or("full".to_string(), |w| format!("window {w}"));
+        eprintln!("{:>5} tokens {:>12} needle {} ({:>5} from the end): {} '{}' ({:.0} ms)", r.prompt_tokens, arm, r.needle, r.distance_from_end, if r.correct { "ok  " } else { "MISS" }, r.reply, r.prefill_ms);
+    })?;
+    let mut fluency = Vec::new();
+    if args.fluency_tokens > 0 {
+        let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
+        let mut tokens = tokenizer.encode(&text, true, false)?;
+        tokens.truncate(args.fluency_tokens.min(cfg.context_length));
+        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), 1 + spec.windows.len() * if spec.sinks > 0 { 2 } else { 1 });
+        fluency = eviction::fluency(&model, &tokens, &spec.windows, spec.sinks);
+        let mut f = std::fs::File::create(out.join("fluency.jsonl"))?;
+        for r in &fluency {
+            writeln!(f, "{}", serde_json::to_string(r)?)?;
+        }
+    }
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: needle recall vs prompt length, seed {}", args.seed);
+    let table = eviction::markdown(&model, &spec, &records, &fluency);
+    std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
+    eviction::plot(&spec, &records, &title, &out.join("recall.svg"))?;
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
+    Ok(())
 }
 
 fn turn_range(spec: &str) -> Result<(usize, usize)> {

@@ -5,7 +5,7 @@ use super::common::{load, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
-use reckon_engine::kv::KvDtypes;
+use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::template::ChatMessage;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -44,8 +44,8 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 /// on so a conversation's next turn reuses the last one's blocks.
 pub const BLOCK_SIZE: usize = 16;
 
-pub fn start_engine(loaded: Loaded, ctx: usize, kv_dtypes: KvDtypes) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
-    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes, ..EngineConfig::default() };
+pub fn start_engine(loaded: Loaded, ctx: usize, kv_dtypes: KvDtypes, kv_window: Option<KvWindow>) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
+    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes, kv_window, ..EngineConfig::default() };
     let tokenizer = Arc::new(loaded.tokenizer);
     (spawn(Arc::new(loaded.model), tokenizer.clone(), config), tokenizer, loaded.template)
 }
@@ -73,7 +73,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
     let kv_dtypes = args.model.kv_dtypes(&loaded.model.config, BLOCK_SIZE)?;
-    let (engine, _, _) = start_engine(loaded, ctx, kv_dtypes);
+    let kv_window = args.model.kv_window()?;
+    let (engine, _, _) = start_engine(loaded, ctx, kv_dtypes, kv_window);
     let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
     let stats = stream(&engine, params)?;
     if !args.raw {

@@ -89,7 +89,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
     let kv_dtypes = args.model.kv_dtypes(cfg, args.kv.block_size)?;
-    let config = args.kv.engine_config(cfg, kv_dtypes, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    let mut config = args.kv.engine_config(cfg, kv_dtypes, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    config.kv_window = args.model.kv_window()?;
     let num_blocks = config.num_blocks;
     let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);

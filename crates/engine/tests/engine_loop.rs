@@ -6,7 +6,7 @@ mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
 use reckon_engine::engine::{spawn, spawn_with, Completion, Detokenizer, EngineConfig, EngineHandle, Event, Field, FinishReason, GenerateParams, RequestError, Usage};
-use reckon_engine::kv::DiskTierConfig;
+use reckon_engine::kv::{DiskTierConfig, KvWindow};
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
 use reckon_engine::kernels::ggml::GgmlType;
@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default() }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -105,6 +105,33 @@ fn tokens_do_not_depend_on_batch_budget_or_preemption() {
     assert_eq!(all_at_once(&engine), reference, "under memory pressure");
     wait_idle(&engine);
     assert!(engine.stats().preemptions.load(Ordering::Relaxed) > 0, "the small pool should have forced preemptions");
+}
+
+/// Under a KV window, sequences several times longer than the pool run to their end, and their greedy
+/// tokens do not depend on the batch, the step budget (prefill chunks), preemption or the prefix cache.
+#[test]
+fn a_kv_window_runs_sequences_longer_than_the_pool_with_the_same_tokens() {
+    let model = model();
+    let cfg = |blocks, budget| EngineConfig { kv_window: Some(KvWindow { window: 12, sinks: 4 }), ..config(blocks, budget) };
+    let reqs = || (0..4).map(|i| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(40 + i, 30 + 9 * i as usize), 160) }).collect::<Vec<_>>();
+    // each alone in a pool of 16 blocks (64 positions), though each runs to 190..217 positions
+    let alone: Vec<Vec<u32>> = reqs()
+        .into_iter()
+        .map(|r| {
+            let engine = spawn(model.clone(), Arc::new(Names), cfg(16, 64));
+            drain(engine.submit(r).unwrap().1).0
+        })
+        .collect();
+    assert!(alone.iter().all(|t| t.len() == 160));
+    for (blocks, budget) in [(64, 64), (64, 7), (24, 64)] {
+        let engine = spawn(model.clone(), Arc::new(Names), cfg(blocks, budget));
+        for round in ["cold", "with the sink blocks cached"] {
+            let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+            let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+            assert_eq!(got, alone, "{blocks} blocks, step budget {budget}, {round}");
+            wait_idle(&engine);
+        }
+    }
 }
 
 #[test]

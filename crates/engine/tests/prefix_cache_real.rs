@@ -2,13 +2,13 @@
 //! prompt starts with cached blocks gives exactly the tokens of a cold prefill of the same prompt (the
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
 //! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI). The same holds with quantized KV cells
-//! (`--kv-dtype q8_0`).
+//! (`--kv-dtype q8_0`) and under a KV window (`--kv-window`), whose released blocks are never a prefix.
 
 mod common;
 
 use common::{open_real_model as open, parity_fixture};
 use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
-use reckon_engine::kv::KvDtypes;
+use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::model::Model;
 use reckon_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -30,6 +30,10 @@ fn run(engine: &reckon_engine::engine::EngineHandle, prompt: &[u32]) -> (Vec<u32
 }
 
 fn check_model(name: &str, kv: &str) {
+    check_model_with(name, kv, None, &[0, 400, 400, 432, 400]);
+}
+
+fn check_model_with(name: &str, kv: &str, kv_window: Option<KvWindow>, want_cached: &[usize]) {
     let Some(file) = open(name) else { return };
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
@@ -43,7 +47,7 @@ fn check_model(name: &str, kv: &str) {
         [prefix, &text[500..537]].concat(),
         [prefix, &text[700..701]].concat(),
     ];
-    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap() };
+    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
@@ -53,7 +57,7 @@ fn check_model(name: &str, kv: &str) {
         assert_eq!(ids, reference[i], "{name} {kv}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill");
         cached.push(c);
     }
-    assert_eq!(cached, vec![0, 400, 400, 432, 400], "{name}: cached tokens per request");
+    assert_eq!(cached, want_cached, "{name}: cached tokens per request");
     // concurrently, with small prefill chunks (hits land in the middle of other sequences' steps)
     let busy = spawn(model, tokenizer, EngineConfig { max_batch_tokens: 48, ..config });
     let got: Vec<Vec<u32>> = std::thread::scope(|s| {
@@ -61,7 +65,20 @@ fn check_model(name: &str, kv: &str) {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(got, reference, "{name} {kv}: concurrent requests with shared blocks");
-    eprintln!("{name} ({kv} KV): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
+    eprintln!("{name} ({kv} KV, window {kv_window:?}): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
+}
+
+/// Under a 128-token window with 4 sinks, the 403-token shared prefix leaves only its sink block in the
+/// cache (the blocks behind the window were released uncached): every later prompt hits 16 tokens, and
+/// the tokens are still those of a cold prefill, alone or concurrent.
+#[test]
+fn windowed_cache_hits_match_cold_prefill_smollm2() {
+    check_model_with("smollm2-135m", "f16", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
+}
+
+#[test]
+fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
+    check_model_with("qwen2.5-coder-0.5b", "q8_0", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
 }
 
 #[test]

@@ -174,3 +174,65 @@ fn bad_batches_stop_at_a_check() {
         assert!(step.is_err(), "tokens {toks:?} with blocks {blocks:?} ran");
     }
 }
+
+/// A KV window (`kv::window`) reads the sink blocks and the recent blocks and nothing between: filling
+/// the skipped blocks with garbage before every step changes no bit, one prefill equals token-by-token
+/// decoding, the logits equal full attention's until the first position that skips a block and differ
+/// after it, and garbage in the sink block does change them.
+#[test]
+fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
+    use reckon_engine::kv::{KvDtypes, KvWindow};
+    // f16 in blocks of 4 (the sinks are block 0); q8_0 keys and values in blocks of 16
+    let cases = [(KvDtypes::F16, KvWindow { window: 8, sinks: 2 }, 4, 40), (KvDtypes::parse("q8_0").unwrap(), KvWindow { window: 40, sinks: 4 }, 16, 160)];
+    for spec in all_archs() {
+        for model in load_each(&spec, 5) {
+          for &(dtypes, w, bs, n) in &cases {
+            if dtypes.check_shape(model.config.head_dim, bs).is_err() {
+                continue;
+            }
+            let (layers, kv_dim, vocab) = (model.config.n_layers, model.config.kv_dim(), spec.vocab);
+            let toks = tokens(3, n, vocab);
+            let table: Vec<u32> = (0..(n / bs) as u32).rev().collect();
+            let mut s = Scratch::default();
+            let mut kv = model.new_kv_with(dtypes, bs, n / bs);
+            let input = SeqInput { tokens: &toks, start_pos: 0, block_table: &table, logits: LogitsWanted::All };
+            let whole = model.forward_windowed(&[input], Some(w), &mut kv, &mut s).to_vec();
+            // garbage keys that score high against some query: ±large (a tiny random model's attention is
+            // so peaked that small garbage gets no weight at all)
+            let garbage = |sign: f32| -> Vec<f32> { (0..kv_dim).map(|i| sign * (((i * 7919) % 13) as f32 - 6.0) * 300.0).collect() };
+            let spoil_with = |kv: &mut reckon_engine::kv::KvStorage, block: usize, sign: f32| {
+                let g = garbage(sign);
+                for l in 0..layers {
+                    for slot in 0..bs {
+                        kv.write(l, table[block] as usize * bs + slot, &g, &g);
+                    }
+                }
+            };
+            let spoil = |kv: &mut reckon_engine::kv::KvStorage, block: usize| spoil_with(kv, block, 1.0);
+            let mut kv_steps = model.new_kv_with(dtypes, bs, n / bs);
+            let mut steps = Vec::new();
+            for pos in 0..n {
+                w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
+                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_table: &table, logits: LogitsWanted::All };
+                steps.extend_from_slice(model.forward_windowed(&[input], Some(w), &mut kv_steps, &mut s));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&whole) == bits(&steps), "{:?} {}: skipped blocks were read, or chunking changed the result", spec.arch, model.numerics().name());
+            let mut kv = model.new_kv_with(dtypes, bs, n / bs);
+            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_table: &table, logits: LogitsWanted::All }], &mut kv, &mut s).to_vec();
+            let first_gap = (0..n).find(|&p| !w.gap(p, bs).is_empty()).unwrap();
+            assert_eq!(first_gap, w.window + w.sink_end(bs) + bs - 1);
+            assert!(bits(&whole[..first_gap * vocab]) == bits(&full[..first_gap * vocab]));
+            assert!(whole[first_gap * vocab..] != full[first_gap * vocab..], "the window changed nothing");
+            // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
+            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_table: &table, logits: LogitsWanted::All };
+            assert!(bits(model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
+            let changed = [1.0, -1.0].iter().any(|&sign| {
+                spoil_with(&mut kv_steps, 0, sign);
+                model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)[..] != whole[(n - 1) * vocab..]
+            });
+            assert!(changed, "{} {} {dtypes:?}: the sinks were not read", spec.arch, model.numerics().name());
+          }
+        }
+    }
+}

@@ -12,7 +12,7 @@
 use crate::stats::{summarize, Summary};
 use crate::LabError;
 use reckon_engine::engine::{spawn, Completion, Detokenizer, EngineConfig, EngineHandle, GenerateParams};
-use reckon_engine::kv::KvDtypes;
+use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
 use serde::Serialize;
@@ -35,6 +35,8 @@ pub struct BenchSpec {
     pub kv_dtypes: KvDtypes,
     /// Measure the read bandwidth after the tests and report each decode's fraction of its bound.
     pub bandwidth: bool,
+    /// A StreamingLLM window over the cache (`--kv-window`).
+    pub kv_window: Option<KvWindow>,
 }
 
 /// One test's result; field names follow llama-bench's JSON where they overlap.
@@ -127,6 +129,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         max_model_len: spec.n_depth + per_rep + 1,
         prefix_caching: true,
         kv_dtypes: spec.kv_dtypes,
+        kv_window: spec.kv_window,
         ..EngineConfig::default()
     };
     let engine = spawn(model.clone(), Arc::new(NoText), config);

@@ -2,6 +2,7 @@
 
 pub mod bandwidth;
 pub mod bench;
+pub mod eviction;
 pub mod kv;
 pub mod prefix;
 pub mod stats;

@@ -16,6 +16,8 @@ mod validate;
 mod scheduler_prefix_tests;
 #[cfg(test)]
 mod scheduler_tests;
+#[cfg(test)]
+mod scheduler_window_tests;
 
 pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
 pub use handle::{spawn, spawn_with, EngineHandle, EngineStats};
@@ -25,7 +27,7 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use validate::{validate, Field, GenerateParams, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvStorage};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvStorage, KvWindow};
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,6 +57,9 @@ pub struct EngineConfig {
     /// How keys and values are stored (`--kv-dtype`); `KvDtypes::check_shape` must accept the model's
     /// head size and `block_size`.
     pub kv_dtypes: KvDtypes,
+    /// A StreamingLLM window (`--kv-window`, `--kv-sinks`): every sequence keeps its sinks and its last
+    /// positions only (`kv::window`).
+    pub kv_window: Option<KvWindow>,
 }
 
 impl Default for EngineConfig {
@@ -70,6 +75,7 @@ impl Default for EngineConfig {
             prefix_caching: true,
             rest_pool_between_steps: true,
             kv_dtypes: KvDtypes::F16,
+            kv_window: None,
         }
     }
 }
@@ -120,7 +126,7 @@ impl Engine {
             max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_running: config.max_running,
         };
-        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching));
+        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window));
         Ok(Engine { model, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new() })
     }
 
@@ -131,6 +137,7 @@ impl Engine {
             vocab_size: self.model.config.vocab_size,
             kv_cache_tokens: self.config.num_blocks * self.config.block_size,
             block_size: self.config.block_size,
+            max_blocks_held: self.config.kv_window.map(|w| w.max_blocks(self.config.block_size, self.config.max_batch_tokens)),
         }
     }
 
@@ -236,7 +243,7 @@ impl Engine {
                 SeqInput { tokens: &req.tokens[c.start..c.start + c.len], start_pos: c.start, block_table: &req.blocks.table, logits }
             })
             .collect();
-        let logits = self.model.forward(&inputs, &mut self.kv, &mut self.scratch);
+        let logits = self.model.forward_windowed(&inputs, self.config.kv_window, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on

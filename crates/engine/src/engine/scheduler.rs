@@ -18,6 +18,8 @@
 //!   its blocks are released, `num_computed_tokens` returns to 0, and it goes back to the front of the
 //!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
 //! - Admission first takes the request's cached prefix (see `kv::manager`).
+//! - With a KV window (`kv::window`), a request's blocks that no later query attends to are released
+//!   after every step, so a long sequence holds its sinks, its window and one chunk's blocks.
 
 use super::request::{Request, RequestId, RequestStatus};
 use crate::kv::{BlockHash, BlockPool, EvictedBlock, KvCacheManager, PrefixCacheStats};
@@ -219,6 +221,7 @@ impl Scheduler {
                 req.num_cached_tokens = admitted.num_computed_tokens;
             }
             req.num_computed_tokens = admitted.num_computed_tokens;
+            self.kv.release_outside_window(&mut req.blocks, req.num_computed_tokens);
             req.status = RequestStatus::Running;
             if let Some((skip, blocks)) = admitted.restore {
                 plan.restores.push(Restore { id, skip, blocks });
@@ -301,6 +304,8 @@ impl Scheduler {
             debug_assert_eq!(req.num_computed_tokens, chunk.start, "request {} changed between plan and step", chunk.id);
             req.num_computed_tokens += chunk.len;
             req.tokens.extend(token);
+            // (a window's dead blocks go first: they are never registered)
+            self.kv.release_outside_window(&mut req.blocks, req.num_computed_tokens);
             self.kv.cache_full_blocks(&req.tokens, req.num_computed_tokens, &mut req.blocks);
         }
         debug_assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");

@@ -54,6 +54,9 @@ pub struct Limits {
     /// Tokens the whole KV cache holds (blocks × block size).
     pub kv_cache_tokens: usize,
     pub block_size: usize,
+    /// Most blocks one sequence holds at once, under a KV window (`KvWindow::max_blocks`); without one,
+    /// a sequence holds a block per `block_size` positions.
+    pub max_blocks_held: Option<usize>,
 }
 
 /// Most stop strings a request may give (OpenAI's limit).
@@ -142,8 +145,10 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
     if let Some(&bad) = p.prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
         return prompt(format!("token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size));
     }
-    // The prompt and one generated token must fit the whole KV cache (the scheduler's admission test).
-    if (n + 1).div_ceil(limits.block_size) * limits.block_size > limits.kv_cache_tokens {
+    // The prompt and one generated token must fit the whole KV cache (the scheduler's admission test);
+    // under a window, the blocks a sequence holds at once.
+    let blocks = (n + 1).div_ceil(limits.block_size).min(limits.max_blocks_held.unwrap_or(usize::MAX));
+    if blocks * limits.block_size > limits.kv_cache_tokens {
         return prompt(format!("the prompt has {n} tokens; the KV cache holds {} tokens in all (raise --kv-memory)", limits.kv_cache_tokens));
     }
     let room = max_len - n;
@@ -184,7 +189,7 @@ fn check_sampling(s: &SamplingParams) -> Result<(), RequestError> {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16 };
+    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, max_blocks_held: None };
 
     fn field_of(p: GenerateParams) -> Field {
         match validate(p, &LIMITS) {

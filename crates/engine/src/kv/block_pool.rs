@@ -160,8 +160,9 @@ impl BlockPool {
     /// Releases one hold on each block of a sequence's table. Blocks nobody holds any more join the free
     /// queue: uncached ones at the front (reused first, they hold nothing worth keeping), cached ones at
     /// the back, last block first, so a shared prefix outlives the suffixes built on it.
+    /// Entries released by a window (`NULL_BLOCK`) are skipped.
     pub fn release(&mut self, block_table: &[u32]) {
-        for &b in block_table.iter().rev() {
+        for &b in block_table.iter().rev().filter(|&&b| b != super::window::NULL_BLOCK) {
             let count = &mut self.ref_counts[b as usize];
             assert!(*count > 0, "block {b} released more often than it was held");
             *count -= 1;
@@ -172,6 +173,22 @@ impl BlockPool {
                     self.free.push_front(b);
                 }
             }
+        }
+    }
+
+    /// Releases one hold on a block that left a sequence's window (`kv::window`). Once nobody holds it, it
+    /// also leaves the prefix cache (a windowed sequence's evicted blocks are never served as a prefix,
+    /// nor saved to the disk tier) and is reused first.
+    pub fn release_uncached(&mut self, b: u32) {
+        let count = &mut self.ref_counts[b as usize];
+        assert!(*count > 0, "block {b} released more often than it was held");
+        *count -= 1;
+        if *count == 0 {
+            if self.entries[b as usize].is_some() {
+                self.evict(b);
+                self.evicted.pop();
+            }
+            self.free.push_front(b);
         }
     }
 

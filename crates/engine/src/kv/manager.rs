@@ -9,6 +9,7 @@
 //! request ever writes into a block another one holds.
 
 use super::block_pool::{BlockHash, BlockPool, EvictedBlock};
+use super::window::{KvWindow, NULL_BLOCK};
 
 /// One request's blocks and its place in the prefix cache. Made by `KvCacheManager::new_blocks`, changed
 /// only by the manager.
@@ -28,6 +29,8 @@ pub struct RequestBlocks {
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
+    /// With a window: table entries before this one that left it are released (`NULL_BLOCK`).
+    released_to: usize,
 }
 
 /// What admitting a waiting request took: its first `num_computed_tokens` are in its blocks (a cache
@@ -66,6 +69,7 @@ pub struct PrefixCacheStats {
 pub struct KvCacheManager {
     block_size: usize,
     prefix_caching: bool,
+    window: Option<KvWindow>,
     pool: BlockPool,
     stats: PrefixCacheStats,
 }
@@ -73,7 +77,19 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     pub fn new(block_size: usize, pool: BlockPool, prefix_caching: bool) -> Self {
         assert!(block_size > 0, "blocks hold at least one token");
-        KvCacheManager { block_size, prefix_caching, pool, stats: PrefixCacheStats::default() }
+        KvCacheManager { block_size, prefix_caching, window: None, pool, stats: PrefixCacheStats::default() }
+    }
+
+    /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released as it
+    /// grows. Its blocks are keyed under a root of their own, so they never serve (nor are served by) a
+    /// sequence that attends to everything, also in a disk tier shared with another configuration.
+    pub fn with_window(mut self, window: Option<KvWindow>) -> Self {
+        self.window = window;
+        self
+    }
+
+    pub fn window(&self) -> Option<KvWindow> {
+        self.window
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -91,7 +107,10 @@ impl KvCacheManager {
     /// A new request's (empty) blocks; with a cache salt it shares cached blocks only with requests of
     /// the same salt (vLLM's `cache_salt`).
     pub fn new_blocks(&self, cache_salt: Option<&[u8]>) -> RequestBlocks {
-        let root = cache_salt.map_or(self.pool.root(), |s| self.pool.salted_root(s));
+        let mut root = cache_salt.map_or(self.pool.root(), |s| self.pool.salted_root(s));
+        if let Some(w) = self.window {
+            root = self.pool.hash(root, &[u32::MAX, w.window as u32, w.sinks as u32]);
+        }
         RequestBlocks { root, ..RequestBlocks::default() }
     }
 
@@ -185,13 +204,31 @@ impl KvCacheManager {
         let full = num_computed / bs;
         self.extend_hashes(tokens, blocks, full);
         for j in blocks.num_registered..full {
+            // past a block the window released, no block can be reached by a lookup: none is registered
+            if blocks.table[j] == NULL_BLOCK {
+                return;
+            }
             let (parent_hash, parent) = match j.checked_sub(1) {
                 Some(p) => (blocks.hashes[p], Some(blocks.table[p])),
                 None => (blocks.root, None),
             };
             self.pool.register(blocks.table[j], blocks.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs]);
+            blocks.num_registered = j + 1;
         }
-        blocks.num_registered = blocks.num_registered.max(full);
+    }
+
+    /// With a window: releases the blocks no query at or after position `next` attends to (their
+    /// entries become `NULL_BLOCK`). Without one, does nothing.
+    pub fn release_outside_window(&mut self, blocks: &mut RequestBlocks, next: usize) {
+        let Some(w) = self.window else { return };
+        let dead = w.dead_blocks(next, self.block_size);
+        for j in dead.start.max(blocks.released_to)..dead.end.min(blocks.table.len()) {
+            let b = std::mem::replace(&mut blocks.table[j], NULL_BLOCK);
+            if b != NULL_BLOCK {
+                self.pool.release_uncached(b);
+            }
+        }
+        blocks.released_to = blocks.released_to.max(dead.end.min(blocks.table.len()));
     }
 
     /// Releases every block the request holds (the last first, so a shared prefix outlives its
@@ -200,6 +237,7 @@ impl KvCacheManager {
         self.pool.release(&std::mem::take(&mut blocks.table));
         self.pool.release(&std::mem::take(&mut blocks.pinned));
         blocks.num_registered = 0;
+        blocks.released_to = 0;
     }
 
     /// Cached blocks handed out again since the last call: their contents are about to be overwritten.

@@ -5,6 +5,7 @@
 //! - `block_pool` (+ `free_queue`): which block ids are free, held, or cached under a prefix key. Ids only.
 //! - `manager`: a request's blocks: prefix-cache lookup at admission, allocation as it grows, caching of
 //!   its full blocks, release. Ids only, so every decision is tested without a model.
+//! - `window`: a StreamingLLM window (sinks and recent positions), whose dead blocks are released.
 //! - `disk_tier` (+ `offload`): blocks evicted from memory kept as files, and read back for a later hit.
 
 mod block_pool;
@@ -14,9 +15,11 @@ mod manager;
 pub mod offload;
 pub mod quant;
 mod storage;
+pub mod window;
 
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};
 pub use quant::{KvDtype, KvDtypes};
 pub use storage::{KvShape, KvStorage, LayerWriter, QuantLayer};
+pub use window::{KvWindow, NULL_BLOCK};

@@ -39,6 +39,9 @@ pub(super) struct LayerCtx<'a> {
     pub layer: usize,
     pub rope: &'a Rope,
     pub queries: &'a [QueryPos<'a>],
+    /// Each query's position in its sequence (RoPE's); `queries[i].pos` is its place in the block table
+    /// it reads, which a KV window renumbers (`kv::window`).
+    pub positions: &'a [usize],
     pub numerics: crate::kernels::packed::Numerics,
     pub tracer: Option<&'a dyn Tracer>,
 }
@@ -186,9 +189,9 @@ fn finish_qkv(ctx: &LayerCtx, w: &AttentionWeights, kv: &mut KvStorage, s: &mut 
             ops::rms_norm_inplace_here(q, qn, c.norm_eps);
             ops::rms_norm_inplace_here(k, kn, c.norm_eps);
         }
-        for (i, qp) in ctx.queries[first..last].iter().enumerate() {
-            ctx.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, qp.pos);
-            ctx.rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, qp.pos);
+        for (i, (qp, &pos)) in ctx.queries[first..last].iter().zip(&ctx.positions[first..last]).enumerate() {
+            ctx.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
+            ctx.rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
             // SAFETY: a batch's tokens have distinct cells, and this part alone handles this token.
             unsafe { writer.write(writer.slot(qp.block_table, qp.pos), &k[i * kv_dim..(i + 1) * kv_dim], &v[i * kv_dim..(i + 1) * kv_dim]) };
         }

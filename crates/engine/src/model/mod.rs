@@ -18,7 +18,7 @@ pub use config::{Arch, ModelConfig};
 use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kv::{KvDtypes, KvShape, KvStorage};
+use crate::kv::{KvDtypes, KvShape, KvStorage, KvWindow, NULL_BLOCK};
 use crate::kernels::ops::{self, Rope};
 use crate::kernels::ggml::dequantize_row;
 pub use crate::kernels::packed::Numerics;
@@ -167,13 +167,20 @@ impl Model {
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
     pub fn forward<'s>(&self, seqs: &[SeqInput], kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
-        let queries = self.queries(seqs, kv);
+        self.forward_windowed(seqs, None, kv, scratch)
+    }
+
+    /// `forward` where every sequence attends to its sinks and its window only (`kv::window`); the
+    /// block tables' entries the window released (`NULL_BLOCK`) are never read.
+    pub fn forward_windowed<'s>(&self, seqs: &[SeqInput], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+        let mut views = Vec::new();
+        let (queries, positions) = self.queries(seqs, window, kv, &mut views);
         let n = queries.len();
         let c = &self.config;
         self.embed(seqs, scratch);
         for il in 0..c.n_layers {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
-            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, numerics: self.numerics, tracer: self.tracer.as_deref() };
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, positions: &positions, numerics: self.numerics, tracer: self.tracer.as_deref() };
             self.weights.layers.forward(&ctx, kv, scratch);
         }
         scratch.residual.settle(&scratch.proj);
@@ -198,7 +205,13 @@ impl Model {
     }
 
     /// `logits_of` without keeping them: `f` gets each position's logits (`[vocab]`) in order.
-    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, mut f: impl FnMut(&[f32])) {
+    pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, f: impl FnMut(&[f32])) {
+        self.for_each_logits_windowed(tokens, chunk, None, f)
+    }
+
+    /// `for_each_logits` under a KV window (`kv::window`): what a windowed sequence predicts at each
+    /// position (the skipped blocks stay allocated here, and are not read).
+    pub fn for_each_logits_windowed(&self, tokens: &[u32], chunk: usize, window: Option<KvWindow>, mut f: impl FnMut(&[f32])) {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
         let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
@@ -206,24 +219,44 @@ impl Model {
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let input = SeqInput { tokens: part, start_pos: i * chunk, block_table: &table, logits: LogitsWanted::All };
-            self.forward(&[input], &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
+            self.forward_windowed(&[input], window, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
         }
     }
 
-    /// Each token's query position. The engine validated the token ids and the scheduler sized the block
-    /// tables; here they are only asserted in debug builds (an out-of-range id or block would still stop
-    /// at a bounds check, never read past a buffer).
-    fn queries<'a>(&self, seqs: &[SeqInput<'a>], kv: &KvStorage) -> Vec<QueryPos<'a>> {
-        let mut queries = Vec::new();
-        for s in seqs {
+    /// Each token's place for attention (its block table and position in it) and its position in the
+    /// sequence (RoPE's). The two differ only under a window that skips part of the sequence: the query
+    /// then reads through a view (`KvWindow::view`, kept in `views`), one per block it starts in. The
+    /// engine validated the token ids and the scheduler sized the block tables; here they are only
+    /// asserted in debug builds (an out-of-range id or block would still stop at a bounds check, never
+    /// read past a buffer).
+    fn queries<'a>(&self, seqs: &[SeqInput<'a>], window: Option<KvWindow>, kv: &KvStorage, views: &'a mut Vec<Vec<u32>>) -> (Vec<QueryPos<'a>>, Vec<usize>) {
+        let bs = kv.shape.block_size;
+        let mut places = Vec::new(); // (seq, view index or none, position in the table read)
+        for (i, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
             debug_assert!(s.tokens.iter().all(|&t| (t as usize) < self.config.vocab_size), "token ids within the vocabulary");
-            debug_assert!(s.block_table.len() * kv.shape.block_size >= end, "the block table holds {end} positions");
-            debug_assert!(s.block_table.iter().all(|&b| (b as usize) < kv.shape.num_blocks), "blocks within the KV storage");
-            queries.extend((s.start_pos..end).map(|pos| QueryPos { block_table: s.block_table, pos }));
+            debug_assert!(s.block_table.len() * bs >= end, "the block table holds {end} positions");
+            debug_assert!(s.block_table.iter().all(|&b| (b as usize) < kv.shape.num_blocks || b == NULL_BLOCK), "blocks within the KV storage");
+            for pos in s.start_pos..end {
+                match window.and_then(|w| (!w.gap(pos, bs).is_empty()).then_some(w)) {
+                    Some(w) => {
+                        // queries whose gap ends in the same block share a view
+                        let first_live = w.first_live(pos, bs);
+                        let same = matches!(places.last(), Some(&(j, Some(_), _)) if j == i && w.first_live(pos - 1, bs) == first_live);
+                        if !same {
+                            views.push(w.view(s.block_table, pos, bs).expect("a gap").0);
+                        }
+                        places.push((i, Some(views.len() - 1), pos - w.gap(pos, bs).len()));
+                    }
+                    None => places.push((i, None, pos)),
+                }
+            }
         }
+        let views: &'a Vec<Vec<u32>> = views;
+        let queries: Vec<QueryPos<'a>> = places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(seqs[i].block_table, |v| &views[v][..]), pos }).collect();
+        let positions = seqs.iter().flat_map(|s| s.start_pos..s.start_pos + s.tokens.len()).collect();
         debug_assert!(!queries.is_empty(), "a step has tokens");
-        queries
+        (queries, positions)
     }
 
     /// Fills the residual stream with token embeddings (times the architecture's scale, if any).

@@ -114,10 +114,10 @@ mod tests {
 
     /// The dispatched path (AVX-512 VNNI, AVX2, or the reference itself) gives the reference's bits for
     /// every row: prefill tiles, a decode batch, lone tokens over long contexts (the phase split), a
-    /// sliding window, GQA groups, head sizes 64/128/256, and each pair of quantized formats.
+    /// sliding window, GQA groups, head sizes 32/64/96/128/256, and each pair of quantized formats.
     #[test]
     fn quantized_attention_equals_its_reference() {
-        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (9, 3, 64, Some(600)), (8, 8, 64, None)];
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (9, 3, 64, Some(600)), (8, 8, 64, None), (2, 1, 32, Some(8)), (4, 2, 96, None)];
         let dtypes = [(KvDtype::Q8_0, KvDtype::Q8_0), (KvDtype::Q4_0, KvDtype::Q4_0), (KvDtype::Q8_0, KvDtype::Q4_0), (KvDtype::Q4_0, KvDtype::Q8_0)];
         for (ci, &(n_heads, n_kv_heads, head_dim, window)) in cases.iter().enumerate() {
             let (k, v) = dtypes[ci % dtypes.len()];

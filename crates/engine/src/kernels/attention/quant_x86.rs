@@ -403,13 +403,20 @@ unsafe fn values(job: &Job, w: *const f32, rows: Range<usize>, cells: Range<usiz
             let n = (rows.end - r0).min(6);
             for v0 in (0..hd / 16).step_by(4) {
                 let a = (job, w, r0, cells.clone(), v0, add, out);
-                match n {
-                    6 => values_avx512::<6>(a),
-                    5 => values_avx512::<5>(a),
-                    4 => values_avx512::<4>(a),
-                    3 => values_avx512::<3>(a),
-                    2 => values_avx512::<2>(a),
-                    _ => values_avx512::<1>(a),
+                // 64 dims at a time; a head of 32 (or 32 past a multiple of 64) takes one pass of 32
+                match (n, hd / 16 - v0 >= 4) {
+                    (6, true) => values_avx512::<6, 4>(a),
+                    (5, true) => values_avx512::<5, 4>(a),
+                    (4, true) => values_avx512::<4, 4>(a),
+                    (3, true) => values_avx512::<3, 4>(a),
+                    (2, true) => values_avx512::<2, 4>(a),
+                    (_, true) => values_avx512::<1, 4>(a),
+                    (6, false) => values_avx512::<6, 2>(a),
+                    (5, false) => values_avx512::<5, 2>(a),
+                    (4, false) => values_avx512::<4, 2>(a),
+                    (3, false) => values_avx512::<3, 2>(a),
+                    (2, false) => values_avx512::<2, 2>(a),
+                    (_, false) => values_avx512::<1, 2>(a),
                 }
             }
             r0 += n;
@@ -456,33 +463,33 @@ unsafe fn value_chunk(job: &Job, r: &Region, ch: usize, cells: &Range<usize>) ->
     (region, cell0, (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end))
 }
 
-/// R rows × dims `16·v0 .. 16·v0 + 64` (two scale blocks): per cell the 64 values dequantized once
-/// (`q · d`, exact), then one FMA per row and vector.
+/// R rows × dims `16·v0 .. 16·v0 + 16·NV` (NV = 4: two scale blocks; 2: one): per cell the values
+/// dequantized once (`q · d`, exact), then one FMA per row and vector.
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
-unsafe fn values_avx512<const R: usize>((job, w, r0, cells, v0, add, out): ValueArgs) {
+unsafe fn values_avx512<const R: usize, const NV: usize>((job, w, r0, cells, v0, add, out): ValueArgs) {
     let r = &job.kv.v;
     let (hd, bs) = (r.hd, r.bs);
     let q8 = r.dtype == KvDtype::Q8_0;
     let row_bytes = r.dtype.quant_bytes(hd);
     let (low, eight) = (_mm512_set1_epi32(0x0F), _mm512_set1_epi32(8));
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut acc = [[_mm512_setzero_ps(); NV]; R];
     for ch in cells.start / 16..cells.end.div_ceil(16) {
         let (region, cell0, span) = value_chunk(job, r, ch, &cells);
         let scales = region.add(r.scales_at() + 2 * cell0);
         let mut d = [[0f32; 16]; 2];
-        for (k, d) in d.iter_mut().enumerate() {
+        for (k, d) in d.iter_mut().enumerate().take(NV / 2) {
             _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(2 * (v0 / 2 + k) * bs) as *const __m256i)));
         }
         for c in span {
             let cell = region.add((cell0 + c % 16) * row_bytes);
-            let mut x = [_mm512_setzero_ps(); 4];
+            let mut x = [_mm512_setzero_ps(); NV];
             if q8 {
                 for (k, x) in x.iter_mut().enumerate() {
                     let qi = _mm512_cvtepi8_epi32(_mm_loadu_si128(cell.add(16 * (v0 + k)) as *const __m128i));
                     *x = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(d[k / 2][c % 16]));
                 }
             } else {
-                for k in 0..2 {
+                for k in 0..NV / 2 {
                     let b = v0 / 2 + k;
                     let n = _mm512_cvtepu8_epi32(_mm_loadu_si128(cell.add(16 * b) as *const __m128i));
                     let dv = _mm512_set1_ps(d[k][c % 16]);
