@@ -31,6 +31,21 @@ pub enum LabCommand {
     /// length for full KV and each window, the KV memory each holds, and perplexity past the window
     /// with and without the sinks.
     Eviction(EvictionArgs),
+    /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
+    /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
+    /// (self-contained: plots inline as SVG).
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    pub dir: PathBuf,
+    /// Also write report.html.
+    #[arg(long)]
+    pub html: bool,
+    /// The page's title (default: the directory's name).
+    #[arg(long)]
+    pub title: Option<String>,
 }
 
 #[derive(Args)]
@@ -145,6 +160,13 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::KvQuant(a) => run_kv_quant(a, false),
         LabCommand::KvTax(a) => run_kv_quant(a, true),
         LabCommand::Eviction(a) => run_eviction(a),
+        LabCommand::Report(a) => {
+            let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
+            for p in reckon_lab::report::write(&a.dir, &title, a.html)? {
+                println!("{}", p.display());
+            }
+            Ok(())
+        }
     }
 }
 

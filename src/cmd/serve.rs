@@ -92,6 +92,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut config = args.kv.engine_config(cfg, kv_dtypes, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
     config.kv_window = args.model.kv_window()?;
     let num_blocks = config.num_blocks;
+    let window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));
     let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {
@@ -109,7 +110,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
+        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
         let engine = state.engine.clone();
         let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends

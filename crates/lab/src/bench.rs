@@ -161,8 +161,10 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
             Ok(spec.n_gen as f64 / decode.as_secs_f64())
         })?;
         let mut r = BenchResult::new(model_name, numerics, spec, 0, spec.n_gen, samples);
-        // the depth, and on average half the generated tokens besides
-        r.bytes_per_token = Some(model.decode_bytes_per_token(spec.n_depth + spec.n_gen / 2, spec.kv_dtypes));
+        // the depth, and on average half the generated tokens besides (under a window, what it keeps)
+        let attended = spec.n_depth + spec.n_gen / 2;
+        let attended = spec.kv_window.map_or(attended, |w| attended.min(w.held_blocks(attended, BLOCK_SIZE) * BLOCK_SIZE));
+        r.bytes_per_token = Some(model.decode_bytes_per_token(attended, spec.kv_dtypes));
         results.push(r);
     }
     drop::<EngineHandle>(engine);

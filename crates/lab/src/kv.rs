@@ -336,8 +336,13 @@ pub fn plot(rows: &[SpeedRow], title: &str, path: &std::path::Path) -> Result<()
         let ymax = sel.iter().map(|r| r.tokens_per_s.max).fold(1.0, f64::max) * 1.1;
         let mut chart = ChartBuilder::on(area).caption(caption, ("sans-serif", 15)).margin(12).x_label_area_size(35).y_label_area_size(55).build_cartesian_2d(0.0..xmax, 0.0..ymax).map_err(|e| err(&e))?;
         chart.configure_mesh().x_desc("context depth (tokens)").draw().map_err(|e| err(&e))?;
-        let mut names: Vec<&str> = sel.iter().map(|r| r.kv_dtype.as_str()).collect();
-        names.dedup();
+        // each dtype once, in the arms' order (rows come depth by depth)
+        let mut names: Vec<&str> = Vec::new();
+        for r in &sel {
+            if !names.contains(&r.kv_dtype.as_str()) {
+                names.push(&r.kv_dtype);
+            }
+        }
         for (i, name) in names.iter().enumerate() {
             let color = colors[i % colors.len()];
             let pts: Vec<(f64, f64)> = sel.iter().filter(|r| r.kv_dtype == *name).map(|r| (r.depth as f64, r.tokens_per_s.median)).collect();

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod eviction;
 pub mod kv;
 pub mod prefix;
+pub mod report;
 pub mod stats;
 
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,11 @@ use super::*;
 use crate::kv::{BlockPool, KvCacheManager, KvWindow, NULL_BLOCK};
 
 fn windowed(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool) -> Scheduler {
-    let config = SchedulerConfig { max_batch_tokens: 64, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
+    windowed_chunks(window, sinks, num_blocks, prefix_caching, 64)
+}
+
+fn windowed_chunks(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool, max_batch_tokens: usize) -> Scheduler {
+    let config = SchedulerConfig { max_batch_tokens, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
     Scheduler::new(config, KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_window(Some(KvWindow { window, sinks })))
 }
 
@@ -108,4 +112,25 @@ fn a_preempted_windowed_request_recomputes_and_releases_again() {
     s.finish(1);
     s.finish(2);
     assert_eq!(s.pool().num_free(), 7);
+}
+
+#[test]
+fn blocks_cached_before_the_window_opened_a_gap_leave_the_cache_with_it() {
+    // chunks of 8: the first chunk's blocks are registered before any is dead; the second chunk's gap
+    // releases block 1, which leaves the cache, and nothing after it is registered
+    let mut s = windowed_chunks(8, 4, 20, true, 8);
+    add(&mut s, 1, prompt(20), 100);
+    step(&mut s);
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1]);
+    assert_eq!(s.pool().num_cached(), 2);
+    step(&mut s);
+    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, NULL_BLOCK, 2, 3]);
+    assert_eq!(s.pool().num_cached(), 1, "only the sink block");
+    for _ in 0..10 {
+        step(&mut s);
+    }
+    assert_eq!(s.pool().num_cached(), 1);
+    add(&mut s, 2, prompt(20), 100);
+    step(&mut s);
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 4);
 }

@@ -29,7 +29,8 @@ pub struct RequestBlocks {
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
-    /// With a window: table entries before this one that left it are released (`NULL_BLOCK`).
+    /// With a window: table entries before this one that left it are released (`NULL_BLOCK`); 0 while
+    /// none is.
     released_to: usize,
 }
 
@@ -201,13 +202,14 @@ impl KvCacheManager {
             return;
         }
         let bs = self.block_size;
-        let full = num_computed / bs;
+        let mut full = num_computed / bs;
+        // Once the window has released a block, no block after the sinks can be reached by a lookup (it
+        // walks the chain from the first block): none is registered.
+        if let Some(w) = self.window.filter(|_| blocks.released_to > 0) {
+            full = full.min(w.sink_end(bs) / bs);
+        }
         self.extend_hashes(tokens, blocks, full);
         for j in blocks.num_registered..full {
-            // past a block the window released, no block can be reached by a lookup: none is registered
-            if blocks.table[j] == NULL_BLOCK {
-                return;
-            }
             let (parent_hash, parent) = match j.checked_sub(1) {
                 Some(p) => (blocks.hashes[p], Some(blocks.table[p])),
                 None => (blocks.root, None),
@@ -222,13 +224,16 @@ impl KvCacheManager {
     pub fn release_outside_window(&mut self, blocks: &mut RequestBlocks, next: usize) {
         let Some(w) = self.window else { return };
         let dead = w.dead_blocks(next, self.block_size);
-        for j in dead.start.max(blocks.released_to)..dead.end.min(blocks.table.len()) {
+        let end = dead.end.min(blocks.table.len());
+        for j in dead.start.max(blocks.released_to)..end {
             let b = std::mem::replace(&mut blocks.table[j], NULL_BLOCK);
             if b != NULL_BLOCK {
                 self.pool.release_uncached(b);
             }
         }
-        blocks.released_to = blocks.released_to.max(dead.end.min(blocks.table.len()));
+        if end > dead.start {
+            blocks.released_to = blocks.released_to.max(end);
+        }
     }
 
     /// Releases every block the request holds (the last first, so a shared prefix outlives its
