@@ -109,6 +109,10 @@ pub struct KvQuantArgs {
     /// Positions of the quality measure (0: none). Default: kv-quant 4096, kv-tax 0.
     #[arg(long)]
     pub quality_tokens: Option<usize>,
+    /// Needle recall of each arm (`reckon lab eviction`'s haystack, 5 facts) at this many tokens (0:
+    /// none). Default: kv-quant 2048, kv-tax 0.
+    #[arg(long)]
+    pub needle_tokens: Option<usize>,
     /// Measure the read bandwidth after the passes and show each decode's bound and fraction of it
     /// (always on for kv-tax).
     #[arg(long)]
@@ -311,6 +315,7 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     let out = out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })?;
     let quality_tokens = args.quality_tokens.unwrap_or(if tax { 0 } else { 4096 });
     let model = Arc::new(loaded.model);
+    let tokenizer = Arc::new(loaded.tokenizer);
     let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let records = kv::speed(&model, &spec, |r| {
@@ -327,13 +332,26 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     }
     if quality_tokens > 0 {
         let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
-        let mut tokens = loaded.tokenizer.encode(&text, true, false)?;
+        let mut tokens = tokenizer.encode(&text, true, false)?;
         tokens.truncate(quality_tokens.min(cfg.context_length));
         eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), dtypes.len());
         quality = kv::quality(&model, &tokens, 512, &dtypes);
         let mut f = std::fs::File::create(out.join("quality.jsonl"))?;
         for q in &quality {
             writeln!(f, "{}", serde_json::to_string(q)?)?;
+        }
+    }
+    let needle_tokens = args.needle_tokens.unwrap_or(if tax { 0 } else { 2048 });
+    let mut recall = Vec::new();
+    if needle_tokens > 0 {
+        anyhow::ensure!(needle_tokens + 300 < cfg.context_length, "--needle-tokens {needle_tokens} leaves no room in the model's {}-token context", cfg.context_length);
+        let mut f = std::fs::File::create(out.join("recall.jsonl"))?;
+        for &d in &dtypes {
+            let spec = reckon_lab::eviction::EvictionSpec { lengths: vec![needle_tokens], windows: Vec::new(), sinks: 0, needles: 5, seed: 1, max_tokens: 12, kv_dtypes: d };
+            eprintln!("needle recall, {} KV, {needle_tokens} tokens", d.name());
+            recall.extend(reckon_lab::eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
+                let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());
+            })?);
         }
     }
     let rows = kv::speed_rows(&records, &dtypes, &depths);
@@ -345,7 +363,14 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     std::fs::write(out.join("speed.csv"), csv)?;
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
     let title = format!("{name}: KV dtypes, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
-    let table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour, bandwidth.as_ref());
+    let mut table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour, bandwidth.as_ref());
+    if let Some(first) = recall.first() {
+        table += &format!("\nNeedle recall at {} prompt tokens (5 facts in a seeded haystack, greedy; `reckon lab eviction`):\n\n| KV | recalled |\n|---|---|\n", first.prompt_tokens);
+        for d in &dtypes {
+            let n = recall.iter().filter(|r| r.kv_dtype == d.name() && r.correct).count();
+            table += &format!("| {} | {n}/5 |\n", d.name());
+        }
+    }
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     kv::plot(&rows, &title, &out.join("speed.svg"))?;
     println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());

@@ -42,6 +42,7 @@ pub struct EvictionSpec {
 /// One needle asked for at one length under one arm.
 #[derive(Clone, Debug, Serialize)]
 pub struct RecallRecord {
+    pub kv_dtype: String,
     pub length: usize,
     /// `None`: full KV.
     pub window: Option<usize>,
@@ -146,6 +147,7 @@ pub fn recall(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate,
                 let (_, events) = engine.submit(GenerateParams::greedy(prompt.clone(), spec.max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
                 let done = Completion::wait(events).map_err(LabError::Request)?;
                 let r = RecallRecord {
+                    kv_dtype: spec.kv_dtypes.name(),
                     length,
                     window: arm,
                     sinks: if arm.is_some() { spec.sinks } else { 0 },
