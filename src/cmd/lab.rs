@@ -120,6 +120,12 @@ pub struct KvQuantArgs {
     /// An instance's price per hour: adds $ per million tokens to each speed.
     #[arg(long)]
     pub price_per_hour: Option<f64>,
+    /// llama.cpp's KV types as a second implementation inside the same passes (f16, f16 with flash
+    /// attention, K-only q8_0, q8_0 and q4_0 with flash attention), through bench/kv-quant-llamacpp run
+    /// by this Python (default: the venv bench/setup-llamacpp makes). Each pass runs reckon's arms and
+    /// then llama.cpp's, the order reversed on odd passes.
+    #[arg(long, value_name = "PYTHON", num_args = 0..=1, default_missing_value = "/opt/llamacpp-venv/bin/python")]
+    pub llamacpp: Option<PathBuf>,
     /// Where to write records.jsonl, quality.jsonl, table.md, speed.csv, speed.svg and command.txt
     /// (default bench/out/kv-quant-<time>).
     #[arg(long)]
@@ -318,10 +324,16 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     let tokenizer = Arc::new(loaded.tokenizer);
     let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
-    let records = kv::speed(&model, &spec, |r| {
+    let mut llamacpp = match &args.llamacpp {
+        Some(python) => Some(LlamaCpp::start(python, &super::common::model_path(&args.model.model)?, &depths, args.n_gen, args.n_prompt, reckon_engine::pool::current().threads())?),
+        None => None,
+    };
+    let mut external = |pass: usize| -> std::result::Result<Vec<kv::SpeedRecord>, reckon_lab::LabError> { llamacpp.as_mut().expect("only with --llamacpp").pass(pass).map_err(|e| reckon_lab::LabError::Request(format!("llama.cpp: {e:#}"))) };
+    let ext: Option<kv::ExternalPass> = if args.llamacpp.is_some() { Some(&mut external) } else { None };
+    let records = kv::speed_with(&model, &spec, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
         eprintln!("pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}", r.pass + 1, r.kv_dtype, r.test, r.depth, r.tokens_per_s, if r.drift_check { " (drift check)" } else { "" });
-    })?;
+    }, ext)?;
     let mut quality = Vec::new();
     let bandwidth = (tax || args.bandwidth).then(|| {
         eprintln!("measuring the read bandwidth");
@@ -354,7 +366,13 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
             })?);
         }
     }
-    let rows = kv::speed_rows(&records, &dtypes, &depths);
+    let mut arms: Vec<String> = dtypes.iter().map(|d| d.name()).collect();
+    for r in records.iter().filter(|r| r.kv_dtype.starts_with(kv::LLAMACPP)) {
+        if !arms.contains(&r.kv_dtype) {
+            arms.push(r.kv_dtype.clone());
+        }
+    }
+    let rows = kv::speed_rows(&records, &arms, &depths);
     let mut csv = String::from("kv_dtype,depth,test,tokens_per_s_median,min,max,ratio_median,ratio_min,ratio_max\n");
     for r in &rows {
         let (t, q) = (&r.tokens_per_s, &r.ratio);
@@ -364,6 +382,13 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
     let title = format!("{name}: KV dtypes, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
     let mut table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour, bandwidth.as_ref());
+    let versus = kv::best_over_external(&rows);
+    if !versus.is_empty() {
+        table += "\nreckon's fastest arm over llama.cpp's fastest (medians, same passes):\n\n| test | depth | reckon | llama.cpp | reckon / llama.cpp |\n|---|---|---|---|---|\n";
+        for (test, depth, ours, theirs, x) in versus {
+            table += &format!("| {test} | {depth} | {ours} | {} | {x:.2}x |\n", theirs.trim_start_matches(kv::LLAMACPP));
+        }
+    }
     if let Some(first) = recall.first() {
         table += &format!("\nNeedle recall at {} prompt tokens (5 facts in a seeded haystack, greedy; `reckon lab eviction`):\n\n| KV | recalled |\n|---|---|\n", first.prompt_tokens);
         for d in &dtypes {
@@ -375,4 +400,70 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     kv::plot(&rows, &title, &out.join("speed.svg"))?;
     println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
+}
+
+/// bench/kv-quant-llamacpp in its `--serve` mode: the model loaded once per llama.cpp configuration; one
+/// line `pass N` in, one JSON line of that pass's records out.
+struct LlamaCpp {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl LlamaCpp {
+    fn start(python: &std::path::Path, model: &std::path::Path, depths: &[usize], n_gen: usize, n_prompt: usize, threads: usize) -> Result<LlamaCpp> {
+        use std::process::{Command, Stdio};
+        let script = std::path::Path::new("bench/kv-quant-llamacpp");
+        anyhow::ensure!(script.exists(), "--llamacpp: run from the repository root (bench/kv-quant-llamacpp not found)");
+        anyhow::ensure!(python.exists(), "--llamacpp: {} not found (bench/setup-llamacpp makes the venv)", python.display());
+        let depths = depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg("--serve")
+            .arg("-m")
+            .arg(model)
+            .args(["--depths", &depths, "-n", &n_gen.to_string(), "-p", &n_prompt.to_string(), "-t", &threads.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("--llamacpp: starting bench/kv-quant-llamacpp")?;
+        let (input, output) = (child.stdin.take().context("stdin")?, std::io::BufReader::new(child.stdout.take().context("stdout")?));
+        Ok(LlamaCpp { child, input, output })
+    }
+
+    fn pass(&mut self, pass: usize) -> Result<Vec<reckon_lab::kv::SpeedRecord>> {
+        use std::io::BufRead;
+        writeln!(self.input, "pass {pass}")?;
+        self.input.flush()?;
+        let mut line = String::new();
+        anyhow::ensure!(self.output.read_line(&mut line)? > 0, "bench/kv-quant-llamacpp ended early");
+        let v: serde_json::Value = serde_json::from_str(&line).context("bench/kv-quant-llamacpp's reply")?;
+        let records = v["records"].as_array().context("no records")?;
+        records
+            .iter()
+            .map(|r| {
+                let test = match r["test"].as_str() {
+                    Some("tg") => "tg",
+                    Some("pp") => "pp",
+                    t => anyhow::bail!("unknown test {t:?}"),
+                };
+                Ok(reckon_lab::kv::SpeedRecord {
+                    pass,
+                    kv_dtype: format!("{}{}", reckon_lab::kv::LLAMACPP, r["kv"].as_str().context("kv")?),
+                    depth: r["depth"].as_u64().context("depth")? as usize,
+                    test,
+                    tokens: r["tokens"].as_u64().context("tokens")? as usize,
+                    tokens_per_s: r["tokens_per_s"].as_f64().context("tokens_per_s")?,
+                    drift_check: false,
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for LlamaCpp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

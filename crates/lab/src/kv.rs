@@ -16,7 +16,7 @@ use crate::bench::{random_tokens, NoText};
 use crate::stats::{summarize, Summary};
 use crate::LabError;
 use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateParams};
-use reckon_engine::kv::KvDtypes;
+use reckon_engine::kv::{KvDtype, KvDtypes};
 use reckon_engine::model::{LogitsWanted, Model, Scratch, SeqInput};
 use reckon_engine::sampler::Rng;
 use serde::Serialize;
@@ -77,7 +77,20 @@ pub fn kv_bytes_per_token(model: &Model, dtypes: KvDtypes) -> usize {
 }
 
 /// Runs the speed passes; `record` sees each measurement as it is made.
-pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+    speed_with(model, spec, record, None)
+}
+
+/// A second implementation's arms, measured inside the same passes: given the pass number, one pass of
+/// its own (every depth and arm), as records named `"<implementation> <arm>"`.
+pub type ExternalPass<'a> = &'a mut dyn FnMut(usize) -> Result<Vec<SpeedRecord>, LabError>;
+
+/// The prefix of an external implementation's arm names (`"llama.cpp f16"`): its rows are compared with
+/// its own f16 arm.
+pub const LLAMACPP: &str = "llama.cpp ";
+
+/// `speed` with `external`'s pass after reckon's on even passes and before it on odd ones.
+pub fn speed_with(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&SpeedRecord), mut external: Option<ExternalPass>) -> Result<Vec<SpeedRecord>, LabError> {
     let vocab = model.config.vocab_size;
     let max_depth = spec.depths.iter().copied().max().unwrap_or(0);
     let mut rng = Rng::new(1234);
@@ -107,6 +120,8 @@ pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, mut record: impl FnMut(&Spe
         generate(e, context.clone(), 2)?;
         generate(e, [context.as_slice(), &random_tokens(&mut rng, spec.n_prompt.max(1), vocab)].concat(), 1)?;
     }
+    // (both reckon's measurements and the external pass report through it)
+    let record = std::cell::RefCell::new(record);
     let mut out = Vec::new();
     let mut measure = |pass: usize, arm: usize, depth: usize, drift_check: bool, rng: &mut Rng| -> Result<(), LabError> {
         let (engine, name) = (&engines[arm], spec.dtypes[arm].name());
@@ -115,7 +130,7 @@ pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, mut record: impl FnMut(&Spe
             let (_, arrivals) = generate(engine, start.clone(), spec.n_gen + 1)?;
             let secs = arrivals[spec.n_gen].duration_since(arrivals[0]).as_secs_f64();
             let r = SpeedRecord { pass, kv_dtype: name.clone(), depth, test: "tg", tokens: spec.n_gen, tokens_per_s: spec.n_gen as f64 / secs, drift_check };
-            record(&r);
+            (record.borrow_mut())(&r);
             out.push(r);
         }
         if spec.n_prompt > 0 {
@@ -123,22 +138,39 @@ pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, mut record: impl FnMut(&Spe
             let (done, _) = generate(engine, prompt, 1)?;
             let secs = done.timings.time_to_first_token.as_secs_f64();
             let r = SpeedRecord { pass, kv_dtype: name, depth, test: "pp", tokens: spec.n_prompt, tokens_per_s: spec.n_prompt as f64 / secs, drift_check };
-            record(&r);
+            (record.borrow_mut())(&r);
             out.push(r);
         }
         Ok(())
     };
+    let mut other = |pass: usize, out: &mut Vec<SpeedRecord>| -> Result<(), LabError> {
+        if let Some(f) = external.as_mut() {
+            for r in f(pass)? {
+                (record.borrow_mut())(&r);
+                out.push(r);
+            }
+        }
+        Ok(())
+    };
+    let mut theirs = Vec::new();
     for pass in 0..spec.passes {
+        if pass % 2 == 1 {
+            other(pass, &mut theirs)?;
+        }
         for &depth in &spec.depths {
             let arms: Vec<usize> = if pass % 2 == 0 { (0..engines.len()).collect() } else { (0..engines.len()).rev().collect() };
             for arm in arms {
                 measure(pass, arm, depth, false, &mut rng)?;
             }
         }
+        if pass % 2 == 0 {
+            other(pass, &mut theirs)?;
+        }
     }
     if let Some(&depth) = spec.depths.first() {
         measure(spec.passes, 0, depth, true, &mut rng)?;
     }
+    out.extend(theirs);
     Ok(out)
 }
 
@@ -228,25 +260,54 @@ pub struct SpeedRow {
     pub ratio: Summary,
 }
 
-pub fn speed_rows(records: &[SpeedRecord], dtypes: &[KvDtypes], depths: &[usize]) -> Vec<SpeedRow> {
+/// Rows of every arm in `arms` (reckon's first, then an external implementation's, if any), each against
+/// its own implementation's first arm in the same pass (reckon's f16, or `"llama.cpp f16"`).
+pub fn speed_rows(records: &[SpeedRecord], arms: &[String], depths: &[usize]) -> Vec<SpeedRow> {
     let mut rows = Vec::new();
     fn timed<'a>(records: &'a [SpeedRecord], d: &'a str, depth: usize, test: &'a str) -> impl Iterator<Item = &'a SpeedRecord> {
         records.iter().filter(move |r| !r.drift_check && r.kv_dtype == d && r.depth == depth && r.test == test)
     }
+    let base_of = |name: &str| -> String {
+        let external = name.starts_with(LLAMACPP);
+        arms.iter().find(|a| a.starts_with(LLAMACPP) == external).cloned().unwrap_or_default()
+    };
     for test in ["tg", "pp"] {
         for &depth in depths {
-            let base = dtypes[0].name();
-            for d in dtypes {
-                let name = d.name();
-                let speeds: Vec<f64> = timed(records, &name, depth, test).map(|r| r.tokens_per_s).collect();
-                let ratios: Vec<f64> = timed(records, &name, depth, test).filter_map(|r| timed(records, &base, depth, test).find(|b| b.pass == r.pass).map(|b| r.tokens_per_s / b.tokens_per_s)).collect();
+            for name in arms {
+                let base = base_of(name);
+                let speeds: Vec<f64> = timed(records, name, depth, test).map(|r| r.tokens_per_s).collect();
+                let ratios: Vec<f64> = timed(records, name, depth, test).filter_map(|r| timed(records, &base, depth, test).find(|b| b.pass == r.pass).map(|b| r.tokens_per_s / b.tokens_per_s)).collect();
                 if let (Some(tokens_per_s), Some(ratio)) = (summarize(&speeds), summarize(&ratios)) {
-                    rows.push(SpeedRow { kv_dtype: name, depth, test, tokens_per_s, ratio });
+                    rows.push(SpeedRow { kv_dtype: name.clone(), depth, test, tokens_per_s, ratio });
                 }
             }
         }
     }
     rows
+}
+
+/// The key and value dtypes an arm's name stands for: `q8_0`, `q8_0,q4_0`, or an external arm such as
+/// `"llama.cpp q8_0,f16"` / `"llama.cpp q4_0 fa"` (flash attention on).
+pub fn arm_dtypes(name: &str) -> Option<(KvDtype, KvDtype)> {
+    let spec = name.strip_prefix(LLAMACPP).unwrap_or(name).trim_end_matches(" fa");
+    match spec.split_once(',') {
+        Some((k, v)) => Some((KvDtype::from_name(k)?, KvDtype::from_name(v)?)),
+        None => KvDtype::from_name(spec).map(|d| (d, d)),
+    }
+}
+
+/// Per test and depth, reckon's fastest arm over the external implementation's fastest (medians).
+pub fn best_over_external(rows: &[SpeedRow]) -> Vec<(&'static str, usize, String, String, f64)> {
+    let mut out = Vec::new();
+    let mut keys: Vec<(&'static str, usize)> = rows.iter().map(|r| (r.test, r.depth)).collect();
+    keys.dedup();
+    for (test, depth) in keys {
+        let best = |external: bool| rows.iter().filter(|r| r.test == test && r.depth == depth && r.kv_dtype.starts_with(LLAMACPP) == external).max_by(|a, b| a.tokens_per_s.median.total_cmp(&b.tokens_per_s.median));
+        if let (Some(ours), Some(theirs)) = (best(false), best(true)) {
+            out.push((test, depth, ours.kv_dtype.clone(), theirs.kv_dtype.clone(), ours.tokens_per_s.median / theirs.tokens_per_s.median));
+        }
+    }
+    out
 }
 
 /// The drift check: the first arm's first-depth decode (or prefill) speed at the end over its first pass.
@@ -262,7 +323,7 @@ pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], dri
     use std::fmt::Write;
     let mut out = String::new();
     let price = |tps: f64| price_per_hour.map(|p| format!(" | ${:.3}", p / (tps * 3600.0) * 1e6)).unwrap_or_default();
-    let mut head = String::from("| test | depth | KV | tok/s median (min-max) | ms per token | vs first arm, median (min-max) | KV MiB at depth");
+    let mut head = String::from("| test | depth | KV | tok/s median (min-max) | ms per token | vs its implementation's first arm, median (min-max) | KV MiB at depth");
     let mut rule = String::from("|---|---|---|---|---|---|---");
     if price_per_hour.is_some() {
         head += " | $ / M tokens";
@@ -274,7 +335,8 @@ pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], dri
     }
     let _ = writeln!(out, "{head} |\n{rule}|");
     for r in rows {
-        let d = KvDtypes::parse(&r.kv_dtype).unwrap_or_default();
+        let (k, v) = arm_dtypes(&r.kv_dtype).unwrap_or_default();
+        let d = KvDtypes { k, v };
         let mib = (kv_bytes_per_token(model, d) * r.depth) as f64 / (1 << 20) as f64;
         let t = &r.tokens_per_s;
         let q = &r.ratio;
@@ -368,11 +430,26 @@ mod tests {
     }
 
     #[test]
+    fn llama_cpp_rows_are_compared_with_llama_cpp_f16() {
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 4096, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 140.0), rec(0, "llama.cpp f16", 50.0), rec(0, "llama.cpp q8_0 fa", 40.0), rec(0, "llama.cpp q8_0,f16", 60.0)];
+        let arms: Vec<String> = ["f16", "q8_0", "llama.cpp f16", "llama.cpp q8_0 fa", "llama.cpp q8_0,f16"].map(String::from).to_vec();
+        let rows = speed_rows(&records, &arms, &[4096]);
+        let ratio = |name: &str| rows.iter().find(|r| r.kv_dtype == name).unwrap().ratio.median;
+        assert_eq!((ratio("q8_0"), ratio("llama.cpp q8_0 fa"), ratio("llama.cpp q8_0,f16")), (1.4, 0.8, 1.2));
+        let best = best_over_external(&rows);
+        assert_eq!(best, vec![("tg", 4096, "q8_0".to_string(), "llama.cpp q8_0,f16".to_string(), 140.0 / 60.0)]);
+        assert_eq!(arm_dtypes("llama.cpp q8_0,f16"), Some((KvDtype::Q8_0, KvDtype::F16)));
+        assert_eq!(arm_dtypes("llama.cpp q4_0 fa"), Some((KvDtype::Q4_0, KvDtype::Q4_0)));
+        assert_eq!(arm_dtypes("q8_0,q4_0"), Some((KvDtype::Q8_0, KvDtype::Q4_0)));
+    }
+
+    #[test]
     fn rows_pair_each_pass_with_the_baseline() {
         let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 1024, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
         let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 150.0), rec(1, "q8_0", 120.0), rec(1, "f16", 100.0), SpeedRecord { drift_check: true, pass: 2, ..rec(2, "f16", 90.0) }];
-        let dtypes = [KvDtypes::F16, KvDtypes::parse("q8_0").unwrap()];
-        let rows = speed_rows(&records, &dtypes, &[1024]);
+        let arms = ["f16".to_string(), "q8_0".to_string()];
+        let rows = speed_rows(&records, &arms, &[1024]);
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[1].ratio.median, rows[1].ratio.min, rows[1].ratio.max), (1.35, 1.2, 1.5));
         assert_eq!(rows[0].tokens_per_s.n, 2, "the drift check is not a pass");
