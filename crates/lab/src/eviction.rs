@@ -191,9 +191,7 @@ pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize) -
             let (mut sum, mut n, mut pos) = (0f64, 0usize, 0usize);
             model.for_each_logits_windowed(tokens, 512, arm, |row| {
                 if pos >= from && pos + 1 < tokens.len() {
-                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                    let lse = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
-                    sum += lse - row[tokens[pos + 1] as usize] as f64;
+                    sum += crate::kv::log_sum_exp(row) - row[tokens[pos + 1] as usize] as f64;
                     n += 1;
                 }
                 pos += 1;

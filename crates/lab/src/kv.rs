@@ -234,19 +234,23 @@ fn argmax(row: &[f32]) -> usize {
     row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0
 }
 
-fn log_softmax(row: &[f32], out: &mut [f64]) {
+/// ln Σ exp(logits), in f64 (a row's log-normalizer).
+pub(crate) fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
+}
+
+fn log_softmax(row: &[f32], out: &mut [f64]) {
+    let lse = log_sum_exp(row);
     for (o, &x) in out.iter_mut().zip(row) {
-        *o = x as f64 - max - z;
+        *o = x as f64 - lse;
     }
 }
 
 /// KL(p ‖ q) with p given as log-probabilities and q as logits.
 fn kl_from(log_p: &[f64], q_logits: &[f32]) -> f64 {
-    let max = q_logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z = q_logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    log_p.iter().zip(q_logits).map(|(&lp, &x)| lp.exp() * (lp - (x as f64 - max - z))).sum::<f64>().max(0.0)
+    let lse = log_sum_exp(q_logits);
+    log_p.iter().zip(q_logits).map(|(&lp, &x)| lp.exp() * (lp - (x as f64 - lse))).sum::<f64>().max(0.0)
 }
 
 /// One (dtype, depth, test) over the passes.
