@@ -33,9 +33,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut sampling = args.sampling.params()?;
     let loaded = load(&args.model)?;
     let ctx = context_size(&loaded, args.ctx_size);
-    let kv_dtypes = args.model.kv_dtypes(&loaded.model.config, super::run::BLOCK_SIZE)?;
-    let kv_window = args.model.kv_window()?;
-    let (engine, tokenizer, template) = start_engine(loaded, ctx, kv_dtypes, kv_window);
+    let kv = args.model.kv_choice(&loaded.model.config, super::run::BLOCK_SIZE, false)?;
+    let (engine, tokenizer, template) = start_engine(loaded, ctx, &kv);
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
     let stdin = std::io::stdin();

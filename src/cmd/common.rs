@@ -52,6 +52,11 @@ pub struct ModelArgs {
     /// to whole blocks).
     #[arg(long, default_value_t = 4, requires = "kv_window")]
     pub kv_sinks: usize,
+    /// Keep every position's keys in sliding-window layers too (Gemma-3's 512-token layers). By default
+    /// those layers get block tables of their own that release what leaves their window (vLLM's hybrid
+    /// KV allocator); --kv-window and --prefix-cache-dir imply this flag.
+    #[arg(long)]
+    pub no_hybrid_kv: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -100,6 +105,12 @@ impl ModelArgs {
     }
 
     /// `--kv-window` and `--kv-sinks`.
+    /// The KV choices for `model` with blocks of `block_size` (`disk_tier`: a prefix-cache directory is
+    /// in use).
+    pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
+        Ok(KvChoice { dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+    }
+
     pub fn kv_window(&self) -> Result<Option<KvWindow>> {
         let Some(window) = self.kv_window else { return Ok(None) };
         anyhow::ensure!(window > 0, "--kv-window must be at least 1");
@@ -226,6 +237,14 @@ pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
     }
 }
 
+/// How the engine keeps keys and values, from `ModelArgs` (and whether a disk tier is in use).
+pub struct KvChoice {
+    pub dtypes: KvDtypes,
+    pub window: Option<KvWindow>,
+    pub hybrid: bool,
+    pub disk_tier: bool,
+}
+
 /// The engine's KV cache and step budget (`serve`, `lab`).
 #[derive(Args, Clone)]
 pub struct KvArgs {
@@ -262,10 +281,14 @@ impl KvArgs {
     /// The engine's configuration for this cache (of `kv_dtypes` cells, for a model of `cfg`) and these
     /// limits.
     #[allow(clippy::too_many_arguments)]
-    pub fn engine_config(&self, cfg: &reckon_engine::model::ModelConfig, kv_dtypes: KvDtypes, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
-        Ok(EngineConfig {
+    /// `layout` is the model's KV layout this configuration gets (`EngineConfig::kv_layout`): a block is
+    /// one of its pages.
+    pub fn engine_config(&self, model: &Model, kv: &KvChoice, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
+        let cfg = &model.config;
+        let kv_dtypes = kv.dtypes;
+        let mut config = EngineConfig {
             block_size: self.block_size,
-            num_blocks: self.num_blocks(kv_dtypes.bytes_per_token(cfg.n_layers, cfg.kv_dim()))?,
+            num_blocks: 0,
             kv_dtypes,
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_prefill_tokens_while_decoding: self.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
@@ -274,8 +297,12 @@ impl KvArgs {
             max_model_len,
             prefix_caching,
             rest_pool_between_steps: !self.no_pool_rest,
-            kv_window: None,
-        })
+            kv_window: kv.window,
+            hybrid_kv: kv.hybrid,
+        };
+        let layout = config.kv_layout(model, kv.disk_tier);
+        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()))?;
+        Ok(config)
     }
 }
 

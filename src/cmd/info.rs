@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::ModelConfig;
-use reckon_engine::kv::{KvDtype, KvDtypes};
+use reckon_engine::kv::{KvDtype, KvDtypes, KvLayout};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -36,6 +36,17 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let weight_bytes: u64 = by_type.values().map(|v| v.1).sum();
     // f16 keys and values of every layer.
     let kv_bytes_per_token = cfg.kv_f16_bytes_per_token() as u64;
+    // Per kind of layer, f16, and what an 8,192-token sequence holds with every layer's blocks in one
+    // table and with sliding layers in groups of their own (`kv::layout`; 16-token blocks, 512-token
+    // chunks, the server's defaults), and how many such sequences 1 GiB holds at once.
+    let (bs, chunk, depth, budget) = (16, 512, 8192, 1usize << 30);
+    let cell = KvDtypes::F16.bytes_per_token(1, cfg.kv_dim());
+    let hybrid = KvLayout::hybrid(&(0..cfg.n_layers).map(|il| cfg.layer_window(il)).collect::<Vec<_>>());
+    let per_seq = |l: &KvLayout| l.max_blocks_held(depth, bs, chunk) * l.page_bytes(cell, bs);
+    let fits = |l: &KvLayout| budget / l.page_bytes(cell, bs) / l.max_blocks_held(depth, bs, chunk);
+    let uniform = KvLayout::uniform(cfg.n_layers);
+    let layouts: Vec<(&str, &KvLayout)> = if hybrid.is_hybrid() { vec![("one_group", &uniform), ("hybrid", &hybrid)] } else { vec![("one_group", &uniform)] };
+    let kinds = hybrid.memory_by_kind(cell, bs, chunk);
     let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
     let report = json!({
         "path": path.canonicalize().unwrap_or(path.clone()),
@@ -61,6 +72,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "kv_f16_bytes_at_4096": kv_bytes_per_token * 4096,
             "kv_f16_bytes_at_context_length": kv_bytes_per_token * cfg.context_length as u64,
             "total_at_4096_bytes": weight_bytes + kv_bytes_per_token * 4096,
+            "kv_f16_by_layer_type": kinds.iter().map(|k| (k.label(), json!({"layers": k.layers, "bytes_per_token": k.bytes_per_token, "max_positions_per_sequence": k.max_positions}))).collect::<BTreeMap<_, _>>(),
+            "kv_f16_at_8192": layouts.iter().map(|(n, l)| (n.to_string(), json!({"layer_groups": l.num_groups(), "block_bytes": l.page_bytes(cell, bs), "bytes_per_sequence": per_seq(l), "sequences_in_1GiB": fits(l)}))).collect::<BTreeMap<_, _>>(),
             "kv_bytes_per_token_by_dtype": KvDtype::ALL.iter().filter(|d| KvDtypes { k: **d, v: **d }.check_shape(cfg.head_dim, 16).is_ok()).map(|&d| (d.name(), KvDtypes { k: d, v: d }.bytes_per_token(cfg.n_layers, cfg.kv_dim()))).collect::<BTreeMap<_, _>>(),
         },
     });
@@ -93,6 +106,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if let Some(by_dtype) = report["memory"]["kv_bytes_per_token_by_dtype"].as_object() {
         let line: Vec<String> = by_dtype.iter().map(|(d, b)| format!("{d} {:.1} KiB", b.as_f64().unwrap_or(0.0) / 1024.0)).collect();
         println!("KV per token:    {} (--kv-dtype)", line.join(", "));
+    }
+    if hybrid.is_hybrid() {
+        let kind: Vec<String> = kinds.iter().map(|k| format!("{} {} layers {:.1} KiB/token{}", k.label(), k.layers, k.bytes_per_token as f64 / 1024.0, k.max_positions.map_or(String::new(), |p| format!(" (at most {p} positions kept)")))).collect();
+        println!("KV by layer:     {} (f16)", kind.join("; "));
+        for (_, l) in &layouts {
+            let what = if l.is_hybrid() { format!("{} layer groups of {}", l.num_groups(), l.slots()) } else { "one table (--no-hybrid-kv)".into() };
+            println!("  at 8192 tokens, {what}: {:.1} MiB a sequence, {} sequences in 1 GiB", mib(per_seq(l) as u64), fits(l));
+        }
     }
     if args.metadata {
         println!("metadata:");

@@ -238,8 +238,8 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     let turn_tokens = turn_range(&args.turn_tokens)?;
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
-    let kv_dtypes = args.model.kv_dtypes(cfg, args.kv.block_size)?;
-    let engine = args.kv.engine_config(cfg, kv_dtypes, cfg.context_length, 16, 16, true)?;
+    let kv = args.model.kv_choice(cfg, args.kv.block_size, false)?;
+    let engine = args.kv.engine_config(&loaded.model, &kv, cfg.context_length, 16, 16, true)?;
     let spec = PrefixSpec { turns: args.turns, sessions: args.sessions, prefix_tokens: args.prefix_tokens, turn_tokens, max_tokens: args.max_tokens, passes: args.passes, timestamp: args.timestamp, engine };
     let out = args.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);

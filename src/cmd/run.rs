@@ -1,11 +1,10 @@
 //! `reckon run`: one prompt in, the generated text streamed to stdout (logs and stats on stderr). It
 //! drives the same engine as `reckon serve`, with one request.
 
-use super::common::{load, Loaded, ModelArgs, SamplingArgs};
+use super::common::{load, KvChoice, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
-use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::template::ChatMessage;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -44,8 +43,11 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 /// on so a conversation's next turn reuses the last one's blocks.
 pub const BLOCK_SIZE: usize = 16;
 
-pub fn start_engine(loaded: Loaded, ctx: usize, kv_dtypes: KvDtypes, kv_window: Option<KvWindow>) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
-    let config = EngineConfig { block_size: BLOCK_SIZE, num_blocks: ctx.div_ceil(BLOCK_SIZE) + 1, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes, kv_window, ..EngineConfig::default() };
+pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
+    let mut config = EngineConfig { block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, hybrid_kv: kv.hybrid, ..EngineConfig::default() };
+    // the most one sequence of the whole context holds, and a block per layer group to spare
+    let layout = config.kv_layout(&loaded.model, false);
+    config.num_blocks = layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();
     let tokenizer = Arc::new(loaded.tokenizer);
     (spawn(Arc::new(loaded.model), tokenizer.clone(), config), tokenizer, loaded.template)
 }
@@ -72,9 +74,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         loaded.template.render(&msgs, true)?
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
-    let kv_dtypes = args.model.kv_dtypes(&loaded.model.config, BLOCK_SIZE)?;
-    let kv_window = args.model.kv_window()?;
-    let (engine, _, _) = start_engine(loaded, ctx, kv_dtypes, kv_window);
+    let kv = args.model.kv_choice(&loaded.model.config, BLOCK_SIZE, false)?;
+    let (engine, _, _) = start_engine(loaded, ctx, &kv);
     let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
     let stats = stream(&engine, params)?;
     if !args.raw {

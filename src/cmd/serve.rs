@@ -88,11 +88,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let kv_dtypes = args.model.kv_dtypes(cfg, args.kv.block_size)?;
-    let mut config = args.kv.engine_config(cfg, kv_dtypes, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
-    config.kv_window = args.model.kv_window()?;
+    let kv = args.model.kv_choice(cfg, args.kv.block_size, args.prefix_cache_dir.is_some())?;
+    let kv_dtypes = kv.dtypes;
+    let config = args.kv.engine_config(&loaded.model, &kv, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
     let num_blocks = config.num_blocks;
-    let window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));
+    let layout = config.kv_layout(&loaded.model, kv.disk_tier);
+    let mut window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));
+    if layout.is_hybrid() {
+        window += &format!(", {} layer groups of {} layers", layout.num_groups(), layout.slots());
+    }
     let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {

@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -129,6 +129,33 @@ fn a_kv_window_runs_sequences_longer_than_the_pool_with_the_same_tokens() {
             let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
             let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
             assert_eq!(got, alone, "{blocks} blocks, step budget {budget}, {round}");
+            wait_idle(&engine);
+        }
+    }
+}
+
+/// Gemma-3's sliding layers in block tables of their own (`kv::layout`; the tiny model: window 8, five
+/// sliding layers and a global one, a group each) give the tokens of one group holding every block:
+/// alone, batched, in small chunks, preempted, and with their prefixes cached.
+#[test]
+fn sliding_layer_groups_give_the_tokens_of_one_group() {
+    let model = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::gemma3(), 11)).unwrap()).unwrap());
+    let reqs = || (0..4).map(|i| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(70 + i, 20 + 7 * i as usize), 40) }).collect::<Vec<_>>();
+    let one_group: Vec<Vec<u32>> = reqs()
+        .into_iter()
+        .map(|r| {
+            let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
+            drain(engine.submit(r).unwrap().1).0
+        })
+        .collect();
+    assert!(one_group.iter().all(|t| t.len() == 40));
+    // 100 blocks: all four at once do not fit (each holds 6 groups' blocks while it prefills)
+    for (blocks, budget) in [(512, 64), (512, 5), (100, 64)] {
+        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { hybrid_kv: true, ..config(blocks, budget) });
+        for round in ["cold", "with prefixes cached"] {
+            let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+            let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+            assert_eq!(got, one_group, "{blocks} blocks, step budget {budget}, {round}");
             wait_idle(&engine);
         }
     }

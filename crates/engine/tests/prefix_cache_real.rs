@@ -2,7 +2,8 @@
 //! prompt starts with cached blocks gives exactly the tokens of a cold prefill of the same prompt (the
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
 //! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI). The same holds with quantized KV cells
-//! (`--kv-dtype q8_0`) and under a KV window (`--kv-window`), whose released blocks are never a prefix.
+//! (`--kv-dtype q8_0`), under a KV window (`--kv-window`), whose released blocks are never a prefix,
+//! and with Gemma-3's sliding layers keeping their window only (`kv::layout`).
 
 mod common;
 
@@ -34,21 +35,28 @@ fn check_model(name: &str, kv: &str) {
 }
 
 fn check_model_with(name: &str, kv: &str, kv_window: Option<KvWindow>, want_cached: &[usize]) {
+    check_prompts(name, kv, kv_window, false, 403, want_cached);
+}
+
+/// `prefix_len` tokens shared (403: 25 blocks and 3 tokens), three continuations, and exact repeats; the
+/// reference is a cold prefill with one KV group.
+fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: bool, prefix_len: usize, want_cached: &[usize]) {
     let Some(file) = open(name) else { return };
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
     let text = text_tokens(name);
-    // a 403-token shared prefix (25 blocks and 3 tokens), three continuations, and exact repeats
-    let prefix = &text[..403];
+    let (prefix, p) = (&text[..prefix_len], prefix_len);
     let prompts: Vec<Vec<u32>> = vec![
-        [prefix, &text[500..537]].concat(),
-        [prefix, &text[600..611]].concat(),
-        text[..416].to_vec(), // exactly 26 blocks: the last block is recomputed
-        [prefix, &text[500..537]].concat(),
-        [prefix, &text[700..701]].concat(),
+        [prefix, &text[p + 97..p + 134]].concat(),
+        [prefix, &text[p + 197..p + 208]].concat(),
+        text[..(p + 13) / 16 * 16].to_vec(), // whole blocks: the last block is recomputed
+        [prefix, &text[p + 97..p + 134]].concat(),
+        [prefix, &text[p + 297..p + 298]].concat(),
     ];
-    let config = EngineConfig { block_size: 16, num_blocks: 128, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window };
-    let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, ..config });
+    // (a hybrid layout's blocks are pages of fewer layers: more of them)
+    let num_blocks = if hybrid_kv { 1024 } else { 128 };
+    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, hybrid_kv };
+    let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, hybrid_kv: false, num_blocks: 128, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
     let mut cached = Vec::new();
@@ -79,6 +87,19 @@ fn windowed_cache_hits_match_cold_prefill_smollm2() {
 #[test]
 fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
     check_model_with("qwen2.5-coder-0.5b", "q8_0", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
+}
+
+/// Gemma-3's sliding layers in block tables of their own that release what leaves their 512 tokens
+/// (`kv::layout`): prompts of ~1,000 tokens, so the sliding groups release blocks during prefill, and a
+/// hit needs their last 512 positions only. Same tokens as a cold prefill with every block kept.
+#[test]
+fn hybrid_kv_cache_hits_match_cold_prefill_gemma3() {
+    check_prompts("gemma3-270m", "f16", None, true, 1003, &[0, 992, 992, 1024, 992]);
+}
+
+#[test]
+fn hybrid_kv_cache_hits_match_cold_prefill_gemma3_q8_0() {
+    check_prompts("gemma3-270m", "q8_0", None, true, 1003, &[0, 992, 992, 1024, 992]);
 }
 
 #[test]

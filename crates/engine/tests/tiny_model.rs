@@ -36,7 +36,7 @@ fn single_run_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
     let mut kv = model.new_kv(4, 64);
     let table: Vec<u32> = (0..64).collect();
     let mut s = Scratch::default();
-    let input = SeqInput { tokens: prompt, start_pos: 0, block_table: &table, logits: LogitsWanted::All };
+    let input = SeqInput { tokens: prompt, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
     model.forward(&[input], &mut kv, &mut s).to_vec()
 }
 
@@ -55,8 +55,8 @@ fn logits_have_the_requested_rows() {
         let (a, b) = (tokens(1, 5, spec.vocab), tokens(2, 3, spec.vocab));
         let mut s = Scratch::default();
         let seqs = [
-            SeqInput { tokens: &a, start_pos: 0, block_table: &t[0], logits: LogitsWanted::All },
-            SeqInput { tokens: &b, start_pos: 0, block_table: &t[1], logits: LogitsWanted::Last },
+            SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
+            SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::Last },
         ];
         let logits = model.forward(&seqs, &mut kv, &mut s);
         assert_eq!(logits.len(), (5 + 1) * spec.vocab, "{}", spec.arch);
@@ -89,7 +89,7 @@ fn batch_of_n_sequences_equals_n_single_runs() {
             let t = tables(prompts.len(), 16);
             let mut kv = model.new_kv(4, 64);
             let mut s = Scratch::default();
-            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_table: bt, logits: LogitsWanted::All }).collect();
+            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_tables: std::slice::from_ref(bt), logits: LogitsWanted::All }).collect();
             let batched = model.forward(&seqs, &mut kv, &mut s).to_vec();
             let singles: Vec<f32> = prompts.iter().flat_map(|p| single_run_logits(&model, p)).collect();
             assert_eq!(batched, singles, "{} ({}): batched logits differ from single runs", spec.arch, model.numerics().name());
@@ -112,14 +112,14 @@ fn mixed_prefill_chunks_and_decodes_equal_a_single_prefill() {
             // Step 3: B's last 4 alone.
             let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| model.forward(seqs, kv, s).to_vec();
             let out1 = step(&mut kv, &mut s, &[
-                SeqInput { tokens: &a[..11], start_pos: 0, block_table: &t[0], logits: LogitsWanted::All },
-                SeqInput { tokens: &b[..7], start_pos: 0, block_table: &t[1], logits: LogitsWanted::All },
+                SeqInput { tokens: &a[..11], start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
+                SeqInput { tokens: &b[..7], start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
             ]);
             let out2 = step(&mut kv, &mut s, &[
-                SeqInput { tokens: &b[7..16], start_pos: 7, block_table: &t[1], logits: LogitsWanted::All },
-                SeqInput { tokens: &a[11..], start_pos: 11, block_table: &t[0], logits: LogitsWanted::Last },
+                SeqInput { tokens: &b[7..16], start_pos: 7, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
+                SeqInput { tokens: &a[11..], start_pos: 11, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::Last },
             ]);
-            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_table: &t[1], logits: LogitsWanted::All }]);
+            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All }]);
             let got_a: Vec<f32> = [&out1[..11 * v], &out2[9 * v..]].concat();
             let got_b: Vec<f32> = [&out1[11 * v..], &out2[..9 * v], &out3[..]].concat();
             assert_eq!(got_a, ref_a, "{} ({}): sequence A", spec.arch, model.numerics().name());
@@ -169,7 +169,7 @@ fn bad_batches_stop_at_a_check() {
     for (toks, blocks) in batches {
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let (mut kv, mut s) = (model.new_kv(4, 2), Scratch::default());
-            model.forward(&[SeqInput { tokens: toks, start_pos: 0, block_table: blocks, logits: LogitsWanted::Last }], &mut kv, &mut s).to_vec()
+            model.forward(&[SeqInput { tokens: toks, start_pos: 0, block_tables: &[blocks.to_vec()], logits: LogitsWanted::Last }], &mut kv, &mut s).to_vec()
         }));
         assert!(step.is_err(), "tokens {toks:?} with blocks {blocks:?} ran");
     }
@@ -195,7 +195,7 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             let table: Vec<u32> = (0..(n / bs) as u32).rev().collect();
             let mut s = Scratch::default();
             let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-            let input = SeqInput { tokens: &toks, start_pos: 0, block_table: &table, logits: LogitsWanted::All };
+            let input = SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
             let whole = model.forward_windowed(&[input], Some(w), &mut kv, &mut s).to_vec();
             // garbage keys that score high against some query: ±large (a tiny random model's attention is
             // so peaked that small garbage gets no weight at all)
@@ -213,19 +213,19 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             let mut steps = Vec::new();
             for pos in 0..n {
                 w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
-                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_table: &table, logits: LogitsWanted::All };
+                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
                 steps.extend_from_slice(model.forward_windowed(&[input], Some(w), &mut kv_steps, &mut s));
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&whole) == bits(&steps), "{:?} {}: skipped blocks were read, or chunking changed the result", spec.arch, model.numerics().name());
             let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_table: &table, logits: LogitsWanted::All }], &mut kv, &mut s).to_vec();
+            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All }], &mut kv, &mut s).to_vec();
             let first_gap = (0..n).find(|&p| !w.gap(p, bs).is_empty()).unwrap();
             assert_eq!(first_gap, w.window + w.sink_end(bs) + bs - 1);
             assert!(bits(&whole[..first_gap * vocab]) == bits(&full[..first_gap * vocab]));
             assert!(whole[first_gap * vocab..] != full[first_gap * vocab..], "the window changed nothing");
             // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
-            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_table: &table, logits: LogitsWanted::All };
+            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
             assert!(bits(model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
             let changed = [1.0, -1.0].iter().any(|&sign| {
                 spoil_with(&mut kv_steps, 0, sign);

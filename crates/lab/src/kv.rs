@@ -186,7 +186,7 @@ pub fn quality(model: &Model, tokens: &[u32], chunk: usize, dtypes: &[KvDtypes])
     let mut base: Vec<f32> = Vec::new();
     let mut base_lp = vec![0f64; vocab];
     for (i, part) in tokens.chunks(chunk.max(1)).enumerate() {
-        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_table: &table, logits: LogitsWanted::All };
+        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
         for (a, (kv, scratch)) in arms.iter_mut().enumerate() {
             let logits = model.forward(std::slice::from_ref(&input), kv, scratch);
             if a == 0 {

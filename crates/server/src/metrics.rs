@@ -93,8 +93,24 @@ pub fn render(state: &AppState) -> String {
     let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"", state.engine.config().kv_dtypes.name());
     gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
     gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
+    // Per kind of layer (`kv::layout`): what a token costs there, and how many positions a sequence keeps
+    // (0: all of them). With Gemma-3's sliding layers in groups of their own, their positions are capped.
+    let (kinds, page_bytes) = state.engine.kv_memory();
+    gauge("reckon_kv_block_bytes", "Bytes of one KV-cache block (a page of the layers one layer group holds).", &m, page_bytes as f64);
+    gauge("reckon_kv_layer_groups", "KV-cache layer groups, each with its own block table per sequence (1: every layer in one).", &m, state.engine.kv_layout().num_groups() as f64);
     gauge("reckon_prefix_cache_disk_blocks", "Block files in the prefix cache's disk tier.", &m, load(&s.prefix_cache_disk_blocks) as f64);
     gauge("reckon_prefix_cache_blocks", "KV-cache blocks holding a cached prefix (in use or reclaimable).", &m, load(&s.prefix_cache_blocks) as f64);
+    let per_kind: [(&str, &str, fn(&reckon_engine::kv::layout::LayerKindMemory) -> usize); 3] = [
+        ("reckon_kv_layers", "Layers of this type.", |k| k.layers),
+        ("reckon_kv_bytes_per_token", "KV-cache bytes one token takes in the layers of this type.", |k| k.bytes_per_token),
+        ("reckon_kv_max_positions_per_sequence", "Positions a sequence keeps in the layers of this type at most (0: every position).", |k| k.max_positions.unwrap_or(0)),
+    ];
+    for (name, help, value) in per_kind {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for k in &kinds {
+            let _ = writeln!(out, "{name}{{{m},layer_type=\"{}\"}} {}", k.label(), value(k));
+        }
+    }
     let mut counter = |name: &str, help: &str, v: u64| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}");
     };

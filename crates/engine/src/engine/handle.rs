@@ -63,6 +63,9 @@ pub struct EngineHandle {
     stats: Arc<EngineStats>,
     config: EngineConfig,
     limits: Limits,
+    /// The KV layout in effect, and the bytes of one layer's key and value of a token.
+    kv_layout: crate::kv::KvLayout,
+    kv_cell_bytes: usize,
     /// Set when a shutdown starts: submits are refused from then on.
     draining: Arc<AtomicBool>,
 }
@@ -119,6 +122,17 @@ impl EngineHandle {
         &self.config
     }
 
+    /// The KV layout in effect (`EngineConfig::kv_layout`).
+    pub fn kv_layout(&self) -> &crate::kv::KvLayout {
+        &self.kv_layout
+    }
+
+    /// The KV cache's memory per kind of layer (`KvLayout::memory_by_kind`), and the bytes of one block.
+    pub fn kv_memory(&self) -> (Vec<crate::kv::layout::LayerKindMemory>, usize) {
+        let (bs, chunk) = (self.config.block_size, self.config.max_batch_tokens);
+        (self.kv_layout.memory_by_kind(self.kv_cell_bytes, bs, chunk), self.kv_layout.page_bytes(self.kv_cell_bytes, bs))
+    }
+
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -135,9 +149,10 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
     let engine = Engine::new(model, detok, config, disk)?;
     let (commands, rx) = mpsc::unbounded_channel();
     let (stats, limits) = (engine.stats().clone(), engine.limits());
+    let (kv_layout, kv_cell_bytes) = (engine.kv_layout().clone(), engine.kv_cell_bytes());
     let worker = Loop { engine, commands: rx, drain: None };
     std::thread::Builder::new().name("reckon-engine".into()).spawn(move || worker.run())?;
-    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, draining: Arc::new(AtomicBool::new(false)) })
+    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, kv_layout, kv_cell_bytes, draining: Arc::new(AtomicBool::new(false)) })
 }
 
 struct Loop {

@@ -13,6 +13,8 @@ mod scheduler;
 mod stop;
 mod validate;
 #[cfg(test)]
+mod scheduler_hybrid_tests;
+#[cfg(test)]
 mod scheduler_prefix_tests;
 #[cfg(test)]
 mod scheduler_tests;
@@ -24,10 +26,10 @@ pub use handle::{spawn, spawn_with, EngineHandle, EngineStats};
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
 pub use scheduler::{Restore, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 pub use stop::{StopMatcher, StopOutcome};
-pub use validate::{validate, Field, GenerateParams, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
+pub use validate::{validate, Field, GenerateParams, HeldBlocks, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvStorage, KvWindow};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow};
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -60,6 +62,18 @@ pub struct EngineConfig {
     /// A StreamingLLM window (`--kv-window`, `--kv-sinks`): every sequence keeps its sinks and its last
     /// positions only (`kv::window`).
     pub kv_window: Option<KvWindow>,
+    /// Sliding-window layers (Gemma-3's) in layer groups of their own, which keep their window's blocks
+    /// only (`kv::layout`). In effect only without `kv_window` and without a disk tier
+    /// (`EngineConfig::kv_layout`).
+    pub hybrid_kv: bool,
+}
+
+impl EngineConfig {
+    /// The KV layout this configuration gets for `model` (with a disk tier: `disk_tier`): hybrid where
+    /// asked and possible, else one group. `num_blocks` counts its pages.
+    pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
+        model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching))
+    }
 }
 
 impl Default for EngineConfig {
@@ -76,6 +90,7 @@ impl Default for EngineConfig {
             rest_pool_between_steps: true,
             kv_dtypes: KvDtypes::F16,
             kv_window: None,
+            hybrid_kv: false,
         }
     }
 }
@@ -104,7 +119,8 @@ impl Engine {
     /// An engine over `model` with `config`'s KV cache; with `disk`, the prefix cache also keeps blocks
     /// in that directory (ignored when prefix caching is off). Fails if the directory cannot be used.
     pub fn new(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<Engine> {
-        let kv = model.new_kv_with(config.kv_dtypes, config.block_size, config.num_blocks);
+        let layout = config.kv_layout(&model, disk.is_some());
+        let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
         let offload = match disk.filter(|_| config.prefix_caching) {
             Some(d) => {
                 let format = KvFormat {
@@ -126,7 +142,7 @@ impl Engine {
             max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_running: config.max_running,
         };
-        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window));
+        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
         Ok(Engine { model, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new() })
     }
 
@@ -137,8 +153,29 @@ impl Engine {
             vocab_size: self.model.config.vocab_size,
             kv_cache_tokens: self.config.num_blocks * self.config.block_size,
             block_size: self.config.block_size,
-            max_blocks_held: self.config.kv_window.map(|w| w.max_blocks(self.config.block_size, self.config.max_batch_tokens)),
+            held: self.held_blocks(),
         }
+    }
+
+    /// The KV layout in effect (`EngineConfig::kv_layout`).
+    pub fn kv_layout(&self) -> &KvLayout {
+        self.kv.layout()
+    }
+
+    /// Bytes of one layer's key and value of one token.
+    pub fn kv_cell_bytes(&self) -> usize {
+        self.config.kv_dtypes.bytes_per_token(1, self.model.config.kv_dim())
+    }
+
+    fn held_blocks(&self) -> HeldBlocks {
+        let (bs, chunk) = (self.config.block_size, self.config.max_batch_tokens);
+        if let Some(w) = self.config.kv_window {
+            return HeldBlocks { full_groups: 0, capped_groups: 1, cap: w.max_blocks(bs, chunk) };
+        }
+        let layout = self.kv.layout();
+        let windows: Vec<_> = (0..layout.num_groups()).filter_map(|g| layout.kv_window(g)).collect();
+        let cap = windows.iter().map(|w| w.max_blocks(bs, chunk)).max().unwrap_or(0);
+        HeldBlocks { full_groups: layout.num_groups() - windows.len(), capped_groups: windows.len(), cap }
     }
 
     pub fn stats(&self) -> &Arc<EngineStats> {
@@ -240,7 +277,7 @@ impl Engine {
             .map(|c| {
                 let req = self.scheduler.request(c.id).expect("planned requests exist");
                 let logits = if c.samples { LogitsWanted::Last } else { LogitsWanted::None };
-                SeqInput { tokens: &req.tokens[c.start..c.start + c.len], start_pos: c.start, block_table: &req.blocks.table, logits }
+                SeqInput { tokens: &req.tokens[c.start..c.start + c.len], start_pos: c.start, block_tables: req.blocks.tables(), logits }
             })
             .collect();
         let logits = self.model.forward_windowed(&inputs, self.config.kv_window, &mut self.kv, &mut self.scratch);

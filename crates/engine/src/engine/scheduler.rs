@@ -19,7 +19,8 @@
 //!   waiting queue to be recomputed later (prompt and generated tokens, one prefill).
 //! - Admission first takes the request's cached prefix (see `kv::manager`).
 //! - With a KV window (`kv::window`), a request's blocks that no later query attends to are released
-//!   after every step, so a long sequence holds its sinks, its window and one chunk's blocks.
+//!   after every step, so a long sequence holds its sinks, its window and one chunk's blocks; so do
+//!   the sliding layer groups of a hybrid layout (`kv::layout`), each in a block table of its own.
 
 use super::request::{Request, RequestId, RequestStatus};
 use crate::kv::{BlockHash, BlockPool, EvictedBlock, KvCacheManager, PrefixCacheStats};
@@ -141,7 +142,7 @@ impl Scheduler {
     /// Queues a new request (validated: its prompt and one more token fit the context and the cache).
     pub fn add(&mut self, req: Request) {
         debug_assert!(!self.requests.contains_key(&req.id), "request id {} is already scheduled", req.id);
-        debug_assert!(req.num_prompt_tokens > 0 && req.blocks.table.is_empty());
+        debug_assert!(req.num_prompt_tokens > 0 && req.blocks.num_held() == 0);
         self.waiting.push_back(req.id);
         self.requests.insert(req.id, req);
     }
@@ -304,9 +305,7 @@ impl Scheduler {
             debug_assert_eq!(req.num_computed_tokens, chunk.start, "request {} changed between plan and step", chunk.id);
             req.num_computed_tokens += chunk.len;
             req.tokens.extend(token);
-            // (a window's dead blocks go first: they are never registered)
-            self.kv.release_outside_window(&mut req.blocks, req.num_computed_tokens);
-            self.kv.cache_full_blocks(&req.tokens, req.num_computed_tokens, &mut req.blocks);
+            self.kv.advance(&req.tokens, req.num_computed_tokens, &mut req.blocks);
         }
         debug_assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");
     }

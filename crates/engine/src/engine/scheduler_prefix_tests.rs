@@ -23,7 +23,7 @@ fn a_repeated_prompt_reuses_its_full_blocks() {
     let prompt: Vec<u32> = (0..10).collect();
     add(&mut s, 1, prompt.clone(), 5);
     step(&mut s);
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 2]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     assert_eq!(s.pool().num_cached(), 2, "two full blocks computed");
     s.finish(1);
     // the partial block 2 holds nothing reusable: front; cached blocks at the back, tail first
@@ -31,7 +31,7 @@ fn a_repeated_prompt_reuses_its_full_blocks() {
     add(&mut s, 2, prompt, 5);
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 2)]);
     let seq = s.request(2).unwrap();
-    assert_eq!((seq.blocks.table.clone(), seq.num_cached_tokens), (vec![0, 1, 2], 8));
+    assert_eq!((seq.blocks.table().to_vec(), seq.num_cached_tokens), (vec![0, 1, 2], 8));
     assert_eq!(s.prefix_stats(), PrefixCacheStats { queried_tokens: 20, hit_tokens: 8, disk_hit_tokens: 0 });
 }
 
@@ -45,8 +45,8 @@ fn a_hit_leaves_the_last_prompt_token_to_compute() {
     add(&mut s, 2, prompt, 5);
     // both blocks are cached, but only the first is used: the prompt's last token needs its logits
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 4, 4)]);
-    assert_eq!(s.request(2).unwrap().blocks.table[0], 0);
-    assert_ne!(s.request(2).unwrap().blocks.table[1], 1, "a cached block is never written into");
+    assert_eq!(s.request(2).unwrap().blocks.table()[0], 0);
+    assert_ne!(s.request(2).unwrap().blocks.table()[1], 1, "a cached block is never written into");
 }
 
 #[test]
@@ -58,7 +58,7 @@ fn concurrent_requests_share_blocks_by_reference() {
     add(&mut s, 2, [system, vec![60, 61, 62]].concat(), 5);
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true }, chunk(2, 8, 3)]);
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![0, 1, 3]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, 1, 3]);
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (2, 2));
     s.finish(1);
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().ref_count(2)), (1, 1, 0));
@@ -79,7 +79,7 @@ fn eviction_takes_the_least_recently_used_blocks_tail_first() {
     // 6 blocks for a new prompt: the four uncached, then seq 1's tail block, then its first
     add(&mut s, 3, (20..31).collect(), 1);
     let plan = step(&mut s);
-    assert_eq!(s.request(3).unwrap().blocks.table, vec![4, 5, 6, 7, 1, 0]);
+    assert_eq!(s.request(3).unwrap().blocks.table(), vec![4, 5, 6, 7, 1, 0]);
     let evicted: Vec<(u32, Vec<u32>)> = plan.evicted.iter().map(|e| (e.block, e.tokens.to_vec())).collect();
     assert_eq!(evicted, vec![(1, vec![3, 4]), (0, vec![1, 2])]);
     // seq 2's prefix survived
@@ -87,7 +87,7 @@ fn eviction_takes_the_least_recently_used_blocks_tail_first() {
     add(&mut s, 4, vec![7, 8, 9, 10, 99], 1);
     step(&mut s);
     assert_eq!(s.request(4).unwrap().num_cached_tokens, 4);
-    assert_eq!(&s.request(4).unwrap().blocks.table[..2], &[2, 3]);
+    assert_eq!(&s.request(4).unwrap().blocks.table()[..2], &[2, 3]);
 }
 
 /// Every block gets the same key.
@@ -109,9 +109,9 @@ fn a_hash_collision_never_serves_another_prefix() {
     add(&mut s, 5, vec![3, 4, 1, 2, 0], 1); // blocks of seq 1, wrong order
     step(&mut s);
     assert_eq!(s.request(3).unwrap().num_cached_tokens, 4);
-    assert_eq!(&s.request(3).unwrap().blocks.table[..2], &[3, 4]);
+    assert_eq!(&s.request(3).unwrap().blocks.table()[..2], &[3, 4]);
     assert_eq!(s.request(4).unwrap().num_cached_tokens, 2);
-    assert_eq!(s.request(4).unwrap().blocks.table[0], 0);
+    assert_eq!(s.request(4).unwrap().blocks.table()[0], 0);
     assert_eq!(s.request(5).unwrap().num_cached_tokens, 0);
 }
 
@@ -143,7 +143,7 @@ fn a_preempted_sequence_resumes_from_its_cached_blocks() {
     // seq 2 comes back: its two full blocks are still cached, only its 9th token is recomputed
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(2, 8, 1)]);
-    assert_eq!(&s.request(2).unwrap().blocks.table[..2], &[2, 3]);
+    assert_eq!(&s.request(2).unwrap().blocks.table()[..2], &[2, 3]);
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 0, "cached_tokens counts the first admission only");
 }
 
@@ -198,7 +198,7 @@ fn restored_blocks_continue_the_memory_hit() {
     s.offer_restored(2, 1, 4);
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(2, 20, 1)]);
-    let table = s.request(2).unwrap().blocks.table.clone();
+    let table = s.request(2).unwrap().blocks.table().to_vec();
     assert_eq!(&table[..2], &[0, 1]);
     assert_eq!(plan.restores, vec![Restore { id: 2, skip: 1, blocks: table[2..5].to_vec() }]);
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 20);

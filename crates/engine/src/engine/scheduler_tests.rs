@@ -74,12 +74,12 @@ fn prompts_get_whole_blocks_in_admission_order() {
     add(&mut s, 2, prompt(4), 10);
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 0, 9, true), chunk(2, 0, 4, true)]);
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 2]);
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![3]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![3]);
     // decode: seq 1 has 10 tokens (fits its 3 blocks), seq 2 has 5 (needs a second block)
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 9, 1, true), chunk(2, 4, 1, true)]);
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![3, 4]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![3, 4]);
     assert_eq!(s.request(1).unwrap().tokens.len(), 11);
     assert_eq!(s.request(1).unwrap().num_computed_tokens, 10);
 }
@@ -98,8 +98,8 @@ fn long_prompts_are_chunked_and_mixed_with_decodes() {
     assert_eq!(s.request(2).unwrap().num_computed_tokens, 18);
     assert_eq!(s.request(2).unwrap().tokens.len(), 19);
     // seq 1 took block 4 for its fifth token before seq 2 grew in the same step
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 4]);
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![1, 2, 3, 5, 6]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 4]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![1, 2, 3, 5, 6]);
 }
 
 #[test]
@@ -114,8 +114,8 @@ fn admission_is_first_come_first_served_and_waits_for_blocks() {
     assert_eq!(s.pool().num_free(), 6);
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]);
     // seq 1's blocks (no prefix caching) went back to the front of the queue
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![0, 1, 2, 3]);
-    assert_eq!(s.request(3).unwrap().blocks.table, vec![4]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, 1, 2, 3]);
+    assert_eq!(s.request(3).unwrap().blocks.table(), vec![4]);
 }
 
 #[test]
@@ -131,13 +131,13 @@ fn the_newest_sequence_is_preempted_and_recomputed_later() {
     assert_eq!(plan.chunks, vec![chunk(1, 7, 1, true)]);
     assert_eq!(plan.preempted, vec![2]);
     let seq2 = s.request(2).unwrap();
-    assert_eq!((seq2.num_computed_tokens, seq2.blocks.table.len(), seq2.num_preemptions), (0, 0, 1));
+    assert_eq!((seq2.num_computed_tokens, seq2.blocks.table().len(), seq2.num_preemptions), (0, 0, 1));
     assert_eq!(seq2.tokens.len(), 9, "generated tokens are kept");
     assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![2, 3]);
     // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 2
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 8, 1, true)], "seq 2's 9 tokens need 3 blocks; only 1 is free");
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 2]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     assert_eq!(s.num_preemptions(), 1);
     // when seq 1 finishes, seq 2 recomputes prompt and generated tokens in one chunk and samples
     s.finish(1);
@@ -159,8 +159,8 @@ fn preemption_takes_the_newest_running_sequence_first() {
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]);
     assert_eq!(plan.preempted, vec![3]);
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 1, 4]);
-    assert_eq!(s.request(2).unwrap().blocks.table, vec![2, 3, 5]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 4]);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![2, 3, 5]);
     assert_eq!(s.num_waiting(), 1);
 }
 
@@ -208,9 +208,9 @@ fn prompts_arriving_during_decodes_are_prefilled_in_capped_chunks() {
     add(&mut s, 3, prompt(13), 10);
     // 1 and 2 decode; 3's prompt gets at most 8 tokens a step until it is in
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 20, 1, true), chunk(3, 0, 8, false)]);
-    assert_eq!(s.request(3).unwrap().blocks.table, vec![7, 8]);
+    assert_eq!(s.request(3).unwrap().blocks.table(), vec![7, 8]);
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 21, 1, true), chunk(3, 8, 5, true)]);
-    assert_eq!(s.request(1).unwrap().blocks.table, vec![0, 9]);
-    assert_eq!(s.request(3).unwrap().blocks.table, vec![7, 8, 10, 11]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 9]);
+    assert_eq!(s.request(3).unwrap().blocks.table(), vec![7, 8, 10, 11]);
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 5, 1, true), chunk(2, 22, 1, true), chunk(3, 13, 1, true)]);
 }

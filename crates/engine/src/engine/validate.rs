@@ -54,9 +54,29 @@ pub struct Limits {
     /// Tokens the whole KV cache holds (blocks × block size).
     pub kv_cache_tokens: usize,
     pub block_size: usize,
-    /// Most blocks one sequence holds at once, under a KV window (`KvWindow::max_blocks`); without one,
-    /// a sequence holds a block per `block_size` positions.
-    pub max_blocks_held: Option<usize>,
+    /// How many blocks a sequence holds.
+    pub held: HeldBlocks,
+}
+
+/// The blocks a sequence holds at once: in each of `full_groups` layer groups one per `block_size`
+/// positions; in each of `capped_groups` (a KV window's, or a hybrid layout's sliding groups) at most
+/// `cap` (`KvWindow::max_blocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldBlocks {
+    pub full_groups: usize,
+    pub capped_groups: usize,
+    pub cap: usize,
+}
+
+impl HeldBlocks {
+    /// One group of every layer, no window.
+    pub const ONE_GROUP: HeldBlocks = HeldBlocks { full_groups: 1, capped_groups: 0, cap: 0 };
+
+    /// Blocks held by a sequence of `len` positions.
+    pub fn blocks(&self, len: usize, block_size: usize) -> usize {
+        let all = len.div_ceil(block_size);
+        self.full_groups * all + self.capped_groups * all.min(self.cap)
+    }
 }
 
 /// Most stop strings a request may give (OpenAI's limit).
@@ -146,8 +166,8 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
         return prompt(format!("token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size));
     }
     // The prompt and one generated token must fit the whole KV cache (the scheduler's admission test);
-    // under a window, the blocks a sequence holds at once.
-    let blocks = (n + 1).div_ceil(limits.block_size).min(limits.max_blocks_held.unwrap_or(usize::MAX));
+    // under a window or in sliding layer groups, the blocks a sequence holds at once.
+    let blocks = limits.held.blocks(n + 1, limits.block_size);
     if blocks * limits.block_size > limits.kv_cache_tokens {
         return prompt(format!("the prompt has {n} tokens; the KV cache holds {} tokens in all (raise --kv-memory)", limits.kv_cache_tokens));
     }
@@ -189,7 +209,7 @@ fn check_sampling(s: &SamplingParams) -> Result<(), RequestError> {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, max_blocks_held: None };
+    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, held: HeldBlocks::ONE_GROUP };
 
     fn field_of(p: GenerateParams) -> Field {
         match validate(p, &LIMITS) {

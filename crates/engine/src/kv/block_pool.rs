@@ -196,15 +196,23 @@ impl BlockPool {
     /// its first block, `hashes[i]` the key of block `i`, `tokens` the sequence's tokens (at least
     /// `hashes.len()` blocks of them). Takes nothing.
     pub fn lookup(&self, root: BlockHash, hashes: &[BlockHash], tokens: &[u32], block_size: usize) -> Vec<u32> {
+        self.lookup_from(root, hashes, tokens, block_size, 0)
+    }
+
+    /// `lookup` of the run of cached blocks holding full blocks `first..` of a sequence (a sliding-window
+    /// layer group's, whose earlier blocks may be gone): block `first` is matched by its key, its parent's
+    /// key and its tokens (its parent block may have been evicted), each later one also as the child of
+    /// the block matched before it.
+    pub fn lookup_from(&self, root: BlockHash, hashes: &[BlockHash], tokens: &[u32], block_size: usize, first: usize) -> Vec<u32> {
         let mut hit: Vec<u32> = Vec::new();
-        for (i, hash) in hashes.iter().enumerate() {
+        for (i, hash) in hashes.iter().enumerate().skip(first) {
             let want = &tokens[i * block_size..(i + 1) * block_size];
             let parent = hit.last().map(|&p| (p, self.generations[p as usize]));
             let parent_hash = if i == 0 { root } else { hashes[i - 1] };
             let found = self.by_hash.get(hash).and_then(|blocks| {
                 blocks.iter().copied().find(|&b| {
                     let e = self.entries[b as usize].as_ref().expect("indexed blocks are cached");
-                    e.parent == parent && e.parent_hash == parent_hash && &*e.tokens == want
+                    (e.parent == parent || (i == first && i > 0)) && e.parent_hash == parent_hash && &*e.tokens == want
                 })
             });
             match found {

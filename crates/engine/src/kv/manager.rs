@@ -7,31 +7,64 @@
 //! run of cached blocks equal to its leading full blocks, capped so that at least its last token is
 //! computed (its logits are needed), and starts computing after them. Hits are whole blocks, so no
 //! request ever writes into a block another one holds.
+//!
+//! Layer groups (`kv::layout`): a request has a block table per group, all from one pool, each group's
+//! blocks keyed under a root of its own (a page of one group holds other layers than another's). A
+//! sliding group registers its full blocks before it releases those behind its window, and a released
+//! block stays cached, so a later request's hit there needs only the blocks its next query attends to:
+//! the hit is the longest prefix that every full-attention group holds from its first block and every
+//! sliding group holds over the window before it.
 
 use super::block_pool::{BlockHash, BlockPool, EvictedBlock};
+use super::layout::KvLayout;
 use super::window::{KvWindow, NULL_BLOCK};
 
 /// One request's blocks and its place in the prefix cache. Made by `KvCacheManager::new_blocks`, changed
 /// only by the manager.
 #[derive(Clone, Debug, Default)]
 pub struct RequestBlocks {
-    /// The blocks holding the request's positions, in order: position `p` is in `table[p / block_size]`.
-    pub table: Vec<u32>,
-    /// The parent key of the first block: the pool's root, or a salted one.
-    root: BlockHash,
-    /// Keys of the request's full blocks so far, each computed once.
-    hashes: Vec<BlockHash>,
-    /// Leading blocks of `table` registered in the prefix cache.
-    num_registered: usize,
+    /// Per layer group (one for most models), the blocks holding the request's positions in order:
+    /// position `p` is in `tables[g][p / block_size]`.
+    tables: Vec<Vec<u32>>,
+    /// Per layer group, its place in the prefix cache.
+    groups: Vec<GroupKeys>,
     /// Prompt blocks `first..first + n` whose keys and values the engine holds (read from the disk
     /// tier), usable at first admission if the memory hit reaches `first`.
     restorable: Option<(usize, usize)>,
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
+}
+
+/// One layer group's keys of a request's blocks.
+#[derive(Clone, Debug, Default)]
+struct GroupKeys {
+    /// The parent key of the first block: the pool's root, or a salted one, per group.
+    root: BlockHash,
+    /// Keys of the request's full blocks so far, each computed once.
+    hashes: Vec<BlockHash>,
+    /// Leading blocks of the table registered in the prefix cache.
+    num_registered: usize,
     /// With a window: table entries before this one that left it are released (`NULL_BLOCK`); 0 while
     /// none is.
     released_to: usize,
+}
+
+impl RequestBlocks {
+    /// The first layer group's table (the only one without a hybrid layout).
+    pub fn table(&self) -> &[u32] {
+        self.tables.first().map_or(&[], |t| &t[..])
+    }
+
+    /// Every layer group's table (`kv::layout`).
+    pub fn tables(&self) -> &[Vec<u32>] {
+        &self.tables
+    }
+
+    /// Blocks held now, over all groups.
+    pub fn num_held(&self) -> usize {
+        self.tables.iter().flatten().filter(|&&b| b != NULL_BLOCK).count()
+    }
 }
 
 /// What admitting a waiting request took: its first `num_computed_tokens` are in its blocks (a cache
@@ -71,6 +104,8 @@ pub struct KvCacheManager {
     block_size: usize,
     prefix_caching: bool,
     window: Option<KvWindow>,
+    /// Each layer group's sliding window (`kv::layout`); one group without a hybrid layout.
+    sliding: Vec<Option<KvWindow>>,
     pool: BlockPool,
     stats: PrefixCacheStats,
 }
@@ -78,15 +113,27 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     pub fn new(block_size: usize, pool: BlockPool, prefix_caching: bool) -> Self {
         assert!(block_size > 0, "blocks hold at least one token");
-        KvCacheManager { block_size, prefix_caching, window: None, pool, stats: PrefixCacheStats::default() }
+        KvCacheManager { block_size, prefix_caching, window: None, sliding: vec![None], pool, stats: PrefixCacheStats::default() }
     }
 
     /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released as it
     /// grows. Its blocks are keyed under a root of their own, so they never serve (nor are served by) a
     /// sequence that attends to everything, also in a disk tier shared with another configuration.
     pub fn with_window(mut self, window: Option<KvWindow>) -> Self {
+        assert!(window.is_none() || self.sliding.len() == 1, "a KV window applies to a one-group layout");
         self.window = window;
         self
+    }
+
+    /// A block table per layer group of `layout`, a sliding group's releasing what leaves its window.
+    pub fn with_layout(mut self, layout: &KvLayout) -> Self {
+        assert!(self.window.is_none() || !layout.is_hybrid(), "a KV window applies to a one-group layout");
+        self.sliding = (0..layout.num_groups()).map(|g| layout.kv_window(g)).collect();
+        self
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.sliding.len()
     }
 
     pub fn window(&self) -> Option<KvWindow> {
@@ -112,30 +159,36 @@ impl KvCacheManager {
         if let Some(w) = self.window {
             root = self.pool.hash(root, &[u32::MAX, w.window as u32, w.sinks as u32]);
         }
-        RequestBlocks { root, ..RequestBlocks::default() }
+        // (the first group keeps the one-group key, so a one-group layout's keys are as before)
+        let group_root = |g: usize| if g == 0 { root } else { self.pool.hash(root, &[u32::MAX - 1, g as u32]) };
+        let groups = (0..self.num_groups()).map(|g| GroupKeys { root: group_root(g), ..GroupKeys::default() }).collect();
+        RequestBlocks { tables: vec![Vec::new(); self.num_groups()], groups, ..RequestBlocks::default() }
     }
 
-    /// See `PrefixProbe`. Takes nothing.
+    /// See `PrefixProbe` (the first group's blocks: the disk tier, which asks, serves one-group layouts
+    /// only). Takes nothing.
     pub fn probe(&self, tokens: &[u32], blocks: &RequestBlocks) -> PrefixProbe {
         let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
         let mut hashes = Vec::with_capacity(max_blocks);
-        self.extend_chain(blocks.root, &mut hashes, tokens, max_blocks);
-        let in_memory = if self.prefix_caching { self.pool.lookup(blocks.root, &hashes, tokens, self.block_size).len() } else { 0 };
-        PrefixProbe { root: blocks.root, hashes, in_memory }
+        let root = blocks.groups[0].root;
+        self.extend_chain(root, &mut hashes, tokens, max_blocks);
+        let in_memory = if self.prefix_caching { self.pool.lookup(root, &hashes, tokens, self.block_size).len() } else { 0 };
+        PrefixProbe { root, hashes, in_memory }
     }
 
     /// Holds the cached blocks of a waiting request's prefix while the engine reads its next blocks
     /// from the disk tier (they must still be there at admission, for the read to continue them).
     pub fn pin_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) {
-        debug_assert!(blocks.table.is_empty() && blocks.pinned.is_empty(), "pin a waiting request once");
-        let hit = self.cached_prefix(tokens, blocks);
+        debug_assert!(blocks.num_held() == 0 && blocks.pinned.is_empty(), "pin a waiting request once");
+        let (_, hits) = self.cached_prefix(tokens, blocks);
+        let hit: Vec<u32> = hits.into_iter().flatten().filter(|&b| b != NULL_BLOCK).collect();
         self.pool.acquire(&hit);
         blocks.pinned = hit;
     }
 
     /// The engine holds the keys and values of prompt blocks `first..first + n` (from the disk tier).
     pub fn offer_restored(&mut self, blocks: &mut RequestBlocks, first: usize, n: usize) {
-        if blocks.table.is_empty() && n > 0 {
+        if blocks.num_held() == 0 && n > 0 {
             blocks.restorable = Some((first, n));
         }
     }
@@ -145,19 +198,20 @@ impl KvCacheManager {
     /// chunk. `None`, and nothing taken, when the free blocks do not suffice. `first_admission` counts
     /// the request in the prefix-cache statistics (a preempted request coming back is not counted again).
     pub fn admit(&mut self, tokens: &[u32], blocks: &mut RequestBlocks, budget: usize, first_admission: bool) -> Option<Admission> {
-        debug_assert!(blocks.table.is_empty(), "waiting requests hold no blocks");
-        let hit = self.cached_prefix(tokens, blocks);
-        let (bs, m) = (self.block_size, hit.len());
+        debug_assert!(blocks.num_held() == 0, "waiting requests hold no blocks");
+        let (m, hits) = self.cached_prefix(tokens, blocks);
+        let (bs, groups) = (self.block_size, self.num_groups());
         let (mut restore, skip) = match blocks.restorable {
-            Some((first, n)) if m >= first && m < first + n => (first + n - m, m - first),
+            Some((first, n)) if m >= first && m < first + n && groups == 1 => (first + n - m, m - first),
             _ => (0, 0),
         };
-        // Free blocks this admission needs with `r` restored blocks (those need blocks too). Unheld hit
-        // blocks sit in the free queue: taking them leaves the rest for new blocks.
-        let (len, free) = (tokens.len(), self.pool.num_free() - self.pool.num_unheld(&hit));
+        // Free blocks this admission needs with `r` restored blocks (those need blocks too), in every
+        // group. Unheld hit blocks sit in the free queue: taking them leaves the rest for new blocks.
+        let held: Vec<u32> = hits.iter().flatten().copied().filter(|&b| b != NULL_BLOCK).collect();
+        let (len, free) = (tokens.len(), self.pool.num_free() - self.pool.num_unheld(&held));
         let needed = |r: usize| {
             let computed = (m + r) * bs;
-            (computed + (len - computed).min(budget)).div_ceil(bs) - m
+            groups * ((computed + (len - computed).min(budget)).div_ceil(bs) - m)
         };
         while restore > 0 && needed(restore) > free {
             restore -= 1;
@@ -167,7 +221,7 @@ impl KvCacheManager {
         }
         let computed = (m + restore) * bs;
         let n_new = (len - computed).min(budget);
-        self.pool.acquire(&hit);
+        self.pool.acquire(&held);
         self.pool.release(&std::mem::take(&mut blocks.pinned));
         if first_admission {
             // (a first admission's tokens are its prompt)
@@ -176,23 +230,36 @@ impl KvCacheManager {
             self.stats.disk_hit_tokens += (restore * bs) as u64;
         }
         blocks.restorable = None;
-        blocks.num_registered = m;
-        blocks.table = hit;
+        for ((keys, table), hit) in blocks.groups.iter_mut().zip(&mut blocks.tables).zip(hits) {
+            keys.num_registered = m;
+            keys.released_to = hit.iter().take_while(|&&b| b == NULL_BLOCK).count();
+            *table = hit;
+        }
         assert!(self.allocate_slots(blocks, computed + n_new), "the free blocks were counted");
-        let restore = (restore > 0).then(|| (skip, blocks.table[m..m + restore].to_vec()));
+        let restore = (restore > 0).then(|| (skip, blocks.tables[0][m..m + restore].to_vec()));
         Some(Admission { num_computed_tokens: computed, num_new_tokens: n_new, restore })
     }
 
     /// Grows the table to hold `num_tokens` positions; false (nothing taken) if the pool is short.
     pub fn allocate_slots(&mut self, blocks: &mut RequestBlocks, num_tokens: usize) -> bool {
-        let missing = num_tokens.div_ceil(self.block_size).saturating_sub(blocks.table.len());
-        match self.pool.allocate(missing) {
-            Some(new) => {
-                blocks.table.extend(new);
-                true
-            }
-            None => false,
+        let want = num_tokens.div_ceil(self.block_size);
+        let missing: usize = blocks.tables.iter().map(|t| want.saturating_sub(t.len())).sum();
+        let Some(new) = self.pool.allocate(missing) else { return false };
+        let mut new = new.into_iter();
+        for table in &mut blocks.tables {
+            let n = want.saturating_sub(table.len());
+            table.extend(new.by_ref().take(n));
         }
+        true
+    }
+
+    /// Records that the request's first `num_computed` tokens are computed: blocks that left a
+    /// StreamingLLM window are released (never registered), the full blocks are registered in the prefix
+    /// cache, then the blocks that left a sliding group's window are released (cached).
+    pub fn advance(&mut self, tokens: &[u32], num_computed: usize, blocks: &mut RequestBlocks) {
+        self.release_dead(blocks, num_computed, false);
+        self.cache_full_blocks(tokens, num_computed, blocks);
+        self.release_dead(blocks, num_computed, true);
     }
 
     /// Registers the request's newly computed full blocks (its first `num_computed` tokens) in the prefix
@@ -202,47 +269,73 @@ impl KvCacheManager {
             return;
         }
         let bs = self.block_size;
-        let mut full = num_computed / bs;
-        // Once the window has released a block, no block after the sinks can be reached by a lookup (it
-        // walks the chain from the first block): none is registered.
-        if let Some(w) = self.window.filter(|_| blocks.released_to > 0) {
-            full = full.min(w.sink_end(bs) / bs);
-        }
-        self.extend_hashes(tokens, blocks, full);
-        for j in blocks.num_registered..full {
-            let (parent_hash, parent) = match j.checked_sub(1) {
-                Some(p) => (blocks.hashes[p], Some(blocks.table[p])),
-                None => (blocks.root, None),
-            };
-            self.pool.register(blocks.table[j], blocks.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs]);
-            blocks.num_registered = j + 1;
-        }
-    }
-
-    /// With a window: releases the blocks no query at or after position `next` attends to (their
-    /// entries become `NULL_BLOCK`). Without one, does nothing.
-    pub fn release_outside_window(&mut self, blocks: &mut RequestBlocks, next: usize) {
-        let Some(w) = self.window else { return };
-        let dead = w.dead_blocks(next, self.block_size);
-        let end = dead.end.min(blocks.table.len());
-        for j in dead.start.max(blocks.released_to)..end {
-            let b = std::mem::replace(&mut blocks.table[j], NULL_BLOCK);
-            if b != NULL_BLOCK {
-                self.pool.release_uncached(b);
+        for (keys, table) in blocks.groups.iter_mut().zip(&blocks.tables) {
+            let mut full = num_computed / bs;
+            // Once the window has released a block, no block after the sinks can be reached by a lookup
+            // (it walks the chain from the first block): none is registered.
+            if let Some(w) = self.window.filter(|_| keys.released_to > 0) {
+                full = full.min(w.sink_end(bs) / bs);
+            }
+            Self::extend_chain_with(&self.pool, bs, keys.root, &mut keys.hashes, tokens, full);
+            for j in keys.num_registered..full {
+                let (parent_hash, parent) = match j.checked_sub(1) {
+                    Some(p) => (keys.hashes[p], Some(table[p]).filter(|&b| b != NULL_BLOCK)),
+                    None => (keys.root, None),
+                };
+                if table[j] != NULL_BLOCK {
+                    self.pool.register(table[j], keys.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs]);
+                }
+                keys.num_registered = j + 1;
             }
         }
-        if end > dead.start {
-            blocks.released_to = blocks.released_to.max(end);
+    }
+
+    /// Releases the blocks no query at or after position `next` attends to, under a StreamingLLM window
+    /// and in sliding groups (their entries become `NULL_BLOCK`). Without either, does nothing.
+    pub fn release_outside_window(&mut self, blocks: &mut RequestBlocks, next: usize) {
+        self.release_dead(blocks, next, false);
+        self.release_dead(blocks, next, true);
+    }
+
+    /// `release_outside_window` of the StreamingLLM window's blocks (uncached: they are never served as a
+    /// prefix), or of the sliding groups' (they stay cached: a later hit needs only its window's blocks).
+    fn release_dead(&mut self, blocks: &mut RequestBlocks, next: usize, sliding: bool) {
+        for (g, (keys, table)) in blocks.groups.iter_mut().zip(&mut blocks.tables).enumerate() {
+            let w = if sliding { self.sliding[g] } else { self.window };
+            let Some(w) = w else { continue };
+            let dead = w.dead_blocks(next, self.block_size);
+            let end = dead.end.min(table.len());
+            for j in dead.start.max(keys.released_to)..end {
+                let b = std::mem::replace(&mut table[j], NULL_BLOCK);
+                if b == NULL_BLOCK {
+                    continue;
+                }
+                if sliding {
+                    self.pool.release(&[b]);
+                } else {
+                    self.pool.release_uncached(b);
+                }
+            }
+            if end > dead.start {
+                keys.released_to = keys.released_to.max(end);
+            }
         }
     }
 
-    /// Releases every block the request holds (the last first, so a shared prefix outlives its
-    /// suffixes in the cache). Its keys stay: a preempted request recomputes the same blocks.
+    /// Releases every block the request holds (the last positions first, so a shared prefix outlives its
+    /// suffixes in the cache; a position's blocks in every group together, so no group's prefix is
+    /// evicted long before another's). Its keys stay: a preempted request recomputes the same blocks.
     pub fn free(&mut self, blocks: &mut RequestBlocks) {
-        self.pool.release(&std::mem::take(&mut blocks.table));
+        let len = blocks.tables.iter().map(Vec::len).max().unwrap_or(0);
+        // (`release` goes through its list backwards)
+        let order: Vec<u32> = (0..len).flat_map(|j| blocks.tables.iter().filter_map(move |t| t.get(j).copied())).collect();
+        self.pool.release(&order);
+        blocks.tables.iter_mut().for_each(Vec::clear);
         self.pool.release(&std::mem::take(&mut blocks.pinned));
-        blocks.num_registered = 0;
-        blocks.released_to = 0;
+        for keys in &mut blocks.groups {
+            keys.num_registered = 0;
+            keys.released_to = 0;
+        }
     }
 
     /// Cached blocks handed out again since the last call: their contents are about to be overwritten.
@@ -250,29 +343,57 @@ impl KvCacheManager {
         self.pool.take_evicted()
     }
 
-    /// The cached blocks holding the request's leading full blocks (none with caching off), leaving at
-    /// least its last token to compute.
-    fn cached_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) -> Vec<u32> {
+    /// The request's cached prefix, leaving at least its last token to compute: `m` blocks, and per group
+    /// the blocks holding them (a sliding group's entries before its window `NULL_BLOCK`). `m` is the
+    /// largest count that every full-attention group holds from the first block and every sliding group
+    /// holds over the blocks a query at position `m * block_size` attends to. None with caching off.
+    fn cached_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) -> (usize, Vec<Vec<u32>>) {
+        let groups = self.num_groups();
         if !self.prefix_caching {
-            return Vec::new();
+            return (0, vec![Vec::new(); groups]);
         }
-        let max_blocks = (tokens.len() - 1) / self.block_size;
-        self.extend_hashes(tokens, blocks, max_blocks);
-        self.pool.lookup(blocks.root, &blocks.hashes[..max_blocks], tokens, self.block_size)
-    }
-
-    /// Computes the keys of the request's first `n_blocks` full blocks that it does not have yet.
-    fn extend_hashes(&self, tokens: &[u32], blocks: &mut RequestBlocks, n_blocks: usize) {
-        let root = blocks.root;
-        self.extend_chain(root, &mut blocks.hashes, tokens, n_blocks);
+        let bs = self.block_size;
+        let max_blocks = (tokens.len() - 1) / bs;
+        for keys in &mut blocks.groups {
+            Self::extend_chain_with(&self.pool, bs, keys.root, &mut keys.hashes, tokens, max_blocks);
+        }
+        let mut hits: Vec<Vec<u32>> = vec![Vec::new(); groups];
+        let mut m = max_blocks;
+        for (g, keys) in blocks.groups.iter().enumerate().filter(|(g, _)| self.sliding[*g].is_none()) {
+            hits[g] = self.pool.lookup(keys.root, &keys.hashes[..max_blocks], tokens, bs);
+            m = m.min(hits[g].len());
+        }
+        // the largest m (from the full groups' down) whose window every sliding group holds
+        'm: loop {
+            for (g, keys) in blocks.groups.iter().enumerate() {
+                let Some(w) = self.sliding[g] else { continue };
+                let lo = w.first_live(m * bs, bs) / bs;
+                let run = self.pool.lookup_from(keys.root, &keys.hashes[..m], tokens, bs, lo);
+                if run.len() < m - lo {
+                    m -= 1;
+                    continue 'm;
+                }
+                hits[g] = std::iter::repeat_n(NULL_BLOCK, lo).chain(run).collect();
+            }
+            break;
+        }
+        for (g, hit) in hits.iter_mut().enumerate() {
+            if self.sliding[g].is_none() {
+                hit.truncate(m);
+            }
+        }
+        (m, hits)
     }
 
     /// Extends `hashes` (the keys of `tokens`' first blocks, chained from `root`) to `n_blocks` keys.
     fn extend_chain(&self, root: BlockHash, hashes: &mut Vec<BlockHash>, tokens: &[u32], n_blocks: usize) {
-        let bs = self.block_size;
+        Self::extend_chain_with(&self.pool, self.block_size, root, hashes, tokens, n_blocks);
+    }
+
+    fn extend_chain_with(pool: &BlockPool, bs: usize, root: BlockHash, hashes: &mut Vec<BlockHash>, tokens: &[u32], n_blocks: usize) {
         for j in hashes.len()..n_blocks {
             let parent = hashes.last().copied().unwrap_or(root);
-            hashes.push(self.pool.hash(parent, &tokens[j * bs..(j + 1) * bs]));
+            hashes.push(pool.hash(parent, &tokens[j * bs..(j + 1) * bs]));
         }
     }
 }

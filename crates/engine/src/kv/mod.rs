@@ -5,12 +5,15 @@
 //! - `block_pool` (+ `free_queue`): which block ids are free, held, or cached under a prefix key. Ids only.
 //! - `manager`: a request's blocks: prefix-cache lookup at admission, allocation as it grows, caching of
 //!   its full blocks, release. Ids only, so every decision is tested without a model.
+//! - `layout`: layer groups sharing one pool of pages, a table each (sliding-window layers keep their
+//!   window only).
 //! - `window`: a StreamingLLM window (sinks and recent positions), whose dead blocks are released.
 //! - `disk_tier` (+ `offload`): blocks evicted from memory kept as files, and read back for a later hit.
 
 mod block_pool;
 pub mod disk_tier;
 mod free_queue;
+pub mod layout;
 mod manager;
 pub mod offload;
 pub mod quant;
@@ -19,6 +22,7 @@ pub mod window;
 
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
+pub use layout::KvLayout;
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};
 pub use quant::{KvDtype, KvDtypes};
 pub use storage::{KvShape, KvStorage, LayerWriter, QuantLayer};

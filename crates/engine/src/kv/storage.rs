@@ -6,6 +6,7 @@
 //! `k[block][kv_head]` regions of a block's cells of one head. Either way a block's cells of a layer are
 //! one contiguous byte range, which is what the disk tier saves.
 
+use super::layout::KvLayout;
 use super::quant::{KvDtype, KvDtypes, Region};
 use crate::huge_buf::HugeBuf;
 use half::f16;
@@ -45,7 +46,10 @@ impl QuantLayer<'_> {
 }
 
 pub struct KvStorage {
+    /// `num_layers` is the layers a block holds: every model layer, or a hybrid layout's page slots.
     pub shape: KvShape,
+    /// Which slot of a block, and which of a sequence's block tables, serve each model layer.
+    layout: KvLayout,
     /// Every layer's keys then values, one mapping: huge pages need 2 MiB-aligned runs of 2 MiB, which a
     /// layer's own buffer (1.7 MiB for SmolLM2's 4,400 f16 cells) would not hold; on 4 KiB pages a decode
     /// at depth 4096 ran at two thirds of the speed. f16 elements, so f16 views are aligned; quantized
@@ -58,13 +62,23 @@ pub struct KvStorage {
 
 impl KvStorage {
     pub fn new(shape: KvShape) -> Self {
+        Self::with_layout(shape, KvLayout::uniform(shape.num_layers))
+    }
+
+    /// A storage whose blocks are `layout`'s pages (`shape.num_layers` is its slots).
+    pub fn with_layout(shape: KvShape, layout: KvLayout) -> Self {
+        assert_eq!(layout.slots(), shape.num_layers, "a block holds the layout's slots");
         assert!(shape.kv_dim % shape.head_dim == 0, "kv_dim is whole heads");
         shape.dtypes.check_shape(shape.head_dim, shape.block_size).expect("KV dtypes checked before the storage is made");
         let cells = shape.num_blocks * shape.block_size;
         let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage { shape, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes }
+    }
+
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
     }
 
     /// Bytes held for keys and values of all layers.

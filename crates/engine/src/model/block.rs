@@ -37,6 +37,8 @@ pub(super) struct LayerCtx<'a> {
     pub cfg: &'a ModelConfig,
     pub file: &'a GgufFile,
     pub layer: usize,
+    /// The layer's slot in a KV block (`kv::layout`; the layer itself without a hybrid layout).
+    pub kv_layer: usize,
     pub rope: &'a Rope,
     pub queries: &'a [QueryPos<'a>],
     /// Each query's position in its sequence (RoPE's); `queries[i].pos` is its place in the block table
@@ -175,7 +177,7 @@ fn finish_qkv(ctx: &LayerCtx, w: &AttentionWeights, kv: &mut KvStorage, s: &mut 
     let c = ctx.cfg;
     let n = ctx.queries.len();
     let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
-    let writer = kv.layer_writer(ctx.layer);
+    let writer = kv.layer_writer(ctx.kv_layer);
     let (q, k, v) = (ops::SharedRows::new(&mut s.q, q_dim), ops::SharedRows::new(&mut s.k, kv_dim), ops::SharedRows::new(&mut s.v, kv_dim));
     let tokens = |first: usize, last: usize| {
         // SAFETY: each token range goes to one part; the buffers are borrowed for the run.
@@ -214,7 +216,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &AttentionWeights, input: &NormedInpu
     super::resize(&mut s.q, n * q_dim);
     super::resize(&mut s.k, n * kv_dim);
     super::resize(&mut s.v, n * kv_dim);
-    crate::kernels::attention::prefetch_decode_kv(kv, ctx.layer, ctx.queries);
+    crate::kernels::attention::prefetch_decode_kv(kv, ctx.kv_layer, ctx.queries);
     let (wq, wk, wv) = (w.wq.view(ctx.file), w.wk.view(ctx.file), w.wv.view(ctx.file));
     let jobs = &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])];
     normed_matmul(input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
@@ -235,7 +237,7 @@ pub(super) fn attention(ctx: &LayerCtx, w: &AttentionWeights, input: &NormedInpu
         values_in_key_order: ctx.numerics == crate::kernels::packed::Numerics::Packed,
     };
     super::resize(&mut s.attn, n * q_dim);
-    attend(&shape, kv, ctx.layer, ctx.queries, &s.q, &mut s.attn);
+    attend(&shape, kv, ctx.kv_layer, ctx.queries, &s.q, &mut s.attn);
     ctx.trace("kqv_out", &s.attn);
     super::resize(&mut s.proj, n * c.d_model);
     w.wo.view(ctx.file).matmul(&s.attn, &mut s.act_q, &mut s.proj);

@@ -18,7 +18,7 @@ pub use config::{Arch, ModelConfig};
 use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kv::{KvDtypes, KvShape, KvStorage, KvWindow, NULL_BLOCK};
+use crate::kv::{KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, NULL_BLOCK};
 use crate::kernels::ops::{self, Rope};
 use crate::kernels::ggml::dequantize_row;
 pub use crate::kernels::packed::Numerics;
@@ -41,7 +41,8 @@ pub enum LogitsWanted {
 pub struct SeqInput<'a> {
     pub tokens: &'a [u32],
     pub start_pos: usize,
-    pub block_table: &'a [u32],
+    /// One block table per layer group of the storage's layout (`kv::layout`; one for most models).
+    pub block_tables: &'a [Vec<u32>],
     pub logits: LogitsWanted,
 }
 
@@ -154,6 +155,17 @@ impl Model {
         weights + kv
     }
 
+    /// The KV layout of this model: with `hybrid`, its sliding-window layers in groups of their own
+    /// (`kv::layout`); otherwise (or without such layers) one group.
+    pub fn kv_layout(&self, hybrid: bool) -> KvLayout {
+        let c = &self.config;
+        if hybrid {
+            KvLayout::hybrid(&(0..c.n_layers).map(|il| c.layer_window(il)).collect::<Vec<_>>())
+        } else {
+            KvLayout::uniform(c.n_layers)
+        }
+    }
+
     /// An f16 KV storage shaped for this model.
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> KvStorage {
         self.new_kv_with(KvDtypes::F16, block_size, num_blocks)
@@ -161,8 +173,14 @@ impl Model {
 
     /// A KV storage of `dtypes` shaped for this model (`KvDtypes::check_shape` must accept it).
     pub fn new_kv_with(&self, dtypes: KvDtypes, block_size: usize, num_blocks: usize) -> KvStorage {
+        self.new_kv_in(self.kv_layout(false), dtypes, block_size, num_blocks)
+    }
+
+    /// A KV storage of `layout`'s pages (`kv_layout`), `num_blocks` of them.
+    pub fn new_kv_in(&self, layout: KvLayout, dtypes: KvDtypes, block_size: usize, num_blocks: usize) -> KvStorage {
         let c = &self.config;
-        KvStorage::new(KvShape { num_layers: c.n_layers, kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes })
+        assert_eq!(layout.num_layers(), c.n_layers, "a layout of this model's layers");
+        KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes }, layout)
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
@@ -171,16 +189,27 @@ impl Model {
     }
 
     /// `forward` where every sequence attends to its sinks and its window only (`kv::window`); the
-    /// block tables' entries the window released (`NULL_BLOCK`) are never read.
+    /// block tables' entries the window released (`NULL_BLOCK`) are never read. (A window needs a
+    /// one-group layout; a hybrid layout's sliding groups read their own window, from the kernels'.)
     pub fn forward_windowed<'s>(&self, seqs: &[SeqInput], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+        let layout = kv.layout().clone();
+        assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
         let mut views = Vec::new();
-        let (queries, positions) = self.queries(seqs, window, kv, &mut views);
-        let n = queries.len();
+        let positions: Vec<usize> = seqs.iter().flat_map(|s| s.start_pos..s.start_pos + s.tokens.len()).collect();
+        let places: Vec<Vec<Place>> = (0..layout.num_groups()).map(|g| self.places(seqs, g, window, kv, &mut views)).collect();
+        let queries: Vec<Vec<QueryPos>> = places
+            .iter()
+            .enumerate()
+            .map(|(g, places)| places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(&seqs[i].block_tables[g][..], |v| &views[v][..]), pos }).collect())
+            .collect();
+        let n = positions.len();
+        debug_assert!(n > 0, "a step has tokens");
         let c = &self.config;
         self.embed(seqs, scratch);
         for il in 0..c.n_layers {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
-            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, rope, queries: &queries, positions: &positions, numerics: self.numerics, tracer: self.tracer.as_deref() };
+            let (g, kv_layer) = layout.place(il);
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, tracer: self.tracer.as_deref() };
             self.weights.layers.forward(&ctx, kv, scratch);
         }
         scratch.residual.settle(&scratch.proj);
@@ -215,28 +244,30 @@ impl Model {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
         let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
-        let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
+        let tables = vec![(0..kv.shape.num_blocks as u32).collect::<Vec<u32>>()];
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
-            let input = SeqInput { tokens: part, start_pos: i * chunk, block_table: &table, logits: LogitsWanted::All };
+            let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: &tables, logits: LogitsWanted::All };
             self.forward_windowed(&[input], window, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
         }
     }
 
-    /// Each token's place for attention (its block table and position in it) and its position in the
-    /// sequence (RoPE's). The two differ only under a window that skips part of the sequence: the query
-    /// then reads through a view (`KvWindow::view`, kept in `views`), one per block it starts in. The
-    /// engine validated the token ids and the scheduler sized the block tables; here they are only
-    /// asserted in debug builds (an out-of-range id or block would still stop at a bounds check, never
-    /// read past a buffer).
-    fn queries<'a>(&self, seqs: &[SeqInput<'a>], window: Option<KvWindow>, kv: &KvStorage, views: &'a mut Vec<Vec<u32>>) -> (Vec<QueryPos<'a>>, Vec<usize>) {
+    /// Each token's place for attention in layer group `group` (its block table and position in it, as a
+    /// `Place`).
+    /// It differs from its position in the sequence (RoPE's) only under a window that skips part of the
+    /// sequence: the query then reads through a view (`KvWindow::view`, kept in `views`), one per block
+    /// it starts in. The engine validated the token ids and the scheduler sized the block tables; here
+    /// they are only asserted in debug builds (an out-of-range id or block would still stop at a bounds
+    /// check, never read past a buffer).
+    fn places(&self, seqs: &[SeqInput], group: usize, window: Option<KvWindow>, kv: &KvStorage, views: &mut Vec<Vec<u32>>) -> Vec<Place> {
         let bs = kv.shape.block_size;
-        let mut places = Vec::new(); // (seq, view index or none, position in the table read)
+        let mut places = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
+            let table = &s.block_tables[group];
             debug_assert!(s.tokens.iter().all(|&t| (t as usize) < self.config.vocab_size), "token ids within the vocabulary");
-            debug_assert!(s.block_table.len() * bs >= end, "the block table holds {end} positions");
-            debug_assert!(s.block_table.iter().all(|&b| (b as usize) < kv.shape.num_blocks || b == NULL_BLOCK), "blocks within the KV storage");
+            debug_assert!(table.len() * bs >= end, "the block table holds {end} positions");
+            debug_assert!(table.iter().all(|&b| (b as usize) < kv.shape.num_blocks || b == NULL_BLOCK), "blocks within the KV storage");
             for pos in s.start_pos..end {
                 match window.and_then(|w| (!w.gap(pos, bs).is_empty()).then_some(w)) {
                     Some(w) => {
@@ -244,7 +275,7 @@ impl Model {
                         let first_live = w.first_live(pos, bs);
                         let same = matches!(places.last(), Some(&(j, Some(_), _)) if j == i && w.first_live(pos - 1, bs) == first_live);
                         if !same {
-                            views.push(w.view(s.block_table, pos, bs).expect("a gap").0);
+                            views.push(w.view(table, pos, bs).expect("a gap").0);
                         }
                         places.push((i, Some(views.len() - 1), pos - w.gap(pos, bs).len()));
                     }
@@ -252,11 +283,7 @@ impl Model {
                 }
             }
         }
-        let views: &'a Vec<Vec<u32>> = views;
-        let queries: Vec<QueryPos<'a>> = places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(seqs[i].block_table, |v| &views[v][..]), pos }).collect();
-        let positions = seqs.iter().flat_map(|s| s.start_pos..s.start_pos + s.tokens.len()).collect();
-        debug_assert!(!queries.is_empty(), "a step has tokens");
-        (queries, positions)
+        places
     }
 
     /// Fills the residual stream with token embeddings (times the architecture's scale, if any).
@@ -274,6 +301,10 @@ impl Model {
         }
     }
 }
+
+/// A token's place for attention: its sequence, the view it reads through (an index into the step's
+/// views) or none (its block table), and its position in what it reads.
+type Place = (usize, Option<usize>, usize);
 
 /// Indices (in batch order) of the tokens whose logits are wanted.
 fn logit_rows(seqs: &[SeqInput]) -> Vec<usize> {

@@ -99,8 +99,9 @@ pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
     let (bs, kv_dim) = (kv.shape.block_size, kv.shape.kv_dim);
     pool::current().run(queries.len(), &|i| {
         let qp = &queries[i];
-        for b in 0..qp.pos.div_ceil(bs) {
-            // the sequence's cells before its new token: whole blocks, the last one in part
+        for b in (0..qp.pos.div_ceil(bs)).filter(|&b| qp.block_table[b] != crate::kv::NULL_BLOCK) {
+            // the sequence's cells before its new token: whole blocks, the last one in part (not those a
+            // sliding window released)
             let cells = (kv_dim * bs * qp.block_table[b] as usize)..(kv_dim * (bs * qp.block_table[b] as usize + (qp.pos - b * bs).min(bs)));
             for arr in [keys, values] {
                 let f16s = &arr[cells.clone()];
