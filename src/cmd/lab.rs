@@ -126,6 +126,15 @@ pub struct KvQuantArgs {
     /// then llama.cpp's, the order reversed on odd passes.
     #[arg(long, value_name = "PYTHON", num_args = 0..=1, default_missing_value = "/opt/llamacpp-venv/bin/python")]
     pub llamacpp: Option<PathBuf>,
+    /// reckon at a second SIMD level inside the same passes (`avx2`: an AVX-512 machine's AVX2 paths). The
+    /// level is fixed per process, so a second `reckon lab kv-quant` process measures the same arms
+    /// (named `avx2 f16`, `avx2 q8_0`, ..., each against its own f16), the order reversed on odd passes.
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub second_simd: Option<super::common::SimdArg>,
+    /// Measure speed passes on request: `pass N` lines in, one JSON line of records out (the second
+    /// process of --second-simd).
+    #[arg(long, hide = true)]
+    pub serve_passes: bool,
     /// Where to write records.jsonl, quality.jsonl, table.md, speed.csv, speed.svg and command.txt
     /// (default bench/out/kv-quant-<time>).
     #[arg(long)]
@@ -318,18 +327,31 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
         anyhow::ensure!(d % 16 == 0 && d + args.n_prompt.max(args.n_gen) < cfg.context_length, "--depths: {d} must be a multiple of 16 that leaves room in the model's {}-token context", cfg.context_length);
         Ok(d)
     })?;
-    let out = out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })?;
+    let out = if args.serve_passes { PathBuf::new() } else { out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })? };
     let quality_tokens = args.quality_tokens.unwrap_or(if tax { 0 } else { 4096 });
     let model = Arc::new(loaded.model);
     let tokenizer = Arc::new(loaded.tokenizer);
     let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
+    if args.serve_passes {
+        return serve_passes(&model, &spec);
+    }
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
-    let mut llamacpp = match &args.llamacpp {
-        Some(python) => Some(LlamaCpp::start(python, &super::common::model_path(&args.model.model)?, &depths, args.n_gen, args.n_prompt, reckon_engine::pool::current().threads())?),
-        None => None,
+    let threads = reckon_engine::pool::current().threads();
+    let mut others = Vec::new();
+    if let Some(python) = &args.llamacpp {
+        others.push(PassProcess::llamacpp(python, &super::common::model_path(&args.model.model)?, &depths, args.n_gen, args.n_prompt, threads)?);
+    }
+    if let Some(level) = args.second_simd {
+        others.push(PassProcess::reckon_at(level, &args, &depths, threads)?);
+    }
+    let mut external = |pass: usize| -> std::result::Result<Vec<kv::SpeedRecord>, reckon_lab::LabError> {
+        let mut out = Vec::new();
+        for p in others.iter_mut() {
+            out.extend(p.pass(pass).map_err(|e| reckon_lab::LabError::Request(format!("{}: {e:#}", p.prefix.trim_end())))?);
+        }
+        Ok(out)
     };
-    let mut external = |pass: usize| -> std::result::Result<Vec<kv::SpeedRecord>, reckon_lab::LabError> { llamacpp.as_mut().expect("only with --llamacpp").pass(pass).map_err(|e| reckon_lab::LabError::Request(format!("llama.cpp: {e:#}"))) };
-    let ext: Option<kv::ExternalPass> = if args.llamacpp.is_some() { Some(&mut external) } else { None };
+    let ext: Option<kv::ExternalPass> = if args.llamacpp.is_some() || args.second_simd.is_some() { Some(&mut external) } else { None };
     let records = kv::speed_with(&model, &spec, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
         eprintln!("pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}", r.pass + 1, r.kv_dtype, r.test, r.depth, r.tokens_per_s, if r.drift_check { " (drift check)" } else { "" });
@@ -367,7 +389,7 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
         }
     }
     let mut arms: Vec<String> = dtypes.iter().map(|d| d.name()).collect();
-    for r in records.iter().filter(|r| r.kv_dtype.starts_with(kv::LLAMACPP)) {
+    for r in records.iter().filter(|r| !kv::implementation(&r.kv_dtype).is_empty()) {
         if !arms.contains(&r.kv_dtype) {
             arms.push(r.kv_dtype.clone());
         }
@@ -402,33 +424,67 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     Ok(())
 }
 
-/// bench/kv-quant-llamacpp in its `--serve` mode: the model loaded once per llama.cpp configuration; one
-/// line `pass N` in, one JSON line of that pass's records out.
-struct LlamaCpp {
+/// `kv-quant --serve-passes`: one speed pass per `pass N` line on stdin, its records as one JSON line on
+/// stdout (`{"records": [...]}`), until stdin closes.
+fn serve_passes(model: &Arc<reckon_engine::model::Model>, spec: &reckon_lab::kv::KvQuantSpec) -> Result<()> {
+    use std::io::BufRead;
+    let mut runner = reckon_lab::kv::SpeedRunner::new(model, spec)?;
+    let stdout = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let pass: usize = line.strip_prefix("pass ").and_then(|n| n.trim().parse().ok()).with_context(|| format!("--serve-passes: '{line}' is not `pass N`"))?;
+        let records = runner.pass(pass, |_| {})?;
+        let mut out = stdout.lock();
+        writeln!(out, "{}", serde_json::json!({ "records": records }))?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// A second process measuring its arms inside the same passes: one line `pass N` in, one JSON line of
+/// that pass's records out. bench/kv-quant-llamacpp in its `--serve` mode (the model loaded once per
+/// llama.cpp configuration), or this binary at another SIMD level (`kv-quant --serve-passes`).
+struct PassProcess {
+    /// What its arms' names start with (`"llama.cpp "`, `"avx2 "`).
+    prefix: String,
     child: std::process::Child,
     input: std::process::ChildStdin,
     output: std::io::BufReader<std::process::ChildStdout>,
 }
 
-impl LlamaCpp {
-    fn start(python: &std::path::Path, model: &std::path::Path, depths: &[usize], n_gen: usize, n_prompt: usize, threads: usize) -> Result<LlamaCpp> {
-        use std::process::{Command, Stdio};
+impl PassProcess {
+    fn llamacpp(python: &std::path::Path, model: &std::path::Path, depths: &[usize], n_gen: usize, n_prompt: usize, threads: usize) -> Result<PassProcess> {
         let script = std::path::Path::new("bench/kv-quant-llamacpp");
         anyhow::ensure!(script.exists(), "--llamacpp: run from the repository root (bench/kv-quant-llamacpp not found)");
         anyhow::ensure!(python.exists(), "--llamacpp: {} not found (bench/setup-llamacpp makes the venv)", python.display());
         let depths = depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
-        let mut child = Command::new(python)
-            .arg(script)
-            .arg("--serve")
-            .arg("-m")
-            .arg(model)
-            .args(["--depths", &depths, "-n", &n_gen.to_string(), "-p", &n_prompt.to_string(), "-t", &threads.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("--llamacpp: starting bench/kv-quant-llamacpp")?;
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(script).arg("--serve").arg("-m").arg(model).args(["--depths", &depths, "-n", &n_gen.to_string(), "-p", &n_prompt.to_string(), "-t", &threads.to_string()]);
+        Self::start(reckon_lab::kv::LLAMACPP, cmd)
+    }
+
+    /// This binary's `kv-quant` with the same model, arms, depths and sizes at SIMD level `level`.
+    fn reckon_at(level: super::common::SimdArg, args: &KvQuantArgs, depths: &[usize], threads: usize) -> Result<PassProcess> {
+        use clap::ValueEnum;
+        let level = level.to_possible_value().context("a SIMD level")?.get_name().to_string();
+        let depths = depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["lab", "kv-quant", "--serve-passes", "-m", &args.model.model, "--arms", &args.arms, "--depths", &depths, "-n", &args.n_gen.to_string(), "-p", &args.n_prompt.to_string()]);
+        cmd.args(["-t", &threads.to_string(), "--simd", &level, "--kv-dtype", &args.model.kv_dtype]);
+        if let Some(n) = args.model.numerics {
+            cmd.args(["--numerics", n.to_possible_value().context("numerics")?.get_name()]);
+        }
+        if args.model.no_huge_pages {
+            cmd.arg("--no-huge-pages");
+        }
+        Self::start(&format!("{level} "), cmd)
+    }
+
+    fn start(prefix: &str, mut cmd: std::process::Command) -> Result<PassProcess> {
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().with_context(|| format!("starting {cmd:?}"))?;
         let (input, output) = (child.stdin.take().context("stdin")?, std::io::BufReader::new(child.stdout.take().context("stdout")?));
-        Ok(LlamaCpp { child, input, output })
+        Ok(PassProcess { prefix: prefix.to_string(), child, input, output })
     }
 
     fn pass(&mut self, pass: usize) -> Result<Vec<reckon_lab::kv::SpeedRecord>> {
@@ -436,8 +492,8 @@ impl LlamaCpp {
         writeln!(self.input, "pass {pass}")?;
         self.input.flush()?;
         let mut line = String::new();
-        anyhow::ensure!(self.output.read_line(&mut line)? > 0, "bench/kv-quant-llamacpp ended early");
-        let v: serde_json::Value = serde_json::from_str(&line).context("bench/kv-quant-llamacpp's reply")?;
+        anyhow::ensure!(self.output.read_line(&mut line)? > 0, "the process ended early");
+        let v: serde_json::Value = serde_json::from_str(&line).context("its reply")?;
         let records = v["records"].as_array().context("no records")?;
         records
             .iter()
@@ -449,7 +505,7 @@ impl LlamaCpp {
                 };
                 Ok(reckon_lab::kv::SpeedRecord {
                     pass,
-                    kv_dtype: format!("{}{}", reckon_lab::kv::LLAMACPP, r["kv"].as_str().context("kv")?),
+                    kv_dtype: format!("{}{}", self.prefix, r["kv"].as_str().or(r["kv_dtype"].as_str()).context("kv")?),
                     depth: r["depth"].as_u64().context("depth")? as usize,
                     test,
                     tokens: r["tokens"].as_u64().context("tokens")? as usize,
@@ -461,7 +517,7 @@ impl LlamaCpp {
     }
 }
 
-impl Drop for LlamaCpp {
+impl Drop for PassProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

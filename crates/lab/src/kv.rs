@@ -91,58 +91,10 @@ pub const LLAMACPP: &str = "llama.cpp ";
 
 /// `speed` with `external`'s pass after reckon's on even passes and before it on odd ones.
 pub fn speed_with(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&SpeedRecord), mut external: Option<ExternalPass>) -> Result<Vec<SpeedRecord>, LabError> {
-    let vocab = model.config.vocab_size;
-    let max_depth = spec.depths.iter().copied().max().unwrap_or(0);
-    let mut rng = Rng::new(1234);
-    let context = random_tokens(&mut rng, max_depth.max(BLOCK_SIZE), vocab);
-    let per_run = spec.n_prompt.max(spec.n_gen + 2) + BLOCK_SIZE;
-    let config = |kv_dtypes| EngineConfig {
-        block_size: BLOCK_SIZE,
-        num_blocks: (max_depth + 8 * per_run).div_ceil(BLOCK_SIZE) + 4,
-        max_batch_tokens: spec.chunk.max(1),
-        max_running: 1,
-        max_waiting: 1,
-        max_model_len: max_depth + per_run + 1,
-        prefix_caching: true,
-        kv_dtypes,
-        ..EngineConfig::default()
-    };
-    let engines: Vec<EngineHandle> = spec.dtypes.iter().map(|&d| spawn(model.clone(), Arc::new(NoText), config(d))).collect();
-    let generate = |engine: &EngineHandle, prompt: Vec<u32>, n: usize| -> Result<(Completion, Vec<Instant>), LabError> {
-        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
-        let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
-        let mut arrivals = Vec::with_capacity(n);
-        let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
-        Ok((done, arrivals))
-    };
-    // The whole context into every cache (and one untimed warm-up of each test).
-    for e in &engines {
-        generate(e, context.clone(), 2)?;
-        generate(e, [context.as_slice(), &random_tokens(&mut rng, spec.n_prompt.max(1), vocab)].concat(), 1)?;
-    }
+    let mut runner = SpeedRunner::new(model, spec)?;
     // (both reckon's measurements and the external pass report through it)
     let record = std::cell::RefCell::new(record);
     let mut out = Vec::new();
-    let mut measure = |pass: usize, arm: usize, depth: usize, drift_check: bool, rng: &mut Rng| -> Result<(), LabError> {
-        let (engine, name) = (&engines[arm], spec.dtypes[arm].name());
-        let start = if depth == 0 { vec![1] } else { context[..depth].to_vec() };
-        if spec.n_gen > 0 {
-            let (_, arrivals) = generate(engine, start.clone(), spec.n_gen + 1)?;
-            let secs = arrivals[spec.n_gen].duration_since(arrivals[0]).as_secs_f64();
-            let r = SpeedRecord { pass, kv_dtype: name.clone(), depth, test: "tg", tokens: spec.n_gen, tokens_per_s: spec.n_gen as f64 / secs, drift_check };
-            (record.borrow_mut())(&r);
-            out.push(r);
-        }
-        if spec.n_prompt > 0 {
-            let prompt = [&context[..depth], &random_tokens(rng, spec.n_prompt, vocab)].concat();
-            let (done, _) = generate(engine, prompt, 1)?;
-            let secs = done.timings.time_to_first_token.as_secs_f64();
-            let r = SpeedRecord { pass, kv_dtype: name, depth, test: "pp", tokens: spec.n_prompt, tokens_per_s: spec.n_prompt as f64 / secs, drift_check };
-            (record.borrow_mut())(&r);
-            out.push(r);
-        }
-        Ok(())
-    };
     let mut other = |pass: usize, out: &mut Vec<SpeedRecord>| -> Result<(), LabError> {
         if let Some(f) = external.as_mut() {
             for r in f(pass)? {
@@ -157,21 +109,106 @@ pub fn speed_with(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&Sp
         if pass % 2 == 1 {
             other(pass, &mut theirs)?;
         }
-        for &depth in &spec.depths {
-            let arms: Vec<usize> = if pass % 2 == 0 { (0..engines.len()).collect() } else { (0..engines.len()).rev().collect() };
-            for arm in arms {
-                measure(pass, arm, depth, false, &mut rng)?;
-            }
-        }
+        out.extend(runner.pass(pass, |r| (record.borrow_mut())(r))?);
         if pass % 2 == 0 {
             other(pass, &mut theirs)?;
         }
     }
-    if let Some(&depth) = spec.depths.first() {
-        measure(spec.passes, 0, depth, true, &mut rng)?;
-    }
+    out.extend(runner.drift_check(spec.passes, |r| (record.borrow_mut())(r))?);
     out.extend(theirs);
     Ok(out)
+}
+
+/// The speed passes' engines (one per arm, each holding the seeded context in its prefix cache), for
+/// `speed_with` and for a second process measuring the same arms at another SIMD level
+/// (`reckon lab kv-quant --serve-passes`).
+pub struct SpeedRunner {
+    spec: KvQuantSpec,
+    engines: Vec<EngineHandle>,
+    context: Vec<u32>,
+    vocab: usize,
+    rng: Rng,
+}
+
+impl SpeedRunner {
+    /// Starts the engines and fills their caches (with one untimed warm-up of each test).
+    pub fn new(model: &Arc<Model>, spec: &KvQuantSpec) -> Result<SpeedRunner, LabError> {
+        let vocab = model.config.vocab_size;
+        let max_depth = spec.depths.iter().copied().max().unwrap_or(0);
+        let mut rng = Rng::new(1234);
+        let context = random_tokens(&mut rng, max_depth.max(BLOCK_SIZE), vocab);
+        let per_run = spec.n_prompt.max(spec.n_gen + 2) + BLOCK_SIZE;
+        let config = |kv_dtypes| EngineConfig {
+            block_size: BLOCK_SIZE,
+            num_blocks: (max_depth + 8 * per_run).div_ceil(BLOCK_SIZE) + 4,
+            max_batch_tokens: spec.chunk.max(1),
+            max_running: 1,
+            max_waiting: 1,
+            max_model_len: max_depth + per_run + 1,
+            prefix_caching: true,
+            kv_dtypes,
+            ..EngineConfig::default()
+        };
+        let engines: Vec<EngineHandle> = spec.dtypes.iter().map(|&d| spawn(model.clone(), Arc::new(NoText), config(d))).collect();
+        let mut runner = SpeedRunner { spec: spec.clone(), engines, context, vocab, rng };
+        for i in 0..runner.engines.len() {
+            generate(&runner.engines[i], runner.context.clone(), 2)?;
+            let prompt = [runner.context.as_slice(), &random_tokens(&mut runner.rng, spec.n_prompt.max(1), vocab)].concat();
+            generate(&runner.engines[i], prompt, 1)?;
+        }
+        Ok(runner)
+    }
+
+    /// One pass: every depth, every arm (reversed on odd passes).
+    pub fn pass(&mut self, pass: usize, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+        let mut out = Vec::new();
+        for depth in self.spec.depths.clone() {
+            let arms: Vec<usize> = if pass % 2 == 0 { (0..self.engines.len()).collect() } else { (0..self.engines.len()).rev().collect() };
+            for arm in arms {
+                out.extend(self.measure(pass, arm, depth, false, &mut record)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The first arm at the first depth once more, as the drift check.
+    pub fn drift_check(&mut self, pass: usize, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+        match self.spec.depths.first() {
+            Some(&depth) => self.measure(pass, 0, depth, true, &mut record),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn measure(&mut self, pass: usize, arm: usize, depth: usize, drift_check: bool, record: &mut impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
+        let (engine, name, spec) = (&self.engines[arm], self.spec.dtypes[arm].name(), &self.spec);
+        let mut out = Vec::new();
+        let start = if depth == 0 { vec![1] } else { self.context[..depth].to_vec() };
+        if spec.n_gen > 0 {
+            let (_, arrivals) = generate(engine, start.clone(), spec.n_gen + 1)?;
+            let secs = arrivals[spec.n_gen].duration_since(arrivals[0]).as_secs_f64();
+            let r = SpeedRecord { pass, kv_dtype: name.clone(), depth, test: "tg", tokens: spec.n_gen, tokens_per_s: spec.n_gen as f64 / secs, drift_check };
+            record(&r);
+            out.push(r);
+        }
+        if spec.n_prompt > 0 {
+            let prompt = [&self.context[..depth], &random_tokens(&mut self.rng, spec.n_prompt, self.vocab)].concat();
+            let (done, _) = generate(engine, prompt, 1)?;
+            let secs = done.timings.time_to_first_token.as_secs_f64();
+            let r = SpeedRecord { pass, kv_dtype: name, depth, test: "pp", tokens: spec.n_prompt, tokens_per_s: spec.n_prompt as f64 / secs, drift_check };
+            record(&r);
+            out.push(r);
+        }
+        Ok(out)
+    }
+}
+
+/// A greedy generation of `n` tokens and each token's arrival.
+fn generate(engine: &EngineHandle, prompt: Vec<u32>, n: usize) -> Result<(Completion, Vec<Instant>), LabError> {
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
+    let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
+    let mut arrivals = Vec::with_capacity(n);
+    let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
+    Ok((done, arrivals))
 }
 
 /// Teacher-forces `tokens` through every arm in lockstep and compares each with the first.
@@ -264,17 +301,15 @@ pub struct SpeedRow {
     pub ratio: Summary,
 }
 
-/// Rows of every arm in `arms` (reckon's first, then an external implementation's, if any), each against
-/// its own implementation's first arm in the same pass (reckon's f16, or `"llama.cpp f16"`).
+/// Rows of every arm in `arms` (reckon's first, then other implementations' or SIMD levels', if any),
+/// each against its own implementation's first arm in the same pass (reckon's f16, `"llama.cpp f16"`,
+/// `"avx2 f16"`).
 pub fn speed_rows(records: &[SpeedRecord], arms: &[String], depths: &[usize]) -> Vec<SpeedRow> {
     let mut rows = Vec::new();
     fn timed<'a>(records: &'a [SpeedRecord], d: &'a str, depth: usize, test: &'a str) -> impl Iterator<Item = &'a SpeedRecord> {
         records.iter().filter(move |r| !r.drift_check && r.kv_dtype == d && r.depth == depth && r.test == test)
     }
-    let base_of = |name: &str| -> String {
-        let external = name.starts_with(LLAMACPP);
-        arms.iter().find(|a| a.starts_with(LLAMACPP) == external).cloned().unwrap_or_default()
-    };
+    let base_of = |name: &str| -> String { arms.iter().find(|a| implementation(a) == implementation(name)).cloned().unwrap_or_default() };
     for test in ["tg", "pp"] {
         for &depth in depths {
             for name in arms {
@@ -290,24 +325,31 @@ pub fn speed_rows(records: &[SpeedRecord], arms: &[String], depths: &[usize]) ->
     rows
 }
 
+/// The implementation an arm's name belongs to: the word before its first space (`"llama.cpp q8_0 fa"`:
+/// `"llama.cpp"`, `"avx2 q8_0"`: reckon at another SIMD level), or `""` for reckon's own arms.
+pub fn implementation(name: &str) -> &str {
+    name.split_once(' ').map_or("", |(i, _)| i)
+}
+
 /// The key and value dtypes an arm's name stands for: `q8_0`, `q8_0,q4_0`, or an external arm such as
 /// `"llama.cpp q8_0,f16"` / `"llama.cpp q4_0 fa"` (flash attention on).
 pub fn arm_dtypes(name: &str) -> Option<(KvDtype, KvDtype)> {
-    let spec = name.strip_prefix(LLAMACPP).unwrap_or(name).trim_end_matches(" fa");
+    let spec = name.split_once(' ').map_or(name, |(_, arm)| arm).trim_end_matches(" fa");
     match spec.split_once(',') {
         Some((k, v)) => Some((KvDtype::from_name(k)?, KvDtype::from_name(v)?)),
         None => KvDtype::from_name(spec).map(|d| (d, d)),
     }
 }
 
-/// Per test and depth, reckon's fastest arm over the external implementation's fastest (medians).
+/// Per test and depth, reckon's fastest arm (at this process's SIMD level) over llama.cpp's fastest
+/// (medians).
 pub fn best_over_external(rows: &[SpeedRow]) -> Vec<(&'static str, usize, String, String, f64)> {
     let mut out = Vec::new();
     let mut keys: Vec<(&'static str, usize)> = rows.iter().map(|r| (r.test, r.depth)).collect();
     keys.dedup();
     for (test, depth) in keys {
-        let best = |external: bool| rows.iter().filter(|r| r.test == test && r.depth == depth && r.kv_dtype.starts_with(LLAMACPP) == external).max_by(|a, b| a.tokens_per_s.median.total_cmp(&b.tokens_per_s.median));
-        if let (Some(ours), Some(theirs)) = (best(false), best(true)) {
+        let best = |implementation_: &str| rows.iter().filter(|r| r.test == test && r.depth == depth && implementation(&r.kv_dtype) == implementation_).max_by(|a, b| a.tokens_per_s.median.total_cmp(&b.tokens_per_s.median));
+        if let (Some(ours), Some(theirs)) = (best(""), best(LLAMACPP.trim_end())) {
             out.push((test, depth, ours.kv_dtype.clone(), theirs.kv_dtype.clone(), ours.tokens_per_s.median / theirs.tokens_per_s.median));
         }
     }
@@ -446,6 +488,18 @@ mod tests {
         assert_eq!(arm_dtypes("llama.cpp q8_0,f16"), Some((KvDtype::Q8_0, KvDtype::F16)));
         assert_eq!(arm_dtypes("llama.cpp q4_0 fa"), Some((KvDtype::Q4_0, KvDtype::Q4_0)));
         assert_eq!(arm_dtypes("q8_0,q4_0"), Some((KvDtype::Q8_0, KvDtype::Q4_0)));
+    }
+
+    #[test]
+    fn a_second_simd_level_is_compared_with_its_own_f16() {
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 4096, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 130.0), rec(0, "avx2 f16", 80.0), rec(0, "avx2 q8_0", 120.0), rec(0, "llama.cpp f16", 50.0)];
+        let arms: Vec<String> = ["f16", "q8_0", "avx2 f16", "avx2 q8_0", "llama.cpp f16"].map(String::from).to_vec();
+        let rows = speed_rows(&records, &arms, &[4096]);
+        let ratio = |name: &str| rows.iter().find(|r| r.kv_dtype == name).unwrap().ratio.median;
+        assert_eq!((ratio("q8_0"), ratio("avx2 q8_0")), (1.3, 1.5));
+        assert_eq!(best_over_external(&rows), vec![("tg", 4096, "q8_0".to_string(), "llama.cpp f16".to_string(), 130.0 / 50.0)]);
+        assert_eq!(arm_dtypes("avx2 q8_0"), Some((KvDtype::Q8_0, KvDtype::Q8_0)));
     }
 
     #[test]
