@@ -424,12 +424,16 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     Ok(())
 }
 
-/// `kv-quant --serve-passes`: one speed pass per `pass N` line on stdin, its records as one JSON line on
-/// stdout (`{"records": [...]}`), until stdin closes.
+/// `kv-quant --serve-passes`: `ready` once the caches are filled, then one speed pass per `pass N` line on
+/// stdin, its records as one JSON line on stdout (`{"records": [...]}`), until stdin closes.
 fn serve_passes(model: &Arc<reckon_engine::model::Model>, spec: &reckon_lab::kv::KvQuantSpec) -> Result<()> {
     use std::io::BufRead;
     let mut runner = reckon_lab::kv::SpeedRunner::new(model, spec)?;
     let stdout = std::io::stdout();
+    // caches filled: the caller starts its passes now (it waits for this line, so the warm-up never
+    // overlaps its measurements)
+    writeln!(stdout.lock(), "ready")?;
+    stdout.lock().flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
         let pass: usize = line.strip_prefix("pass ").and_then(|n| n.trim().parse().ok()).with_context(|| format!("--serve-passes: '{line}' is not `pass N`"))?;
@@ -441,8 +445,8 @@ fn serve_passes(model: &Arc<reckon_engine::model::Model>, spec: &reckon_lab::kv:
     Ok(())
 }
 
-/// A second process measuring its arms inside the same passes: one line `pass N` in, one JSON line of
-/// that pass's records out. bench/kv-quant-llamacpp in its `--serve` mode (the model loaded once per
+/// A second process measuring its arms inside the same passes: it says `ready` once loaded and warmed up,
+/// then one line `pass N` in, one JSON line of that pass's records out. bench/kv-quant-llamacpp in its `--serve` mode (the model loaded once per
 /// llama.cpp configuration), or this binary at another SIMD level (`kv-quant --serve-passes`).
 struct PassProcess {
     /// What its arms' names start with (`"llama.cpp "`, `"avx2 "`).
@@ -483,7 +487,11 @@ impl PassProcess {
     fn start(prefix: &str, mut cmd: std::process::Command) -> Result<PassProcess> {
         use std::process::Stdio;
         let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().with_context(|| format!("starting {cmd:?}"))?;
-        let (input, output) = (child.stdin.take().context("stdin")?, std::io::BufReader::new(child.stdout.take().context("stdout")?));
+        let (input, mut output) = (child.stdin.take().context("stdin")?, std::io::BufReader::new(child.stdout.take().context("stdout")?));
+        // it loads and warms up first, alone: nothing is measured meanwhile
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut output, &mut line)?;
+        anyhow::ensure!(line.trim() == "ready", "{cmd:?} did not start (said {line:?})");
         Ok(PassProcess { prefix: prefix.to_string(), child, input, output })
     }
 
