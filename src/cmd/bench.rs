@@ -42,7 +42,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.model.kv_window.is_none() || args.n_depth == 0 || args.n_prompt == 0,
         "--kv-window with -d: a windowed sequence's depth leaves the prefix cache, so pp at depth would prefill the depth again each time; measure decode alone (-p 0)"
     );
-    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()? };
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()?, speculation: args.model.spec()? };
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;
     if let Some(bw) = results.iter().find_map(|r| r.read_gb_s) {

@@ -57,6 +57,23 @@ pub struct ModelArgs {
     /// KV allocator); --kv-window and --prefix-cache-dir imply this flag.
     #[arg(long)]
     pub no_hybrid_kv: bool,
+    /// Speculative decoding: `ngram` (prompt lookup: the longest suffix of the sequence seen before
+    /// proposes what followed it; also searched in a request's `prediction`) or `off`. Greedy output is
+    /// the same tokens either way; sampled output has the same distribution (docs/speculative.md).
+    #[arg(long, value_enum, default_value = "off")]
+    pub spec: SpecArg,
+    /// Most tokens guessed per step.
+    #[arg(long, default_value_t = 4)]
+    pub spec_k: usize,
+    /// Shortest and longest suffix the n-gram proposer matches, `MIN-MAX`.
+    #[arg(long, default_value = "2-4")]
+    pub spec_ngram: String,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecArg {
+    Off,
+    Ngram,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -108,7 +125,16 @@ impl ModelArgs {
     /// The KV choices for `model` with blocks of `block_size` (`disk_tier`: a prefix-cache directory is
     /// in use).
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
-        Ok(KvChoice { dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+        Ok(KvChoice { spec: self.spec()?, dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+    }
+
+    /// The speculative decoding every request gets (`--spec`), or none.
+    pub fn spec(&self) -> Result<Option<reckon_engine::engine::spec::SpecConfig>> {
+        let (lo, hi) = self.spec_ngram.split_once('-').with_context(|| format!("--spec-ngram '{}': MIN-MAX", self.spec_ngram))?;
+        let (min_n, max_n): (usize, usize) = (lo.trim().parse()?, hi.trim().parse()?);
+        anyhow::ensure!(min_n >= 1 && min_n <= max_n, "--spec-ngram '{}': need 1 <= MIN <= MAX", self.spec_ngram);
+        anyhow::ensure!(self.spec_k >= 1, "--spec-k must be at least 1");
+        Ok((self.spec == SpecArg::Ngram).then_some(reckon_engine::engine::spec::SpecConfig { k: self.spec_k, min_n, max_n }))
     }
 
     pub fn kv_window(&self) -> Result<Option<KvWindow>> {
@@ -239,6 +265,7 @@ pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
 
 /// How the engine keeps keys and values, from `ModelArgs` (and whether a disk tier is in use).
 pub struct KvChoice {
+    pub spec: Option<reckon_engine::engine::spec::SpecConfig>,
     pub dtypes: KvDtypes,
     pub window: Option<KvWindow>,
     pub hybrid: bool,
@@ -299,6 +326,7 @@ impl KvArgs {
             rest_pool_between_steps: !self.no_pool_rest,
             kv_window: kv.window,
             hybrid_kv: kv.hybrid,
+            spec: kv.spec.clone(),
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()))?;

@@ -113,6 +113,39 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// Speculative verification of `guess` (a proposer's point-mass guess) against this row: `None` keeps
+    /// it, `Some(token)` rejects it for `token`. Greedy: kept iff it is the argmax, else the argmax. With
+    /// temperature: kept with probability p(guess) under the distribution `sample` draws from, else a
+    /// token drawn from that distribution without `guess` (Leviathan et al.'s residual for a point-mass
+    /// proposal), so the token that results has exactly `sample`'s distribution.
+    pub fn accept_or_resample(&mut self, logits: &[f32], history: &[u32], guess: u32) -> Option<u32> {
+        let p = &self.params;
+        let mut l = logits.to_vec();
+        apply_penalties(&mut l, history, p);
+        if p.temperature == 0.0 {
+            let best = argmax(&l);
+            return (best != guess).then_some(best);
+        }
+        let dist: Vec<(u32, f64)> = match candidates(&l, p) {
+            Some(cands) => cands.iter().map(|c| c.0).zip(softmax(&cands, p.temperature)).collect(),
+            None => {
+                let max = max_logit(&l);
+                self.probs.clear();
+                self.probs.extend(l.iter().map(|&x| (x - max) / p.temperature));
+                crate::kernels::ggml::math::soft_max(&mut self.probs, 0);
+                self.probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)).collect()
+            }
+        };
+        let p_guess = dist.iter().find(|d| d.0 == guess).map_or(0.0, |d| d.1);
+        if self.rng.next_f64() < p_guess {
+            return None;
+        }
+        let rest = 1.0 - p_guess;
+        Some(draw(self.rng.next_f64() * rest, dist.into_iter().filter(|d| d.0 != guess)))
+    }
+}
+
 /// The token where the cumulative probability passes `r` (in [0, 1)); if rounding leaves the total below
 /// `r`, the last token with a probability above 0 (never a token that could not be drawn).
 fn draw(mut r: f64, probs: impl Iterator<Item = (u32, f64)>) -> u32 {

@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false, spec: None }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -159,6 +159,63 @@ fn sliding_layer_groups_give_the_tokens_of_one_group() {
             wait_idle(&engine);
         }
     }
+}
+
+/// Speculative decoding with the n-gram proposer (`engine::spec`) gives the tokens of decoding one at a
+/// time: alone, batched, in small chunks and preempted; and guesses were kept (the tiny model repeats
+/// itself, which is what prompt lookup feeds on).
+#[test]
+fn ngram_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
+    use reckon_engine::engine::spec::SpecConfig;
+    let model = model();
+    // prompts that repeat a phrase, as code edits and quotes do
+    let reqs = || (0..4).map(|i| {
+        let phrase = prompt(90 + i, 6 + i as usize);
+        let p: Vec<u32> = (0..5).flat_map(|_| phrase.iter().copied()).collect();
+        GenerateParams { ignore_eos: true, ..GenerateParams::greedy(p, 48) }
+    }).collect::<Vec<_>>();
+    let plain: Vec<Vec<u32>> = reqs().into_iter().map(|r| {
+        let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
+        drain(engine.submit(r).unwrap().1).0
+    }).collect();
+    let spec = Some(SpecConfig { k: 5, min_n: 1, max_n: 4 });
+    let mut accepted = 0;
+    for (blocks, budget) in [(128, 64), (128, 3), (40, 64)] {
+        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec: spec.clone(), ..config(blocks, budget) });
+        let alone: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(engine.submit(r).unwrap().1).0).collect();
+        assert_eq!(alone, plain, "{blocks} blocks, step budget {budget}: one at a time");
+        let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+        let batched: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+        assert_eq!(batched, plain, "{blocks} blocks, step budget {budget}: batched");
+        wait_idle(&engine);
+        let st = engine.stats();
+        accepted += st.spec_accepted_tokens.load(Ordering::Relaxed);
+        assert!(st.spec_draft_tokens.load(Ordering::Relaxed) >= st.spec_accepted_tokens.load(Ordering::Relaxed));
+    }
+    assert!(accepted > 0, "no guess was ever kept: the test did not speculate");
+}
+
+/// A request's usage reports the guesses kept and rejected; a prediction alone turns speculation on.
+#[test]
+fn usage_counts_kept_and_rejected_guesses() {
+    let model = model();
+    let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
+    let p = prompt(7, 12);
+    let plain = drain(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(p.clone(), 24) }).unwrap().1).0;
+    // the client predicts the answer exactly: every guess is kept
+    let req = GenerateParams { ignore_eos: true, prediction: plain.clone(), ..GenerateParams::greedy(p.clone(), 24) };
+    let (ids, _, _, usage) = drain_usage(engine.submit(req).unwrap().1);
+    assert_eq!(ids, plain);
+    assert!(usage.accepted_prediction_tokens >= 12, "{usage:?}");
+    assert_eq!(usage.rejected_prediction_tokens, 0, "{usage:?}");
+    assert_eq!(usage.completion_tokens, 24);
+    // a wrong prediction (right about the first token, then off by one): guesses rejected, the same
+    // answer
+    let wrong: Vec<u32> = [*p.last().unwrap(), plain[0]].into_iter().chain(plain[1..].iter().map(|t| (t + 1) % 96)).collect();
+    let req = GenerateParams { ignore_eos: true, prediction: wrong, ..GenerateParams::greedy(p, 24) };
+    let (ids, _, _, usage) = drain_usage(engine.submit(req).unwrap().1);
+    assert_eq!(ids, plain);
+    assert!(usage.rejected_prediction_tokens > 0, "{usage:?}");
 }
 
 #[test]

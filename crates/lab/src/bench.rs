@@ -37,6 +37,9 @@ pub struct BenchSpec {
     pub bandwidth: bool,
     /// A StreamingLLM window over the cache (`--kv-window`).
     pub kv_window: Option<KvWindow>,
+    /// Speculative decoding (`--spec`): on random tokens the n-gram proposer rarely finds anything, so
+    /// this measures its overhead; `reckon lab spec` measures what it buys.
+    pub speculation: Option<reckon_engine::engine::spec::SpecConfig>,
 }
 
 /// One test's result; field names follow llama-bench's JSON where they overlap.
@@ -130,6 +133,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         prefix_caching: true,
         kv_dtypes: spec.kv_dtypes,
         kv_window: spec.kv_window,
+        spec: spec.speculation.clone(),
         ..EngineConfig::default()
     };
     let engine = spawn(model.clone(), Arc::new(NoText), config);

@@ -269,6 +269,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         logprobs: None,
         cache_salt: None,
         constraint,
+        prediction: Vec::new(),
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(parse);

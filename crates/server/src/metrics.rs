@@ -119,6 +119,10 @@ pub fn render(state: &AppState) -> String {
     counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", count(&s.prefix_cache_queried_tokens));
     counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).", count(&s.prefix_cache_hit_tokens));
     counter("reckon_prefix_cache_disk_hits_total", "Prompt tokens read back from the prefix cache's disk tier.", count(&s.prefix_cache_disk_hit_tokens));
+    // vLLM's speculative-decoding counters: steps that carried guesses, guesses, guesses kept
+    counter("vllm:spec_decode_num_drafts_total", "Steps in which a request carried speculative guesses.", count(&s.spec_drafts));
+    counter("vllm:spec_decode_num_draft_tokens_total", "Speculative guesses checked.", count(&s.spec_draft_tokens));
+    counter("vllm:spec_decode_num_accepted_tokens_total", "Speculative guesses the model kept.", count(&s.spec_accepted_tokens));
     counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
     counter("reckon_request_success_total", "Requests finished (stop token, stop string or length).", count(&s.finished_requests));
     counter("reckon_request_aborted_total", "Requests aborted (the client went away).", count(&s.aborted_requests));

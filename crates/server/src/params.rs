@@ -29,6 +29,9 @@ pub struct CommonParams {
     /// vLLM's extension: requests share prefix-cache blocks only with requests of the same salt (so a
     /// tenant cannot learn another's prompts from cache-hit timing).
     pub cache_salt: Option<String>,
+    /// OpenAI's predicted output (`{"type": "content", "content": "..."}`, or content parts of type
+    /// `text`): the client's guess of the answer, which speculative decoding checks in bulk.
+    pub prediction: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,7 +68,26 @@ impl CommonParams {
             logprobs: None,
             cache_salt: self.cache_salt.clone(),
             constraint: None,
+            prediction: self.prediction_tokens(state)?,
         })
+    }
+
+    /// The prediction's text as tokens (no BOS), or none.
+    fn prediction_tokens(&self, state: &AppState) -> Result<Vec<u32>, ApiError> {
+        let Some(p) = self.prediction.as_ref().filter(|p| !p.is_null()) else { return Ok(Vec::new()) };
+        let bad = || ApiError::invalid("prediction must be {\"type\": \"content\", \"content\": a string or text parts}", Some("prediction"));
+        if p.get("type").and_then(|t| t.as_str()) != Some("content") {
+            return Err(bad());
+        }
+        let text = match p.get("content") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Array(parts)) => {
+                let texts: Option<Vec<&str>> = parts.iter().map(|part| (part.get("type")?.as_str()? == "text").then(|| part.get("text")?.as_str()).flatten()).collect();
+                texts.ok_or_else(bad)?.concat()
+            }
+            _ => return Err(bad()),
+        };
+        state.tokenizer.encode(&text, false, false).map_err(|e| ApiError::invalid(e.to_string(), Some("prediction")))
     }
 
     fn sampling(&self) -> Result<SamplingParams, ApiError> {

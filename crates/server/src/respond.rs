@@ -157,6 +157,12 @@ fn usage_json(u: &Usage) -> Value {
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+        // speculative decoding's guesses kept and rejected (OpenAI names them for predicted outputs)
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": u.accepted_prediction_tokens,
+            "rejected_prediction_tokens": u.rejected_prediction_tokens,
+        },
     })
 }
 

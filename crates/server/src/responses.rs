@@ -256,6 +256,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         logprobs: None,
         cache_salt: None,
         constraint,
+        prediction: Vec::new(),
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
     let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));

@@ -134,6 +134,39 @@ fn text_completions_take_text_or_token_ids() {
     assert_eq!(post(addr, "/v1/completions", &by_ids).status, 200);
 }
 
+/// OpenAI's `prediction`: the client's guess of the answer is checked in bulk (speculative decoding). The
+/// text is the same; usage says how many predicted tokens were kept and rejected; /metrics counts them;
+/// a malformed prediction is a 400 naming the field. /metrics also reports KV bytes per layer type.
+#[test]
+fn a_prediction_is_checked_in_bulk_and_reported_in_usage() {
+    let addr = tiny_server(config(2048, 16, 64));
+    let body = json!({ "model": TINY, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 24, "ignore_eos": true });
+    let plain = post(addr, "/v1/completions", &body).json();
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(plain["usage"]["completion_tokens_details"]["accepted_prediction_tokens"], 0, "{plain}");
+    let mut predicted = body.clone();
+    predicted["prediction"] = json!({ "type": "content", "content": text });
+    let c = post(addr, "/v1/completions", &predicted);
+    assert_eq!(c.status, 200, "{}", c.body);
+    let c = c.json();
+    assert_eq!(c["choices"][0]["text"], text.as_str());
+    let details = &c["usage"]["completion_tokens_details"];
+    assert!(details["accepted_prediction_tokens"].as_u64().unwrap() > 0, "{c}");
+    let metrics = Metrics::read(addr, TINY);
+    let accepted = metrics.text.lines().find(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_total")).expect("the counter");
+    assert_eq!(accepted.rsplit(' ').next().unwrap().parse::<u64>().unwrap(), details["accepted_prediction_tokens"].as_u64().unwrap());
+    assert!(metrics.text.lines().any(|l| l.starts_with("reckon_kv_bytes_per_token{model_name=\"tiny\",layer_type=\"full\"}")), "{}", metrics.text);
+    // content parts work as a string does; anything else is refused
+    predicted["prediction"] = json!({ "type": "content", "content": [{ "type": "text", "text": text }] });
+    assert_eq!(post(addr, "/v1/completions", &predicted).json()["choices"][0]["text"], text.as_str());
+    for bad in [json!({ "type": "content" }), json!({ "type": "text", "content": "x" }), json!("just text")] {
+        predicted["prediction"] = bad;
+        let r = post(addr, "/v1/completions", &predicted);
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.json()["error"]["param"], "prediction", "{}", r.body);
+    }
+}
+
 /// Content as a list of parts: the text parts are joined; other parts (images) are ignored, as chat.rs
 /// documents (this server has no vision model).
 #[test]

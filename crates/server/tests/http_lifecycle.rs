@@ -187,7 +187,7 @@ fn a_failure_midway_ends_the_stream_with_an_error_event() {
     assert!(!events.iter().any(|e| e == "[DONE]"));
 
     // and a request that does finish still ends with usage and [DONE]
-    let usage = reckon_engine::engine::Usage { prompt_tokens: 3, completion_tokens: 1, cached_tokens: 0 };
+    let usage = reckon_engine::engine::Usage { prompt_tokens: 3, completion_tokens: 1, ..Default::default() };
     let events = sse(vec![token("Hi"), Event::Finished { reason: FinishReason::Length, usage, timings: Default::default(), stop: None }], false);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 }

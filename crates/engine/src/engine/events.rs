@@ -19,6 +19,10 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV state was reused rather than computed (prefix cache).
     pub cached_tokens: usize,
+    /// Speculative decoding: guessed tokens the model kept, and those it rejected (OpenAI's
+    /// `accepted_prediction_tokens` / `rejected_prediction_tokens`).
+    pub accepted_prediction_tokens: usize,
+    pub rejected_prediction_tokens: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -37,6 +37,10 @@ pub struct EngineStats {
     /// Of the hit tokens, those read back from the disk tier; block files there.
     pub prefix_cache_disk_hit_tokens: AtomicU64,
     pub prefix_cache_disk_blocks: AtomicUsize,
+    /// Speculative decoding: steps that carried guesses, guesses, and guesses kept.
+    pub spec_drafts: AtomicU64,
+    pub spec_draft_tokens: AtomicU64,
+    pub spec_accepted_tokens: AtomicU64,
     /// Submitted but not yet seen by the engine (counts toward the waiting limit).
     unseen: AtomicUsize,
 }

@@ -10,6 +10,7 @@ mod events;
 mod handle;
 mod request;
 mod scheduler;
+pub mod spec;
 mod stop;
 mod validate;
 #[cfg(test)]
@@ -66,6 +67,9 @@ pub struct EngineConfig {
     /// only (`kv::layout`). In effect only without `kv_window` and without a disk tier
     /// (`EngineConfig::kv_layout`).
     pub hybrid_kv: bool,
+    /// Speculative decoding with the n-gram proposer for every request without a grammar (`engine::spec`);
+    /// `None`: only requests that bring a prediction speculate (with the default configuration).
+    pub spec: Option<spec::SpecConfig>,
 }
 
 impl EngineConfig {
@@ -91,15 +95,16 @@ impl Default for EngineConfig {
             kv_dtypes: KvDtypes::F16,
             kv_window: None,
             hybrid_kv: false,
+            spec: None,
         }
     }
 }
 
-/// A token sampled in a step, for the request `id`.
+/// The tokens a step gave the request `id`: one, or with speculation the kept guesses and the model's
+/// next token.
 struct Sampled {
     id: RequestId,
-    token: u32,
-    logprobs: Option<TokenLogprobs>,
+    tokens: Vec<(u32, Option<TokenLogprobs>)>,
 }
 
 pub struct Engine {
@@ -195,7 +200,12 @@ impl Engine {
     /// are in the disk tier.
     pub fn add_request(&mut self, id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, restore_reply: Option<RestoreReply>) {
         let blocks = self.scheduler.kv().new_blocks(req.cache_salt().map(str::as_bytes));
-        self.scheduler.add(Request::new(id, req, blocks, events, arrived));
+        let mut req = Request::new(id, req, blocks, events, arrived);
+        // (a grammar masks each token as it is sampled: such requests do not guess ahead)
+        if req.constraint.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
+            req.spec = Some(spec::SpecState { config: self.config.spec.clone().unwrap_or_default(), ..Default::default() });
+        }
+        self.scheduler.add(req);
         if let (Some(offload), Some(reply)) = (self.offload.as_mut(), restore_reply) {
             let req = self.scheduler.request(id).expect("just added");
             let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
@@ -271,13 +281,31 @@ impl Engine {
 
     /// Runs the model on the plan's chunks and samples a token for every chunk that ends its request.
     fn execute(&mut self, plan: &StepPlan) -> Vec<Sampled> {
+        // a speculating chunk's tokens: its newest token, then its guesses
+        let guessed: Vec<Vec<u32>> = plan
+            .chunks
+            .iter()
+            .filter(|c| c.draft > 0)
+            .map(|c| {
+                let req = self.scheduler.request(c.id).expect("planned requests exist");
+                let draft = &req.spec.as_ref().expect("a chunk with guesses speculates").draft;
+                [&req.tokens[c.start..], &draft[..]].concat()
+            })
+            .collect();
+        let mut guessed_iter = guessed.iter();
         let inputs: Vec<SeqInput> = plan
             .chunks
             .iter()
             .map(|c| {
                 let req = self.scheduler.request(c.id).expect("planned requests exist");
-                let logits = if c.samples { LogitsWanted::Last } else { LogitsWanted::None };
-                SeqInput { tokens: &req.tokens[c.start..c.start + c.len], start_pos: c.start, block_tables: req.blocks.tables(), logits }
+                let logits = match (c.samples, c.draft) {
+                    (false, _) => LogitsWanted::None,
+                    (true, 0) => LogitsWanted::Last,
+                    (true, _) => LogitsWanted::All,
+                };
+                let tokens = if c.draft > 0 { &guessed_iter.next().expect("one per speculating chunk")[..] } else { &req.tokens[c.start..c.start + c.len] };
+                debug_assert_eq!(tokens.len(), c.len);
+                SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits }
             })
             .collect();
         let logits = self.model.forward_windowed(&inputs, self.config.kv_window, &mut self.kv, &mut self.scratch);
@@ -289,9 +317,21 @@ impl Engine {
         }
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::new();
-        for (row, c) in plan.chunks.iter().filter(|c| c.samples).enumerate() {
-            let lg = &logits[row * vocab..(row + 1) * vocab];
+        let mut row = 0;
+        for c in plan.chunks.iter().filter(|c| c.samples) {
+            let rows: Vec<&[f32]> = (row..row + 1 + c.draft).map(|r| &logits[r * vocab..(r + 1) * vocab]).collect();
+            row += 1 + c.draft;
+            let lg = rows[0];
             let req = self.scheduler.request_mut(c.id).expect("planned requests exist");
+            if c.draft > 0 {
+                let draft = std::mem::take(&mut req.spec.as_mut().expect("speculating").draft);
+                let new = spec::verify(&mut req.sampler, &rows, &draft, &req.tokens);
+                let logprobs = |i: usize, t: u32| req.logprobs.map(|k| token_logprobs(rows[i], t, k));
+                let tokens = new.iter().enumerate().map(|(i, &t)| (t, logprobs(i, t))).collect();
+                req.spec.as_mut().expect("speculating").draft = draft;
+                out.push(Sampled { id: c.id, tokens });
+                continue;
+            }
             let token = match req.constraint.as_mut() {
                 None => req.sampler.sample(lg, &req.tokens),
                 Some(constraint) => {
@@ -317,7 +357,7 @@ impl Engine {
                 }
             };
             let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
-            out.push(Sampled { id: c.id, token, logprobs });
+            out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)] });
         }
         out
     }
@@ -325,19 +365,37 @@ impl Engine {
     /// Records the step: tokens computed and appended, then per sampled token its text and whether its
     /// request ends.
     fn update(&mut self, plan: &StepPlan, sampled: Vec<Sampled>) {
-        let tokens: Vec<u32> = sampled.iter().map(|s| s.token).collect();
+        let tokens: Vec<Vec<u32>> = sampled.iter().map(|s| s.tokens.iter().map(|t| t.0).collect()).collect();
         self.scheduler.complete_step(plan, &tokens);
+        for c in plan.chunks.iter().filter(|c| c.draft > 0) {
+            let kept = tokens.iter().zip(plan.chunks.iter().filter(|c| c.samples)).find(|(_, s)| s.id == c.id).map_or(0, |(t, _)| t.len() - 1);
+            self.stats.spec_drafts.fetch_add(1, Ordering::Relaxed);
+            self.stats.spec_draft_tokens.fetch_add(c.draft as u64, Ordering::Relaxed);
+            self.stats.spec_accepted_tokens.fetch_add(kept as u64, Ordering::Relaxed);
+        }
         let now = Instant::now();
         for s in sampled {
-            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
             let req = self.scheduler.request_mut(s.id).expect("sampled requests exist");
             req.times.first_token.get_or_insert(now);
-            let (text, finish) = req.process_new_token(&*self.detok);
-            let delivered = req.send_token(s.token, text, s.logprobs);
-            match finish {
-                Some(reason) => self.finish(s.id, reason),
-                None if !delivered => self.finish(s.id, FinishReason::Abort),
-                None => {}
+            let first = req.tokens.len() - s.tokens.len();
+            let mut ended = None;
+            for (j, (token, logprobs)) in s.tokens.into_iter().enumerate() {
+                self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                let (text, finish) = req.process_token(first + j, &*self.detok);
+                let delivered = req.send_token(token, text, logprobs);
+                ended = match finish {
+                    Some(reason) => Some(reason),
+                    None if !delivered => Some(FinishReason::Abort),
+                    None => None,
+                };
+                if ended.is_some() {
+                    // tokens a step gave past the end are not the answer's
+                    req.tokens.truncate(first + j + 1);
+                    break;
+                }
+            }
+            if let Some(reason) = ended {
+                self.finish(s.id, reason);
             }
         }
     }
@@ -346,7 +404,14 @@ impl Engine {
     fn finish(&mut self, id: RequestId, reason: FinishReason) {
         let Some(req) = self.remove(id) else { return };
         let now = Instant::now();
-        let usage = Usage { prompt_tokens: req.num_prompt_tokens, completion_tokens: req.num_generated(), cached_tokens: req.num_cached_tokens };
+        let (accepted, drafted) = req.spec.as_ref().map_or((0, 0), |s| (s.accepted, s.drafted));
+        let usage = Usage {
+            prompt_tokens: req.num_prompt_tokens,
+            completion_tokens: req.num_generated(),
+            cached_tokens: req.num_cached_tokens,
+            accepted_prediction_tokens: accepted,
+            rejected_prediction_tokens: drafted - accepted,
+        };
         let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(req.times.arrived);
         let timings = Timings { queue: since(req.times.first_scheduled), time_to_first_token: since(req.times.first_token), end_to_end: now.duration_since(req.times.arrived) };
         req.send(Event::Finished { reason, usage, timings, stop: req.matched_stop().map(str::to_string) });

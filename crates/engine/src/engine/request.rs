@@ -84,6 +84,10 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// The grammar the answer must match, advanced by every sampled token.
     pub constraint: Option<crate::grammar::Constraint>,
+    /// Speculative decoding (`engine::spec`): set by the engine where it speculates for this request.
+    pub spec: Option<super::spec::SpecState>,
+    /// The client's guess of the output (OpenAI's `prediction`), for the proposer.
+    pub prediction: Vec<u32>,
     pub times: RequestTimes,
     output: Output,
     events: UnboundedSender<Event>,
@@ -128,6 +132,8 @@ impl Request {
             sampler: Sampler::new(p.sampling),
             logprobs: p.logprobs,
             constraint: p.constraint,
+            spec: None,
+            prediction: p.prediction,
             times: RequestTimes { arrived, first_scheduled: None, first_token: None },
             output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,
@@ -147,8 +153,14 @@ impl Request {
     /// The text the newest token (already appended to `tokens`) completes, and whether the request ends
     /// with it: an end-of-generation or stop token, a completed stop string, or the length limit.
     pub fn process_new_token(&mut self, detok: &dyn Detokenizer) -> (String, Option<FinishReason>) {
-        let token = *self.tokens.last().expect("a token was sampled");
-        let at_limit = self.num_generated() >= self.max_new_tokens;
+        self.process_token(self.tokens.len() - 1, detok)
+    }
+
+    /// `process_new_token` for the token at `tokens[at]` (a step that kept speculated tokens appends
+    /// several; they are processed in order, and the request may end before the last).
+    pub fn process_token(&mut self, at: usize, detok: &dyn Detokenizer) -> (String, Option<FinishReason>) {
+        let token = self.tokens[at];
+        let at_limit = at + 1 - self.num_prompt_tokens >= self.max_new_tokens;
         // a complete grammar ends the answer even under ignore_eos (it allows nothing but the end)
         let grammar_done = self.constraint.as_ref().is_some_and(|c| c.is_complete());
         let out = &mut self.output;

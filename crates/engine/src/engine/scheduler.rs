@@ -39,14 +39,17 @@ pub struct SchedulerConfig {
 }
 
 /// One request's share of a step: tokens `start..start + len` of its `tokens`, at positions equal to
-/// their indices.
+/// their indices, where the last `draft` of them are the request's speculative guesses
+/// (`Request::spec`'s draft, after its newest token; `engine::spec`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScheduledChunk {
     pub id: RequestId,
     pub start: usize,
     pub len: usize,
-    /// The chunk ends at the request's last token: its logits are sampled after the step.
+    /// The chunk ends at the request's last token: its logits are sampled after the step (with guesses,
+    /// the logits of the last token and of every guess).
     pub samples: bool,
+    pub draft: usize,
 }
 
 /// What the next model step computes.
@@ -169,13 +172,22 @@ impl Scheduler {
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let is_decode = self.requests[&id].is_decoding();
-            let n_new = self.chunk_len(id, if is_decode { budget } else { budget.min(prefill_budget) });
+            let mut n_new = self.chunk_len(id, if is_decode { budget } else { budget.min(prefill_budget) });
             if n_new == 0 {
                 i += 1;
                 continue;
             }
-            // Free blocks by preempting the newest running requests; stop if that is this one.
+            if is_decode {
+                n_new += self.propose(id, budget - 1);
+            }
+            // Guesses first give way to a short pool; then the newest running requests are preempted,
+            // until that would be this one.
             let mut fits = self.allocate_for(id, n_new);
+            if !fits && n_new > 1 {
+                self.drop_draft(id);
+                n_new = 1;
+                fits = self.allocate_for(id, n_new);
+            }
             while !fits && self.running.len() > i + 1 {
                 let victim = self.running.pop().expect("more than i + 1 running");
                 self.preempt(victim);
@@ -273,7 +285,26 @@ impl Scheduler {
     fn chunk(&self, id: RequestId, len: usize) -> ScheduledChunk {
         let req = &self.requests[&id];
         let start = req.num_computed_tokens;
-        ScheduledChunk { id, start, len, samples: start + len == req.tokens.len() }
+        let draft = req.spec.as_ref().map_or(0, |s| s.draft.len());
+        ScheduledChunk { id, start, len, samples: start + len - draft == req.tokens.len(), draft }
+    }
+
+    /// For a decoding request that speculates: the n-gram proposer's guesses after its newest token (at
+    /// most `room` of them, and one fewer than the tokens it may still generate), kept as its draft.
+    /// Returns how many.
+    fn propose(&mut self, id: RequestId, room: usize) -> usize {
+        let req = self.requests.get_mut(&id).expect("scheduled ids are known");
+        let left = req.max_new_tokens.saturating_sub(req.num_generated());
+        let Some(spec) = req.spec.as_mut() else { return 0 };
+        let config = super::spec::SpecConfig { k: spec.config.k.min(room).min(left.saturating_sub(1)), ..spec.config.clone() };
+        spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, req.tokens.len() - req.num_prompt_tokens, &config);
+        spec.draft.len()
+    }
+
+    fn drop_draft(&mut self, id: RequestId) {
+        if let Some(spec) = self.requests.get_mut(&id).and_then(|r| r.spec.as_mut()) {
+            spec.draft.clear();
+        }
     }
 
     /// Grows `id`'s blocks to hold `num_computed + n_new` tokens; false (nothing taken) if the pool is
@@ -285,6 +316,7 @@ impl Scheduler {
 
     /// Releases `id`'s blocks and puts it at the front of the waiting queue, to be recomputed.
     fn preempt(&mut self, id: RequestId) {
+        self.drop_draft(id);
         let req = self.requests.get_mut(&id).expect("running ids are known");
         self.kv.free(&mut req.blocks);
         req.num_computed_tokens = 0;
@@ -295,16 +327,29 @@ impl Scheduler {
     }
 
     /// Records a finished step: each chunk's tokens are now computed (and its full blocks cached), and
-    /// every chunk that `samples` gets its sampled token appended: `sampled` holds one token per such
-    /// chunk, in plan order. Chunks of requests removed meanwhile (aborted) are skipped.
-    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[u32]) {
+    /// every chunk that `samples` gets its new tokens appended: `sampled` holds them per such chunk, in
+    /// plan order (one token, or with guesses the kept guesses and the model's next token). The cells of
+    /// rejected guesses are behind `num_computed_tokens` no more: blocks holding only those are released
+    /// (never registered). Chunks of requests removed meanwhile (aborted) are skipped.
+    pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[Vec<u32>]) {
         let mut sampled = sampled.iter();
         for chunk in &plan.chunks {
-            let token = if chunk.samples { Some(*sampled.next().expect("one sampled token per sampling chunk")) } else { None };
+            let new: &[u32] = if chunk.samples { sampled.next().expect("tokens per sampling chunk") } else { &[] };
             let Some(req) = self.requests.get_mut(&chunk.id) else { continue };
             debug_assert_eq!(req.num_computed_tokens, chunk.start, "request {} changed between plan and step", chunk.id);
-            req.num_computed_tokens += chunk.len;
-            req.tokens.extend(token);
+            let kept = new.len().saturating_sub(1);
+            debug_assert!(kept <= chunk.draft, "request {}: {kept} guesses kept of {}", chunk.id, chunk.draft);
+            req.num_computed_tokens += chunk.len - chunk.draft + kept;
+            req.tokens.extend_from_slice(new);
+            if chunk.draft > 0 {
+                if let Some(spec) = req.spec.as_mut() {
+                    spec.drafts += 1;
+                    spec.drafted += chunk.draft;
+                    spec.accepted += kept;
+                    spec.draft.clear();
+                }
+                self.kv.truncate(&mut req.blocks, req.num_computed_tokens);
+            }
             self.kv.advance(&req.tokens, req.num_computed_tokens, &mut req.blocks);
         }
         debug_assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");

@@ -72,7 +72,7 @@ fn a_prefix_hit_needs_the_global_blocks_and_only_the_sliding_window_before_it() 
     // (a query at 40 attends to 33..40); its released blocks stayed cached, still unused
     add(&mut s, 2, prompt(45), 1);
     let plan = step(&mut s);
-    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 2, start: 40, len: 5, samples: true }]);
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 2, start: 40, len: 5, samples: true, draft: 0 }]);
     let t = tables(&s, 2);
     // (block 8 was taken at admission; after computing 40..45 the next query, at 45, attends to 38.. only)
     assert_eq!(t[0][..10], [N, N, N, N, N, N, N, N, N, 9]);

@@ -10,7 +10,7 @@ fn cached_config(block_size: usize) -> TestConfig {
 }
 
 fn chunk(id: RequestId, start: usize, len: usize) -> ScheduledChunk {
-    ScheduledChunk { id, start, len, samples: true }
+    ScheduledChunk { id, start, len, samples: true, draft: 0 }
 }
 
 fn free(s: &Scheduler) -> Vec<u32> {
@@ -57,7 +57,7 @@ fn concurrent_requests_share_blocks_by_reference() {
     step(&mut s);
     add(&mut s, 2, [system, vec![60, 61, 62]].concat(), 5);
     let plan = step(&mut s);
-    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true }, chunk(2, 8, 3)]);
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true, draft: 0 }, chunk(2, 8, 3)]);
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, 1, 3]);
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (2, 2));
     s.finish(1);
@@ -225,7 +225,7 @@ fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
     s.offer_restored(2, 1, 4);
     let plan = step(&mut s);
     // 5 budget tokens after seq 3's decode, 3 free blocks: restoring 1 block (then 5 tokens) fits
-    assert_eq!(plan.chunks[1], ScheduledChunk { id: 2, start: 12, len: 5, samples: false });
+    assert_eq!(plan.chunks[1], ScheduledChunk { id: 2, start: 12, len: 5, samples: false, draft: 0 });
     assert_eq!(plan.restores.len(), 1);
     assert_eq!((plan.restores[0].skip, plan.restores[0].blocks.len()), (1, 1));
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 12);

@@ -45,13 +45,13 @@ fn prompt(n: usize) -> Vec<u32> {
 /// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.
 pub(super) fn step(s: &mut Scheduler) -> StepPlan {
     let plan = s.schedule();
-    let sampled: Vec<u32> = plan.chunks.iter().filter(|c| c.samples).map(|c| 100 + c.id as u32).collect();
+    let sampled: Vec<Vec<u32>> = plan.chunks.iter().filter(|c| c.samples).map(|c| vec![100 + c.id as u32]).collect();
     s.complete_step(&plan, &sampled);
     plan
 }
 
 fn chunk(id: RequestId, start: usize, len: usize, samples: bool) -> ScheduledChunk {
-    ScheduledChunk { id, start, len, samples }
+    ScheduledChunk { id, start, len, samples, draft: 0 }
 }
 
 #[test]
@@ -213,4 +213,75 @@ fn prompts_arriving_during_decodes_are_prefilled_in_capped_chunks() {
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 9]);
     assert_eq!(s.request(3).unwrap().blocks.table(), vec![7, 8, 10, 11]);
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 5, 1, true), chunk(2, 22, 1, true), chunk(3, 13, 1, true)]);
+}
+
+/// Speculative decoding (`engine::spec`): a decoding request's chunk carries its n-gram guesses; the
+/// blocks for them are allocated with it, and after the step only the kept guesses count as computed:
+/// blocks that held nothing kept go back to the pool.
+#[test]
+fn guesses_ride_in_the_decode_chunk_and_rejected_ones_give_their_blocks_back() {
+    use super::spec::{SpecConfig, SpecState};
+    let mut s = config(4, 64).scheduler(16);
+    // ... 2 3 4 [5 6 7 1] ... 2 3 | 4: the suffix 2 3 4 was seen before, followed by 5 6 7 1
+    add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    let plan = s.schedule();
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 0, len: 10, samples: true, draft: 0 }]);
+    s.complete_step(&plan, &[vec![4]]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
+    let plan = s.schedule();
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 5, samples: true, draft: 4 }]);
+    assert_eq!(s.request(1).unwrap().spec.as_ref().unwrap().draft, vec![5, 6, 7, 1]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2, 3], "positions 10..15 need a fourth block");
+    // the model kept no guess and said 9: positions 0..11 are computed, block 3 held nothing kept
+    s.complete_step(&plan, &[vec![9]]);
+    let req = s.request(1).unwrap();
+    assert_eq!((req.num_computed_tokens, req.tokens.len()), (11, 12));
+    assert_eq!(req.blocks.table(), vec![0, 1, 2]);
+    assert_eq!(s.pool().free_ids().next(), Some(3));
+    let spec = req.spec.as_ref().unwrap();
+    assert_eq!((spec.drafts, spec.drafted, spec.accepted), (1, 4, 0));
+    // 1 2 3 4 5 6 7 1 2 3 4 9: no suffix of 2 or 3 seen before; a plain decode
+    let plan = s.schedule();
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 11, len: 1, samples: true, draft: 0 }]);
+    s.complete_step(&plan, &[vec![2]]);
+    // ... 9 2: "9 2" was not seen, and neither was anything longer: no guess; then 2 3 -> 4 9 2 3
+    let plan = s.schedule();
+    assert_eq!(plan.chunks[0].draft, 0);
+    s.complete_step(&plan, &[vec![3]]);
+    let plan = s.schedule();
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 13, len: 5, samples: true, draft: 4 }]);
+    assert_eq!(s.request(1).unwrap().spec.as_ref().unwrap().draft, vec![4, 9, 2, 3]);
+    // two guesses kept and the model's own token: 3 new tokens, positions 0..16 computed
+    s.complete_step(&plan, &[vec![4, 9, 5]]);
+    let req = s.request(1).unwrap();
+    assert_eq!((req.num_computed_tokens, &req.tokens[13..]), (16, &[3, 4, 9, 5][..]));
+    assert_eq!(req.blocks.table().len(), 4);
+    let spec = req.spec.as_ref().unwrap();
+    assert_eq!((spec.drafts, spec.drafted, spec.accepted), (2, 8, 2));
+    s.finish(1);
+    assert_eq!(s.pool().num_free(), 16);
+}
+
+#[test]
+fn guesses_give_way_to_a_short_pool_and_never_pass_the_token_limit() {
+    use super::spec::{SpecConfig, SpecState};
+    // 3 blocks of 4: a 10-token prompt and its next token fill them; guesses would need a fourth
+    let mut s = config(4, 64).scheduler(3);
+    add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    let plan = s.schedule();
+    s.complete_step(&plan, &[vec![4]]);
+    let plan = s.schedule();
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true, draft: 0 }]);
+    assert!(plan.preempted.is_empty());
+    s.finish(1);
+    // two tokens left to generate: one guess at most (the step then gives at most two)
+    let mut s = config(4, 64).scheduler(16);
+    add(&mut s, 2, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 3);
+    s.request_mut(2).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    let plan = s.schedule();
+    s.complete_step(&plan, &[vec![4]]);
+    let plan = s.schedule();
+    assert_eq!(plan.chunks[0].draft, 1);
 }

@@ -27,6 +27,9 @@ pub struct GenerateParams {
     pub cache_salt: Option<String>,
     /// A compiled grammar the answer must match (structured output, forced tool arguments).
     pub constraint: Option<crate::grammar::Constraint>,
+    /// The client's guess of the output, as tokens (OpenAI's `prediction`): the n-gram proposer of
+    /// speculative decoding also searches it (`engine::spec`).
+    pub prediction: Vec<u32>,
 }
 
 impl GenerateParams {
@@ -41,6 +44,7 @@ impl GenerateParams {
             logprobs: None,
             cache_salt: None,
             constraint: None,
+            prediction: Vec::new(),
         }
     }
 }

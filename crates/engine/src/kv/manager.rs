@@ -253,6 +253,19 @@ impl KvCacheManager {
         true
     }
 
+    /// Releases the blocks after the first `num_tokens` positions' (the cells of rejected speculative
+    /// guesses; never registered, so uncached).
+    pub fn truncate(&mut self, blocks: &mut RequestBlocks, num_tokens: usize) {
+        let keep = num_tokens.div_ceil(self.block_size);
+        for (keys, table) in blocks.groups.iter().zip(&mut blocks.tables) {
+            debug_assert!(keys.num_registered <= keep, "a registered block is never speculative");
+            if table.len() > keep {
+                let rest = table.split_off(keep);
+                self.pool.release(&rest);
+            }
+        }
+    }
+
     /// Records that the request's first `num_computed` tokens are computed: blocks that left a
     /// StreamingLLM window are released (never registered), the full blocks are registered in the prefix
     /// cache, then the blocks that left a sliding group's window are released (cached).

@@ -167,6 +167,11 @@ fn assert_draws_fit(label: &str, params: &SamplingParams, logits: &[f32], histor
     for _ in 0..draws {
         counts[s.sample(logits, history) as usize] += 1;
     }
+    assert_counts_fit(label, &counts, want, draws);
+}
+
+/// `assert_draws_fit`'s test of `counts` (per token id, over `draws` draws) against `want`.
+fn assert_counts_fit(label: &str, counts: &[u64], want: &[f64], draws: usize) {
     for (id, (&c, &w)) in counts.iter().zip(want).enumerate() {
         assert!(w > 0.0 || c == 0, "{label}: token {id} is cut (probability 0) but was drawn {c} times");
     }
@@ -533,4 +538,38 @@ fn full_chain_fits() {
     let want = reference(&l, &history, &p);
     assert!(want.iter().filter(|&&w| w > 0.0).count() > 2);
     assert_draws_fit("full chain", &p, &l, &history, &want, DRAWS);
+}
+
+/// Speculative verification of a point-mass guess (`Sampler::accept_or_resample`, `engine::spec`): the
+/// token that results (the guess when kept, else the redrawn one) has exactly the distribution `sample`
+/// draws from, whichever token was guessed: likely, unlikely, or cut by top-k/top-p.
+#[test]
+fn a_kept_or_redrawn_guess_has_the_samplers_distribution() {
+    let logits = spread(11, 12, -2.0, 2.0);
+    let history = [3u32, 3, 7];
+    let cases = [
+        ("no cuts, T 0.8", no_cuts(0.8, 5)),
+        ("top-k 6, top-p 0.9", SamplingParams { temperature: 1.0, top_k: 6, top_p: 0.9, min_p: 0.0, seed: 6, ..SamplingParams::default() }),
+        ("penalties, T 1.2", SamplingParams { temperature: 1.2, top_k: 0, top_p: 1.0, min_p: 0.0, repetition_penalty: 1.3, presence_penalty: 0.5, seed: 7, ..SamplingParams::default() }),
+    ];
+    for (label, params) in cases {
+        let want = reference(&logits, &history, &params);
+        let likely = first_max(&want);
+        let cut = want.iter().position(|&w| w == 0.0).map(|i| i as u32);
+        let unlikely = (0..want.len()).filter(|&i| want[i] > 0.0).min_by(|&a, &b| want[a].total_cmp(&want[b])).unwrap() as u32;
+        for guess in [Some(likely), Some(unlikely), cut].into_iter().flatten() {
+            let mut s = Sampler::new(params.clone());
+            let mut counts = vec![0u64; logits.len()];
+            for _ in 0..DRAWS {
+                let t = s.accept_or_resample(&logits, &history, guess).unwrap_or(guess);
+                counts[t as usize] += 1;
+            }
+            assert_counts_fit(&format!("{label}, guess {guess}"), &counts, &want, DRAWS);
+        }
+    }
+    // greedy: kept iff the argmax
+    let mut g = Sampler::new(SamplingParams::greedy());
+    let best = first_max(&logits.iter().map(|&l| l as f64).collect::<Vec<_>>());
+    assert_eq!(g.accept_or_resample(&logits, &[], best), None);
+    assert_eq!(g.accept_or_resample(&logits, &[], (best + 1) % 12), Some(best));
 }

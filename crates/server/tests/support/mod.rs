@@ -46,6 +46,7 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
         kv_dtypes: Default::default(),
         kv_window: None,
         hybrid_kv: false,
+        spec: None,
     }
 }
 

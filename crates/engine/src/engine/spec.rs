@@ -1,0 +1,160 @@
+//! Speculative decoding: a proposer guesses a request's next tokens, the model checks them all in one step
+//! (the request's chunk carries its newest token and the guesses, beside other requests' decodes and
+//! prefill chunks), and the guesses the model agrees with are kept, plus the model's own next token.
+//!
+//! - **Proposer** (`ngram`, prompt lookup): the longest suffix of the sequence (`max_n` down to `min_n`
+//!   tokens) that occurred before, in the sequence or in the client's prediction (OpenAI's `prediction`),
+//!   proposes the up to `k` tokens that followed its latest occurrence. No weights, no tensors: the
+//!   scheduler calls it.
+//! - **Verification** (`verify`): row i of the chunk's logits is the model's distribution after the
+//!   newest token and guesses 0..i. Greedy: guess i is kept while it is the argmax; the first row where it
+//!   is not gives the model's token instead, and if every guess is kept the last row gives one more. With
+//!   temperature, a guess x is kept with probability p(x) (the target's sampling distribution; the
+//!   proposer's is a point mass on x, so Leviathan et al.'s min(1, p/q) is p(x)); on rejection the token
+//!   is drawn from p with x removed, renormalized. Either way the output has exactly the target's
+//!   distribution, and at temperature 0 the tokens are those of decoding one at a time (the packed
+//!   numerics gives a token the same logits whatever else its step computes).
+//! - **Rollback**: the cells of rejected guesses were written; `num_computed_tokens` stops after the kept
+//!   ones, so they are overwritten later, blocks holding nothing kept are released, and the prefix cache
+//!   only ever registers blocks of computed, kept tokens.
+
+use crate::sampler::Sampler;
+
+/// How a request speculates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Most tokens guessed per step.
+    pub k: usize,
+    /// Shortest and longest suffix the n-gram proposer matches.
+    pub min_n: usize,
+    pub max_n: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig { k: 4, min_n: 2, max_n: 4 }
+    }
+}
+
+/// A request's speculation: its configuration, the client's prediction, the guesses of the step in
+/// flight and what was kept so far.
+#[derive(Clone, Debug, Default)]
+pub struct SpecState {
+    pub config: SpecConfig,
+    /// Tokens of the client's guess of the output (OpenAI's `prediction`), searched after the sequence.
+    pub prediction: Vec<u32>,
+    /// The guesses the scheduled chunk carries after the request's newest token.
+    pub draft: Vec<u32>,
+    /// Guesses proposed, and kept, over the request.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Steps that carried guesses.
+    pub drafts: usize,
+}
+
+/// The n-gram proposal after `tokens`: the up to `k` tokens that followed the latest earlier occurrence
+/// of the longest suffix (`max_n` down to `min_n` tokens) found in `tokens`, or what followed the
+/// occurrence in `prediction` nearest position `generated` (the output's length so far); the longer of
+/// the two proposals. Empty when nothing matches.
+pub fn propose_ngram(tokens: &[u32], prediction: &[u32], generated: usize, c: &SpecConfig) -> Vec<u32> {
+    if c.k == 0 {
+        return Vec::new();
+    }
+    for n in (c.min_n.max(1)..=c.max_n).rev() {
+        if n > tokens.len() {
+            continue;
+        }
+        let suffix = &tokens[tokens.len() - n..];
+        // the latest occurrence that ends before the suffix itself, in the sequence and in the
+        // prediction; the longer proposal wins (the prediction's on a tie: the client's own guess)
+        let after = |seq: &[u32], end: Option<usize>| end.map_or(Vec::new(), |end| seq[end..(end + c.k).min(seq.len())].to_vec());
+        let ours = after(tokens, (n..tokens.len()).rev().find(|&end| &tokens[end - n..end] == suffix));
+        // in the prediction, the occurrence nearest the output's own position (it guesses the output
+        // from its start; the latest occurrence would skip ahead in a text that repeats itself)
+        let near = (n..prediction.len()).filter(|&end| &prediction[end - n..end] == suffix).min_by_key(|&end| (end.abs_diff(generated), usize::MAX - end));
+        let theirs = after(prediction, near);
+        let best = if theirs.len() >= ours.len() { theirs } else { ours };
+        if !best.is_empty() {
+            return best;
+        }
+    }
+    Vec::new()
+}
+
+/// Checks `draft` against the chunk's logit rows (`rows[i]`: after the newest token and `draft[..i]`;
+/// `draft.len() + 1` rows). Returns the tokens to append: the kept guesses, then the model's own token.
+/// `history` is the sequence so far (for penalties); `sample` draws a row's token when a row decides.
+pub fn verify(sampler: &mut Sampler, rows: &[&[f32]], draft: &[u32], history: &[u32]) -> Vec<u32> {
+    debug_assert_eq!(rows.len(), draft.len() + 1);
+    let mut seq = history.to_vec();
+    let mut out = Vec::with_capacity(draft.len() + 1);
+    for (i, &guess) in draft.iter().enumerate() {
+        match sampler.accept_or_resample(rows[i], &seq, guess) {
+            None => {
+                out.push(guess);
+                seq.push(guess);
+            }
+            Some(token) => {
+                out.push(token);
+                return out;
+            }
+        }
+    }
+    out.push(sampler.sample(rows[draft.len()], &seq));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::SamplingParams;
+
+    fn c(k: usize) -> SpecConfig {
+        SpecConfig { k, min_n: 2, max_n: 3 }
+    }
+
+    #[test]
+    fn the_longest_suffix_seen_before_proposes_what_followed_it() {
+        // ... 1 2 3 [9 8 7] ... 1 2 3 -> 9 8 7
+        let t = [5, 1, 2, 3, 9, 8, 7, 6, 1, 2, 3];
+        assert_eq!(propose_ngram(&t, &[], 0, &c(3)), vec![9, 8, 7]);
+        assert_eq!(propose_ngram(&t, &[], 0, &c(2)), vec![9, 8]);
+        // the latest occurrence wins
+        let t = [2, 3, 4, 2, 3, 5, 2, 3];
+        assert_eq!(propose_ngram(&t, &[], 0, &c(1)), vec![5]);
+        // a proposal stops at the end of the sequence
+        let t = [4, 4, 4];
+        assert_eq!(propose_ngram(&t, &[], 0, &c(5)), vec![4]);
+        // nothing matches
+        assert!(propose_ngram(&[1, 2, 3, 4], &[], 0, &c(4)).is_empty());
+        assert!(propose_ngram(&[1, 2, 3, 1, 2], &[], 0, &c(0)).is_empty());
+    }
+
+    #[test]
+    fn the_prediction_is_searched_too_and_the_longer_proposal_wins() {
+        let prediction = [10, 11, 12, 13, 14];
+        assert_eq!(propose_ngram(&[1, 11, 12], &prediction, 2, &c(2)), vec![13, 14]);
+        // the prediction's end proposes nothing
+        assert!(propose_ngram(&[1, 13, 14], &prediction, 2, &c(2)).is_empty());
+        // the sequence's own match runs into its end (two tokens); the prediction's gives three
+        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &[10, 11, 12, 13, 14, 15], 3, &c(3)), vec![13, 14, 15]);
+        // on a tie, the prediction's; in a prediction that repeats itself, the occurrence nearest the
+        // output's position
+        assert_eq!(propose_ngram(&[9, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 2, &c(1)), vec![3]);
+        assert_eq!(propose_ngram(&[9, 1, 2, 3, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 5, &c(1)), vec![4]);
+        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &prediction, 3, &c(3)), vec![13, 14]);
+        assert_eq!(propose_ngram(&[11, 12, 9, 7, 6, 11, 12], &[], 0, &c(3)), vec![9, 7, 6]);
+    }
+
+    #[test]
+    fn greedy_verification_keeps_the_agreeing_prefix_and_adds_the_models_token() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        let row = |best: usize| -> Vec<f32> { (0..8).map(|i| if i == best { 1.0 } else { 0.0 }).collect() };
+        let rows = [row(3), row(4), row(6), row(7)];
+        let rows: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
+        assert_eq!(verify(&mut s, &rows, &[3, 4, 5], &[1]), vec![3, 4, 6]);
+        assert_eq!(verify(&mut s, &rows, &[3, 4, 6], &[1]), vec![3, 4, 6, 7]);
+        assert_eq!(verify(&mut s, &rows[..1], &[], &[1]), vec![3]);
+        assert_eq!(verify(&mut s, &rows[..2], &[2], &[1]), vec![3]);
+    }
+}
