@@ -31,6 +31,10 @@ pub enum LabCommand {
     /// length for full KV and each window, the KV memory each holds, and perplexity past the window
     /// with and without the sinks.
     Eviction(EvictionArgs),
+    /// What speculative decoding (--spec ngram) buys per workload (code edit, quotes, JSON extraction,
+    /// free chat) and draft length k, against no speculation in the same passes: decode tok/s, the
+    /// guesses kept, and whether the output stayed the same.
+    Spec(SpecArgs),
     /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
     /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
     /// (self-contained: plots inline as SVG).
@@ -46,6 +50,33 @@ pub struct ReportArgs {
     /// The page's title (default: the directory's name).
     #[arg(long)]
     pub title: Option<String>,
+}
+
+#[derive(Args)]
+pub struct SpecArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Draft lengths besides 0 (no speculation, always measured), comma-separated.
+    #[arg(long, default_value = "2,4,8")]
+    pub ks: String,
+    /// Workloads, comma-separated: code_edit, quote, json, chat.
+    #[arg(long, default_value = "code_edit,quote,json,chat")]
+    pub workloads: String,
+    /// Concurrent copies of each request, comma-separated.
+    #[arg(long, default_value = "1")]
+    pub streams: String,
+    /// Interleaved passes (k order reversed every other pass).
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub passes: usize,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// The workloads' seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where to write records.jsonl, table.md, speedup.svg and command.txt (default bench/out/spec-<time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -179,6 +210,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::KvQuant(a) => run_kv_quant(a, false),
         LabCommand::KvTax(a) => run_kv_quant(a, true),
         LabCommand::Eviction(a) => run_eviction(a),
+        LabCommand::Spec(a) => run_spec(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {
@@ -227,6 +259,38 @@ fn run_eviction(args: EvictionArgs) -> Result<()> {
     let table = eviction::markdown(&model, &spec, &records, &fluency);
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     eviction::plot(&spec, &records, &title, &out.join("recall.svg"))?;
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
+    Ok(())
+}
+
+fn run_spec(args: SpecArgs) -> Result<()> {
+    use reckon_lab::spec;
+    anyhow::ensure!(args.passes >= 1 && args.max_tokens >= 2, "--passes must be at least 1 and --max-tokens at least 2");
+    let number = |flag: &'static str| move |s: &str| s.parse::<usize>().with_context(|| format!("{flag}: '{s}' is not a number"));
+    let ks = list(&args.ks, "--ks", number("--ks"))?;
+    let streams = list(&args.streams, "--streams", number("--streams"))?;
+    anyhow::ensure!(streams.iter().all(|&s| s >= 1), "--streams: at least 1");
+    let workloads = list(&args.workloads, "--workloads", |s| {
+        anyhow::ensure!(spec::WORKLOADS.contains(&s), "--workloads: '{s}' is none of {}", spec::WORKLOADS.join(", "));
+        Ok(s.to_string())
+    })?;
+    let (min_n, max_n) = turn_range(&args.model.spec_ngram).context("--spec-ngram")?;
+    let loaded = load(&args.model)?;
+    let out = out_dir(&args.out, "spec")?;
+    let lab = spec::SpecLabSpec { ks, workloads, streams, passes: args.passes, max_tokens: args.max_tokens, seed: args.seed, min_n, max_n };
+    let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
+    let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
+    let records = spec::run(&model, &tokenizer, &loaded.template, &lab, |r| {
+        let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        eprintln!("pass {} {:>9} x{} k {}: {:7.1} tok/s, {:>3} of {:>3} guesses kept{}", r.pass + 1, r.workload, r.streams, r.k, r.decode_tokens_per_s, r.accepted, r.drafted, if r.identical { "" } else { "  OUTPUT DIFFERS" });
+    })?;
+    let rows = spec::rows(&records);
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: n-gram speculation ({min_n}-{max_n}) vs none, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+    let table = spec::markdown(&rows);
+    std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
+    spec::plot(&rows, &title, &out.join("speedup.svg"))?;
+    anyhow::ensure!(rows.iter().all(|r| r.identical), "speculation changed a greedy output (see the table): {}", out.display());
     println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod eviction;
 pub mod kv;
 pub mod prefix;
 pub mod report;
+pub mod spec;
 pub mod stats;
 
 #[derive(Debug, thiserror::Error)]
