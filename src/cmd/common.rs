@@ -58,8 +58,10 @@ pub struct ModelArgs {
     #[arg(long)]
     pub no_hybrid_kv: bool,
     /// Speculative decoding: `ngram` (prompt lookup: the longest suffix of the sequence seen before
-    /// proposes what followed it; also searched in a request's `prediction`) or `off`. Greedy output is
-    /// the same tokens either way; sampled output has the same distribution (docs/speculative.md).
+    /// proposes what followed it; also searched in a request's `prediction`), `auto` (n-gram guesses,
+    /// only as many as the engine's measured step cost and each request's acceptance say pay) or `off`.
+    /// Greedy output is the same tokens either way; sampled output has the same distribution
+    /// (docs/speculative.md).
     #[arg(long, value_enum, default_value = "off")]
     pub spec: SpecArg,
     /// Most tokens guessed per step.
@@ -74,6 +76,8 @@ pub struct ModelArgs {
 pub enum SpecArg {
     Off,
     Ngram,
+    /// n-gram guesses, only those the engine's own step-cost measurements say pay.
+    Auto,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -134,7 +138,7 @@ impl ModelArgs {
         let (min_n, max_n): (usize, usize) = (lo.trim().parse()?, hi.trim().parse()?);
         anyhow::ensure!(min_n >= 1 && min_n <= max_n, "--spec-ngram '{}': need 1 <= MIN <= MAX", self.spec_ngram);
         anyhow::ensure!(self.spec_k >= 1, "--spec-k must be at least 1");
-        Ok((self.spec == SpecArg::Ngram).then_some(reckon_engine::engine::spec::SpecConfig { k: self.spec_k, min_n, max_n }))
+        Ok((self.spec != SpecArg::Off).then_some(reckon_engine::engine::spec::SpecConfig { k: self.spec_k, min_n, max_n, auto: self.spec == SpecArg::Auto }))
     }
 
     pub fn kv_window(&self) -> Result<Option<KvWindow>> {

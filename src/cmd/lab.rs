@@ -62,6 +62,9 @@ pub struct SpecArgs {
     /// Workloads, comma-separated: code_edit, quote, json, chat.
     #[arg(long, default_value = "code_edit,quote,json,chat")]
     pub workloads: String,
+    /// Also the controller (`--spec auto`) with at most this many guesses per step (0: not measured).
+    #[arg(long, default_value_t = 8)]
+    pub auto_k: usize,
     /// Concurrent copies of each request, comma-separated.
     #[arg(long, default_value = "1")]
     pub streams: String,
@@ -277,12 +280,12 @@ fn run_spec(args: SpecArgs) -> Result<()> {
     let (min_n, max_n) = turn_range(&args.model.spec_ngram).context("--spec-ngram")?;
     let loaded = load(&args.model)?;
     let out = out_dir(&args.out, "spec")?;
-    let lab = spec::SpecLabSpec { ks, workloads, streams, passes: args.passes, max_tokens: args.max_tokens, seed: args.seed, min_n, max_n };
+    let lab = spec::SpecLabSpec { ks, auto_k: (args.auto_k > 0).then_some(args.auto_k), workloads, streams, passes: args.passes, max_tokens: args.max_tokens, seed: args.seed, min_n, max_n };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let records = spec::run(&model, &tokenizer, &loaded.template, &lab, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
-        eprintln!("pass {} {:>9} x{} k {}: {:7.1} tok/s, {:>3} of {:>3} guesses kept{}", r.pass + 1, r.workload, r.streams, r.k, r.decode_tokens_per_s, r.accepted, r.drafted, if r.identical { "" } else { "  OUTPUT DIFFERS" });
+        eprintln!("pass {} {:>9} x{} k {}{}: {:7.1} tok/s, {:>3} of {:>3} guesses kept{}", r.pass + 1, r.workload, r.streams, r.k, if r.auto { " auto" } else { "" }, r.decode_tokens_per_s, r.accepted, r.drafted, if r.identical { "" } else { "  OUTPUT DIFFERS" });
     })?;
     let rows = spec::rows(&records);
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();

@@ -178,15 +178,15 @@ fn ngram_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
         let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
         drain(engine.submit(r).unwrap().1).0
     }).collect();
-    let spec = Some(SpecConfig { k: 5, min_n: 1, max_n: 4 });
     let mut accepted = 0;
-    for (blocks, budget) in [(128, 64), (128, 3), (40, 64)] {
-        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec: spec.clone(), ..config(blocks, budget) });
+    for (blocks, budget, auto) in [(128, 64, false), (128, 3, false), (40, 64, false), (128, 64, true), (40, 3, true)] {
+        let spec = Some(SpecConfig { k: 5, min_n: 1, max_n: 4, auto });
+        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec, ..config(blocks, budget) });
         let alone: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(engine.submit(r).unwrap().1).0).collect();
-        assert_eq!(alone, plain, "{blocks} blocks, step budget {budget}: one at a time");
+        assert_eq!(alone, plain, "{blocks} blocks, step budget {budget}, auto {auto}: one at a time");
         let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
         let batched: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
-        assert_eq!(batched, plain, "{blocks} blocks, step budget {budget}: batched");
+        assert_eq!(batched, plain, "{blocks} blocks, step budget {budget}, auto {auto}: batched");
         wait_idle(&engine);
         let st = engine.stats();
         accepted += st.spec_accepted_tokens.load(Ordering::Relaxed);

@@ -36,7 +36,8 @@ fn check_with(name: &str, numerics: Numerics) {
         (c.ids, st.spec_draft_tokens.load(Ordering::Relaxed), st.spec_accepted_tokens.load(Ordering::Relaxed))
     };
     let (plain, _, _) = run(None, 512);
-    for (spec, budget) in [(SpecConfig::default(), 512), (SpecConfig { k: 8, min_n: 1, max_n: 5 }, 512), (SpecConfig::default(), 3)] {
+    let auto = SpecConfig { k: 8, auto: true, ..SpecConfig::default() };
+    for (spec, budget) in [(SpecConfig::default(), 512), (SpecConfig { k: 8, min_n: 1, max_n: 5, auto: false }, 512), (SpecConfig::default(), 3), (auto, 512)] {
         let (ids, drafted, accepted) = run(Some(spec.clone()), budget);
         assert_eq!(ids, plain, "{name} {numerics:?}: speculation {spec:?}, step budget {budget} changed the greedy output");
         assert!(accepted > 0, "{name}: no guess kept ({drafted} drafted)");

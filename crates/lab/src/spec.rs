@@ -32,6 +32,8 @@ use std::time::Instant;
 pub struct SpecLabSpec {
     /// Draft lengths; 0 (no speculation) is the baseline and always measured.
     pub ks: Vec<usize>,
+    /// Also the controller (`--spec auto`) with at most this many guesses per step.
+    pub auto_k: Option<usize>,
     pub workloads: Vec<String>,
     pub streams: Vec<usize>,
     pub passes: usize,
@@ -48,6 +50,8 @@ pub struct SpecRecord {
     pub workload: String,
     pub streams: usize,
     pub k: usize,
+    /// The controller chose how many of the k guesses to carry (`--spec auto`).
+    pub auto: bool,
     pub prompt_tokens: usize,
     pub output_tokens: usize,
     pub decode_tokens_per_s: f64,
@@ -112,8 +116,10 @@ pub const WORKLOADS: [&str; 4] = ["code_edit", "quote", "json", "chat"];
 
 /// Runs the passes; `record` sees each visit as it is made.
 pub fn run(model: &Arc<Model>, tokenizer: &Arc<Tokenizer>, template: &ChatTemplate, spec: &SpecLabSpec, mut record: impl FnMut(&SpecRecord)) -> Result<Vec<SpecRecord>, LabError> {
-    let mut ks = vec![0];
-    ks.extend(spec.ks.iter().copied().filter(|&k| k > 0));
+    // arms: (k, auto)
+    let mut ks: Vec<(usize, bool)> = vec![(0, false)];
+    ks.extend(spec.ks.iter().copied().filter(|&k| k > 0).map(|k| (k, false)));
+    ks.extend(spec.auto_k.map(|k| (k, true)));
     let prompts: Vec<(String, Vec<u32>)> = spec
         .workloads
         .iter()
@@ -127,7 +133,7 @@ pub fn run(model: &Arc<Model>, tokenizer: &Arc<Tokenizer>, template: &ChatTempla
     let max_streams = spec.streams.iter().copied().max().unwrap_or(1);
     let engines: Vec<EngineHandle> = ks
         .iter()
-        .map(|&k| {
+        .map(|&(k, auto)| {
             let config = EngineConfig {
                 block_size: 16,
                 num_blocks: max_streams * longest.div_ceil(16) + 8,
@@ -136,7 +142,7 @@ pub fn run(model: &Arc<Model>, tokenizer: &Arc<Tokenizer>, template: &ChatTempla
                 max_waiting: max_streams,
                 max_model_len: longest,
                 prefix_caching: true,
-                spec: (k > 0).then_some(SpecConfig { k, min_n: spec.min_n, max_n: spec.max_n }),
+                spec: (k > 0).then_some(SpecConfig { k, min_n: spec.min_n, max_n: spec.max_n, auto }),
                 ..EngineConfig::default()
             };
             spawn(model.clone(), tokenizer.clone(), config)
@@ -150,7 +156,7 @@ pub fn run(model: &Arc<Model>, tokenizer: &Arc<Tokenizer>, template: &ChatTempla
                 let mut visits: Vec<(usize, Vec<Vec<u32>>, SpecRecord)> = Vec::new();
                 for i in order {
                     let (ids, r) = visit(&engines[i], prompt, streams, spec.max_tokens)?;
-                    visits.push((i, ids, SpecRecord { pass, workload: w.clone(), streams, k: ks[i], identical: true, ..r }));
+                    visits.push((i, ids, SpecRecord { pass, workload: w.clone(), streams, k: ks[i].0, auto: ks[i].1, identical: true, ..r }));
                 }
                 let base = visits.iter().find(|v| v.0 == 0).map(|v| v.1.clone()).unwrap_or_default();
                 visits.sort_by_key(|v| v.0);
@@ -196,6 +202,7 @@ fn visit(engine: &EngineHandle, prompt: &[u32], streams: usize, max_tokens: usiz
         workload: String::new(),
         streams,
         k: 0,
+        auto: false,
         prompt_tokens: prompt.len(),
         output_tokens: usage(|u| u.completion_tokens),
         decode_tokens_per_s: decoded as f64 / secs,
@@ -212,6 +219,7 @@ pub struct SpecRow {
     pub workload: String,
     pub streams: usize,
     pub k: usize,
+    pub auto: bool,
     pub tokens_per_s: Summary,
     /// Per pass, this k's decode rate over k = 0's in the same pass.
     pub speedup: Summary,
@@ -220,7 +228,7 @@ pub struct SpecRow {
 }
 
 pub fn rows(records: &[SpecRecord]) -> Vec<SpecRow> {
-    let mut keys: Vec<(String, usize, usize)> = records.iter().map(|r| (r.workload.clone(), r.streams, r.k)).collect();
+    let mut keys: Vec<(String, usize, usize, bool)> = records.iter().map(|r| (r.workload.clone(), r.streams, r.k, r.auto)).collect();
     keys.dedup();
     let mut seen = Vec::new();
     let mut out = Vec::new();
@@ -229,14 +237,14 @@ pub fn rows(records: &[SpecRecord]) -> Vec<SpecRow> {
             continue;
         }
         seen.push(key.clone());
-        let (w, streams, k) = key;
-        let mine: Vec<&SpecRecord> = records.iter().filter(|r| r.workload == w && r.streams == streams && r.k == k).collect();
+        let (w, streams, k, auto) = key;
+        let mine: Vec<&SpecRecord> = records.iter().filter(|r| r.workload == w && r.streams == streams && r.k == k && r.auto == auto).collect();
         let base = |pass: usize| records.iter().find(|r| r.workload == w && r.streams == streams && r.k == 0 && r.pass == pass);
         let speeds: Vec<f64> = mine.iter().map(|r| r.decode_tokens_per_s).collect();
         let ratios: Vec<f64> = mine.iter().filter_map(|r| base(r.pass).map(|b| r.decode_tokens_per_s / b.decode_tokens_per_s)).collect();
         let (drafted, accepted) = mine.iter().fold((0, 0), |(d, a), r| (d + r.drafted, a + r.accepted));
         if let (Some(tokens_per_s), Some(speedup)) = (summarize(&speeds), summarize(&ratios)) {
-            out.push(SpecRow { workload: w, streams, k, tokens_per_s, speedup, acceptance: if drafted == 0 { 0.0 } else { accepted as f64 / drafted as f64 }, identical: mine.iter().all(|r| r.identical) });
+            out.push(SpecRow { workload: w, streams, k, auto, tokens_per_s, speedup, acceptance: if drafted == 0 { 0.0 } else { accepted as f64 / drafted as f64 }, identical: mine.iter().all(|r| r.identical) });
         }
     }
     out
@@ -247,15 +255,17 @@ pub fn markdown(rows: &[SpecRow]) -> String {
     for r in rows {
         let (s, x) = (&r.tokens_per_s, &r.speedup);
         let kept = if r.k == 0 { "—".to_string() } else { format!("{:.0}%", 100.0 * r.acceptance) };
-        let _ = writeln!(t, "| {} | {} | {} | {:.1} ({:.1}-{:.1}) | {:.2}x ({:.2}-{:.2}) | {kept} | {} |", r.workload, r.streams, r.k, s.median, s.min, s.max, x.median, x.min, x.max, if r.identical { "yes" } else { "**no**" });
+        let arm = if r.auto { format!("auto (≤ {})", r.k) } else { r.k.to_string() };
+        let _ = writeln!(t, "| {} | {} | {arm} | {:.1} ({:.1}-{:.1}) | {:.2}x ({:.2}-{:.2}) | {kept} | {} |", r.workload, r.streams, s.median, s.min, s.max, x.median, x.min, x.max, if r.identical { "yes" } else { "**no**" });
     }
     // the best k per (workload, streams)
-    let _ = writeln!(t, "\nBest fixed k (median speedup):\n\n| workload | streams | k | over k = 0 |\n|---|---|---|---|");
+    let _ = writeln!(t, "\nBest fixed k (median speedup), and the controller's:\n\n| workload | streams | best k | over k = 0 | auto over k = 0 |\n|---|---|---|---|---|");
     let mut groups: Vec<(String, usize)> = rows.iter().map(|r| (r.workload.clone(), r.streams)).collect();
     groups.dedup();
     for (w, s) in groups {
-        if let Some(best) = rows.iter().filter(|r| r.workload == w && r.streams == s).max_by(|a, b| a.speedup.median.total_cmp(&b.speedup.median)) {
-            let _ = writeln!(t, "| {w} | {s} | {} | {:.2}x |", best.k, best.speedup.median);
+        if let Some(best) = rows.iter().filter(|r| r.workload == w && r.streams == s && !r.auto).max_by(|a, b| a.speedup.median.total_cmp(&b.speedup.median)) {
+            let auto = rows.iter().find(|r| r.workload == w && r.streams == s && r.auto).map_or("—".to_string(), |a| format!("{:.2}x ({:.2}-{:.2})", a.speedup.median, a.speedup.min, a.speedup.max));
+            let _ = writeln!(t, "| {w} | {s} | {} | {:.2}x | {auto} |", best.k, best.speedup.median);
         }
     }
     t
@@ -280,7 +290,7 @@ pub fn plot(rows: &[SpecRow], title: &str, path: &std::path::Path) -> Result<(),
     }
     for (i, (w, s)) in groups.iter().enumerate() {
         let color = colors[i % colors.len()];
-        let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &r.workload == w && r.streams == *s).map(|r| (r.k as f64, r.speedup.median)).collect();
+        let pts: Vec<(f64, f64)> = rows.iter().filter(|r| &r.workload == w && r.streams == *s && !r.auto).map(|r| (r.k as f64, r.speedup.median)).collect();
         chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?.label(format!("{w}, {s} stream(s)")).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
     }
     chart.draw_series(LineSeries::new([(0.0, 1.0), (kmax, 1.0)], BLACK.stroke_width(1))).map_err(|e| err(&e))?;
@@ -306,11 +316,11 @@ mod tests {
 
     #[test]
     fn rows_pair_each_pass_with_k_0() {
-        let rec = |pass, k, tps| SpecRecord { pass, workload: "code_edit".into(), streams: 1, k, prompt_tokens: 10, output_tokens: 64, decode_tokens_per_s: tps, drafted: 10 * k, accepted: 5 * k, identical: true };
+        let rec = |pass, k, tps| SpecRecord { pass, workload: "code_edit".into(), streams: 1, k, auto: false, prompt_tokens: 10, output_tokens: 64, decode_tokens_per_s: tps, drafted: 10 * k, accepted: 5 * k, identical: true };
         let records = vec![rec(0, 0, 100.0), rec(0, 4, 250.0), rec(1, 4, 180.0), rec(1, 0, 90.0)];
         let rows = rows(&records);
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[1].k, rows[1].speedup.median, rows[1].acceptance), (4, 2.25, 0.5));
-        assert!(markdown(&rows).contains("| code_edit | 1 | 4 | 2.25x |"));
+        assert!(markdown(&rows).contains("| code_edit | 1 | 4 | 2.25x | — |"), "{}", markdown(&rows));
     }
 }

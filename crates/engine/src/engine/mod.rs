@@ -261,6 +261,7 @@ impl Engine {
         }
         let sampled = self.execute(&plan);
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.scheduler.observe_step(plan.chunks.iter().map(|c| c.len).sum(), step_ms / 1e3);
         let emitting = Instant::now();
         self.update(&plan, sampled);
         // ms: the model step and sampling; schedule_ms and emit_ms: the engine's own work around it.

@@ -88,12 +88,14 @@ pub struct Scheduler {
     /// Oldest admitted first; the last one is preempted first.
     running: Vec<RequestId>,
     num_preemptions: u64,
+    /// The step-cost model `--spec auto` decides by (`spec::Controller`).
+    controller: super::spec::Controller,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
         assert!(config.max_batch_tokens > 0 && config.max_running > 0, "scheduler limits must be positive");
-        Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0 }
+        Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0, controller: Default::default() }
     }
 
     pub fn kv(&self) -> &KvCacheManager {
@@ -126,6 +128,16 @@ impl Scheduler {
 
     pub fn num_running(&self) -> usize {
         self.running.len()
+    }
+
+    /// A step of `tokens` tokens took `secs` (the model step and sampling): what `--spec auto` learns the
+    /// step cost from.
+    pub fn observe_step(&mut self, tokens: usize, secs: f64) {
+        self.controller.observe(tokens, secs);
+    }
+
+    pub fn controller(&self) -> &super::spec::Controller {
+        &self.controller
     }
 
     /// Preemptions since start-up.
@@ -168,6 +180,7 @@ impl Scheduler {
         // Prefill tokens still allowed in this step (limited only when it decodes too).
         let decoding = self.running.iter().any(|id| self.requests[id].is_decoding());
         let mut prefill_budget = if decoding { self.config.max_prefill_tokens_while_decoding } else { usize::MAX };
+        self.choose_guesses(budget, prefill_budget);
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
@@ -296,9 +309,46 @@ impl Scheduler {
         let req = self.requests.get_mut(&id).expect("scheduled ids are known");
         let left = req.max_new_tokens.saturating_sub(req.num_generated());
         let Some(spec) = req.spec.as_mut() else { return 0 };
-        let config = super::spec::SpecConfig { k: spec.config.k.min(room).min(left.saturating_sub(1)), ..spec.config.clone() };
-        spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, req.tokens.len() - req.num_prompt_tokens, &config);
+        let k = spec.config.k.min(room).min(left.saturating_sub(1));
+        if spec.config.auto {
+            // chosen for the whole step by `choose_guesses`
+            spec.draft.truncate(k);
+        } else {
+            spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, req.tokens.len() - req.num_prompt_tokens, &super::spec::SpecConfig { k, ..spec.config });
+        }
         spec.draft.len()
+    }
+
+    /// `--spec auto`: every running request that decodes and speculates gets the proposer's guesses, of
+    /// which the controller keeps those that pay in this step (`spec::Controller::choose`), given the
+    /// step's other tokens: one per decode, and the prompt tokens its prefill chunks will carry.
+    fn choose_guesses(&mut self, budget: usize, prefill_budget: usize) {
+        let mut auto = Vec::new();
+        let (mut decodes, mut prefill) = (0, 0);
+        for id in &self.running {
+            let req = self.requests.get_mut(id).expect("running ids are known");
+            if !req.is_decoding() {
+                prefill += req.tokens.len() - req.num_computed_tokens;
+                continue;
+            }
+            decodes += 1;
+            let left = req.max_new_tokens.saturating_sub(req.num_generated());
+            let generated = req.tokens.len() - req.num_prompt_tokens;
+            let Some(spec) = req.spec.as_mut().filter(|s| s.config.auto) else { continue };
+            let config = super::spec::SpecConfig { k: spec.config.k.min(left.saturating_sub(1)), ..spec.config };
+            spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, generated, &config);
+            auto.push((*id, spec.acceptance(), spec.draft.len()));
+        }
+        if auto.is_empty() {
+            return;
+        }
+        let base = (decodes + prefill.min(prefill_budget)).min(budget);
+        let take = self.controller.choose(base, decodes, &auto.iter().map(|a| (a.1, a.2)).collect::<Vec<_>>());
+        for ((id, _, _), n) in auto.into_iter().zip(take) {
+            if let Some(spec) = self.requests.get_mut(&id).and_then(|r| r.spec.as_mut()) {
+                spec.draft.truncate(n);
+            }
+        }
     }
 
     fn drop_draft(&mut self, id: RequestId) {
@@ -343,9 +393,7 @@ impl Scheduler {
             req.tokens.extend_from_slice(new);
             if chunk.draft > 0 {
                 if let Some(spec) = req.spec.as_mut() {
-                    spec.drafts += 1;
-                    spec.drafted += chunk.draft;
-                    spec.accepted += kept;
+                    spec.record(chunk.draft, kept);
                     spec.draft.clear();
                 }
                 self.kv.truncate(&mut req.blocks, req.num_computed_tokens);

@@ -224,7 +224,7 @@ fn guesses_ride_in_the_decode_chunk_and_rejected_ones_give_their_blocks_back() {
     let mut s = config(4, 64).scheduler(16);
     // ... 2 3 4 [5 6 7 1] ... 2 3 | 4: the suffix 2 3 4 was seen before, followed by 5 6 7 1
     add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
-    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false }, ..Default::default() });
     let plan = s.schedule();
     assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 0, len: 10, samples: true, draft: 0 }]);
     s.complete_step(&plan, &[vec![4]]);
@@ -269,7 +269,7 @@ fn guesses_give_way_to_a_short_pool_and_never_pass_the_token_limit() {
     // 3 blocks of 4: a 10-token prompt and its next token fill them; guesses would need a fourth
     let mut s = config(4, 64).scheduler(3);
     add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
-    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false }, ..Default::default() });
     let plan = s.schedule();
     s.complete_step(&plan, &[vec![4]]);
     let plan = s.schedule();
@@ -279,7 +279,7 @@ fn guesses_give_way_to_a_short_pool_and_never_pass_the_token_limit() {
     // two tokens left to generate: one guess at most (the step then gives at most two)
     let mut s = config(4, 64).scheduler(16);
     add(&mut s, 2, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 3);
-    s.request_mut(2).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3 }, ..Default::default() });
+    s.request_mut(2).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false }, ..Default::default() });
     let plan = s.schedule();
     s.complete_step(&plan, &[vec![4]]);
     let plan = s.schedule();

@@ -28,11 +28,14 @@ pub struct SpecConfig {
     /// Shortest and longest suffix the n-gram proposer matches.
     pub min_n: usize,
     pub max_n: usize,
+    /// Carry only the guesses that pay (`Controller`): `--spec auto`. Otherwise every guess the
+    /// proposer makes, up to `k`.
+    pub auto: bool,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig { k: 4, min_n: 2, max_n: 4 }
+        SpecConfig { k: 4, min_n: 2, max_n: 4, auto: false }
     }
 }
 
@@ -50,6 +53,97 @@ pub struct SpecState {
     pub accepted: usize,
     /// Steps that carried guesses.
     pub drafts: usize,
+    /// The request's acceptance, decayed counts (`Controller::acceptance`): guesses kept, and guesses
+    /// decided (kept, or the first rejected of a step).
+    pub kept_w: f64,
+    pub decided_w: f64,
+}
+
+impl SpecState {
+    /// Records a step's outcome: `kept` of `drafted` guesses.
+    pub fn record(&mut self, drafted: usize, kept: usize) {
+        self.drafts += 1;
+        self.drafted += drafted;
+        self.accepted += kept;
+        // geometric model: each guess is kept with probability α once the one before it was; a step
+        // decides its kept guesses and, if one was rejected, that one
+        const DECAY: f64 = 0.8;
+        self.kept_w = DECAY * self.kept_w + kept as f64;
+        self.decided_w = DECAY * self.decided_w + (kept + usize::from(kept < drafted)) as f64;
+    }
+
+    /// α, the chance that a guess is kept given the one before it was (a prior of one kept and one
+    /// rejected guess before any step).
+    pub fn acceptance(&self) -> f64 {
+        (self.kept_w + 1.0) / (self.decided_w + 2.0)
+    }
+}
+
+/// The break-even controller of `--spec auto`: the engine's step time as a line in the step's tokens,
+/// `T(n) = a + b·n`, fitted online (least squares over recent steps, older ones decayed), and per step the
+/// guesses worth carrying. A guess that would be the (j+1)-th of a request with acceptance α adds an
+/// expected α^(j+1) tokens and costs `b` seconds; the step's rate is (its expected tokens) / T. The
+/// controller adds guesses, best first, while each one's tokens per second (α^(j+1) / b) beat the rate
+/// of the step without it, so speculation stops when steps are already full of other requests' tokens
+/// (T large against b), and for requests whose guesses are rarely kept.
+#[derive(Clone, Debug, Default)]
+pub struct Controller {
+    // decayed sums for the fit: weight, x, y, x², xy
+    w: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+}
+
+impl Controller {
+    /// A step of `tokens` tokens took `secs`.
+    pub fn observe(&mut self, tokens: usize, secs: f64) {
+        if !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        const DECAY: f64 = 0.98;
+        let x = tokens as f64;
+        self.w = DECAY * self.w + 1.0;
+        self.sx = DECAY * self.sx + x;
+        self.sy = DECAY * self.sy + secs;
+        self.sxx = DECAY * self.sxx + x * x;
+        self.sxy = DECAY * self.sxy + x * secs;
+    }
+
+    /// `(a, b)` of `T(n) = a + b·n`, once steps of different sizes were seen; b at least a tiny fraction
+    /// of a (a step never gets cheaper with more tokens).
+    pub fn cost(&self) -> Option<(f64, f64)> {
+        let var = self.w * self.sxx - self.sx * self.sx;
+        if self.w < 2.0 || var <= 1e-9 * self.w * self.w {
+            return None;
+        }
+        let b = (self.w * self.sxy - self.sx * self.sy) / var;
+        let a = (self.sy - b * self.sx) / self.w;
+        let a = a.max(1e-6);
+        Some((a, b.max(a * 1e-4)))
+    }
+
+    /// How many of its proposed guesses each request carries: `requests[i]` = (acceptance α, guesses
+    /// proposed); `base_tokens`: the step's tokens without guesses; `base_outputs`: tokens the step gives
+    /// without guesses (its decodes). Before the step cost is known, every proposed guess.
+    pub fn choose(&self, base_tokens: usize, base_outputs: usize, requests: &[(f64, usize)]) -> Vec<usize> {
+        let Some((a, b)) = self.cost() else { return requests.iter().map(|r| r.1).collect() };
+        let mut take = vec![0; requests.len()];
+        let (mut tokens, mut time) = (base_outputs as f64, a + b * base_tokens as f64);
+        loop {
+            // the next guess of each request: α^(j+1) expected tokens
+            let best = (0..requests.len()).filter(|&i| take[i] < requests[i].1).map(|i| (i, requests[i].0.powi(take[i] as i32 + 1))).max_by(|x, y| x.1.total_cmp(&y.1));
+            match best {
+                Some((i, gain)) if gain / b > tokens / time => {
+                    take[i] += 1;
+                    tokens += gain;
+                    time += b;
+                }
+                _ => return take,
+            }
+        }
+    }
 }
 
 /// The n-gram proposal after `tokens`: the up to `k` tokens that followed the latest earlier occurrence
@@ -110,7 +204,53 @@ mod tests {
     use crate::sampler::SamplingParams;
 
     fn c(k: usize) -> SpecConfig {
-        SpecConfig { k, min_n: 2, max_n: 3 }
+        SpecConfig { k, min_n: 2, max_n: 3, auto: false }
+    }
+
+    #[test]
+    fn the_controller_fits_the_step_cost_and_guesses_only_where_it_pays() {
+        let mut ctl = Controller::default();
+        assert_eq!(ctl.choose(1, 1, &[(0.9, 4)]), vec![4], "no cost model yet: every guess");
+        // a memory-bound step: 10 ms, and 0.5 ms per token
+        for n in [1, 1, 5, 9, 1, 64, 512, 3] {
+            ctl.observe(n, 0.010 + 0.0005 * n as f64);
+        }
+        let (a, b) = ctl.cost().unwrap();
+        assert!((a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9, "{a} {b}");
+        // one stream: guesses that are usually kept pay, up to the proposal
+        assert_eq!(ctl.choose(1, 1, &[(0.9, 4)]), vec![4]);
+        // ones that are rarely kept do not: 0.02 tokens for 0.5 ms, against 1 token per 10.5 ms
+        assert_eq!(ctl.choose(1, 1, &[(0.02, 4)]), vec![0]);
+        // in a step already full of prefill tokens (512 of them: 266 ms for one token), even good
+        // guesses pay: they cost 0.5 ms each against a rate of 1 token per 266 ms
+        assert_eq!(ctl.choose(513, 1, &[(0.5, 4)]), vec![4]);
+        // eight streams at α 0.5: each first guess (0.5 tokens for 0.5 ms) beats the step's rate (8 tokens
+        // per 14 ms); the fourth (0.0625 tokens) does not
+        let got = ctl.choose(8, 8, &[(0.5, 4); 8]);
+        assert!(got.iter().all(|&k| (1..4).contains(&k)), "{got:?}");
+        // a compute-bound step (each token costs as much as the step's fixed part) never pays
+        let mut busy = Controller::default();
+        for n in [1, 2, 8, 16] {
+            busy.observe(n, 0.001 + 0.01 * n as f64);
+        }
+        assert_eq!(busy.choose(8, 8, &[(0.6, 4); 8]), vec![0; 8]);
+    }
+
+    #[test]
+    fn acceptance_follows_the_kept_guesses() {
+        let mut s = SpecState::default();
+        assert_eq!(s.acceptance(), 0.5);
+        for _ in 0..10 {
+            s.record(4, 4);
+        }
+        assert!(s.acceptance() > 0.9, "{}", s.acceptance());
+        // a rejected first guess decides one guess: twenty such steps (about five, decayed) bring α
+        // down to where the prior still holds it
+        for _ in 0..20 {
+            s.record(4, 0);
+        }
+        assert!(s.acceptance() < 0.2, "{}", s.acceptance());
+        assert_eq!((s.drafts, s.drafted, s.accepted), (30, 120, 40));
     }
 
     #[test]
