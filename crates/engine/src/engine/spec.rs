@@ -2,21 +2,28 @@
 //! (the request's chunk carries its newest token and the guesses, beside other requests' decodes and
 //! prefill chunks), and the guesses the model agrees with are kept, plus the model's own next token.
 //!
-//! - **Proposer** (`ngram`, prompt lookup): the longest suffix of the sequence (`max_n` down to `min_n`
+//! - **Proposers.** `ngram` (prompt lookup): the longest suffix of the sequence (`max_n` down to `min_n`
 //!   tokens) that occurred before, in the sequence or in the client's prediction (OpenAI's `prediction`),
 //!   proposes the up to `k` tokens that followed its latest occurrence. No weights, no tensors: the
-//!   scheduler calls it.
+//!   scheduler calls it. `draft`: a smaller model with the target's vocabulary decodes `k` tokens ahead
+//!   greedily, with its own keys and values in the same paged pool (a second storage indexed by the
+//!   request's block ids, as vLLM v1 gives a drafter's layers the target's block table). The scheduler
+//!   plans what the draft model computes (`ScheduledChunk::draft_span`); the engine runs it before the
+//!   target's step.
 //! - **Verification** (`verify`): row i of the chunk's logits is the model's distribution after the
 //!   newest token and guesses 0..i. Greedy: guess i is kept while it is the argmax; the first row where it
 //!   is not gives the model's token instead, and if every guess is kept the last row gives one more. With
-//!   temperature, a guess x is kept with probability p(x) (the target's sampling distribution; the
-//!   proposer's is a point mass on x, so Leviathan et al.'s min(1, p/q) is p(x)); on rejection the token
-//!   is drawn from p with x removed, renormalized. Either way the output has exactly the target's
-//!   distribution, and at temperature 0 the tokens are those of decoding one at a time (the packed
-//!   numerics gives a token the same logits whatever else its step computes).
+//!   temperature, a guess x is kept with probability p(x) (the target's sampling distribution; both
+//!   proposers' are a point mass on x, the draft model's greedy guess included, so Leviathan et al.'s
+//!   min(1, p/q) is p(x)); on rejection the token is drawn from p with x removed, renormalized. Either
+//!   way the output has exactly the target's distribution, and at temperature 0 the tokens are those of
+//!   decoding one at a time (both numerics give a token the same logits whatever else its step computes).
 //! - **Rollback**: the cells of rejected guesses were written; `num_computed_tokens` stops after the kept
 //!   ones, so they are overwritten later, blocks holding nothing kept are released, and the prefix cache
-//!   only ever registers blocks of computed, kept tokens.
+//!   only ever registers blocks of computed, kept tokens. The draft model's cells are valid up to the
+//!   request's `SpecState::draft_computed`; a block records how many of its leading cells hold the
+//!   draft's keys and values (`BlockPool::draft_cells`, reset when the block is handed out anew), so a
+//!   prefix hit gives the draft model its share of the prefix too.
 
 use crate::sampler::Sampler;
 
@@ -31,11 +38,20 @@ pub struct SpecConfig {
     /// Carry only the guesses that pay (`Controller`): `--spec auto`. Otherwise every guess the
     /// proposer makes, up to `k`.
     pub auto: bool,
+    /// The engine has a draft model: it proposes where the n-gram proposer finds nothing (`auto`), or
+    /// always (not `auto`). Its keys and values follow every prompt chunk.
+    pub draft: bool,
 }
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig { k: 4, min_n: 2, max_n: 4, auto: false }
+        SpecConfig {
+            k: 4,
+            min_n: 2,
+            max_n: 4,
+            auto: false,
+            draft: false,
+        }
     }
 }
 
@@ -53,29 +69,37 @@ pub struct SpecState {
     pub accepted: usize,
     /// Steps that carried guesses.
     pub drafts: usize,
-    /// The request's acceptance, decayed counts (`Controller::acceptance`): guesses kept, and guesses
-    /// decided (kept, or the first rejected of a step).
-    pub kept_w: f64,
-    pub decided_w: f64,
+    /// The step's guesses come from the draft model (the scheduler plans their number; the engine
+    /// writes them into `draft` before the step).
+    pub from_model: bool,
+    /// Leading positions whose draft-model keys and values are written (with a draft model).
+    pub draft_computed: usize,
+    /// Per proposer (`[ngram, draft model]`), the request's acceptance as decayed counts
+    /// (`SpecState::acceptance`): guesses kept, and guesses decided (kept, or the first rejected of a
+    /// step).
+    pub kept_w: [f64; 2],
+    pub decided_w: [f64; 2],
 }
 
 impl SpecState {
-    /// Records a step's outcome: `kept` of `drafted` guesses.
-    pub fn record(&mut self, drafted: usize, kept: usize) {
+    /// Records a step's outcome: `kept` of `drafted` guesses, from the draft model or not.
+    pub fn record(&mut self, drafted: usize, kept: usize, from_model: bool) {
         self.drafts += 1;
         self.drafted += drafted;
         self.accepted += kept;
         // geometric model: each guess is kept with probability α once the one before it was; a step
         // decides its kept guesses and, if one was rejected, that one
         const DECAY: f64 = 0.8;
-        self.kept_w = DECAY * self.kept_w + kept as f64;
-        self.decided_w = DECAY * self.decided_w + (kept + usize::from(kept < drafted)) as f64;
+        let p = usize::from(from_model);
+        self.kept_w[p] = DECAY * self.kept_w[p] + kept as f64;
+        self.decided_w[p] = DECAY * self.decided_w[p] + (kept + usize::from(kept < drafted)) as f64;
     }
 
-    /// α, the chance that a guess is kept given the one before it was (a prior of one kept and one
-    /// rejected guess before any step).
-    pub fn acceptance(&self) -> f64 {
-        (self.kept_w + 1.0) / (self.decided_w + 2.0)
+    /// α of a proposer (the draft model's, or the n-gram's): the chance that a guess is kept given the
+    /// one before it was (a prior of one kept and one rejected guess before any step).
+    pub fn acceptance(&self, from_model: bool) -> f64 {
+        let p = usize::from(from_model);
+        (self.kept_w[p] + 1.0) / (self.decided_w[p] + 2.0)
     }
 }
 
@@ -124,21 +148,37 @@ impl Controller {
         Some((a, b.max(a * 1e-4)))
     }
 
+    /// The fitted time of a step of `tokens` tokens.
+    pub fn time(&self, tokens: usize) -> Option<f64> {
+        self.cost().map(|(a, b)| a + b * tokens as f64)
+    }
+
     /// How many of its proposed guesses each request carries: `requests[i]` = (acceptance α, guesses
-    /// proposed); `base_tokens`: the step's tokens without guesses; `base_outputs`: tokens the step gives
+    /// proposed, seconds each guess costs before the step: the draft model's step, 0 for the n-gram
+    /// proposer); `base_tokens`: the step's tokens without guesses; `base_outputs`: tokens the step gives
     /// without guesses (its decodes). Before the step cost is known, every proposed guess.
-    pub fn choose(&self, base_tokens: usize, base_outputs: usize, requests: &[(f64, usize)]) -> Vec<usize> {
-        let Some((a, b)) = self.cost() else { return requests.iter().map(|r| r.1).collect() };
+    pub fn choose(
+        &self,
+        base_tokens: usize,
+        base_outputs: usize,
+        requests: &[(f64, usize, f64)],
+    ) -> Vec<usize> {
+        let Some((a, b)) = self.cost() else {
+            return requests.iter().map(|r| r.1).collect();
+        };
         let mut take = vec![0; requests.len()];
         let (mut tokens, mut time) = (base_outputs as f64, a + b * base_tokens as f64);
         loop {
-            // the next guess of each request: α^(j+1) expected tokens
-            let best = (0..requests.len()).filter(|&i| take[i] < requests[i].1).map(|i| (i, requests[i].0.powi(take[i] as i32 + 1))).max_by(|x, y| x.1.total_cmp(&y.1));
+            // the next guess of each request: α^(j+1) expected tokens for b plus its drafting
+            let best = (0..requests.len())
+                .filter(|&i| take[i] < requests[i].1)
+                .map(|i| (i, requests[i].0.powi(take[i] as i32 + 1), b + requests[i].2))
+                .max_by(|x, y| (x.1 / x.2).total_cmp(&(y.1 / y.2)));
             match best {
-                Some((i, gain)) if gain / b > tokens / time => {
+                Some((i, gain, cost)) if gain / cost > tokens / time => {
                     take[i] += 1;
                     tokens += gain;
-                    time += b;
+                    time += cost;
                 }
                 _ => return take,
             }
@@ -150,7 +190,12 @@ impl Controller {
 /// of the longest suffix (`max_n` down to `min_n` tokens) found in `tokens`, or what followed the
 /// occurrence in `prediction` nearest position `generated` (the output's length so far); the longer of
 /// the two proposals. Empty when nothing matches.
-pub fn propose_ngram(tokens: &[u32], prediction: &[u32], generated: usize, c: &SpecConfig) -> Vec<u32> {
+pub fn propose_ngram(
+    tokens: &[u32],
+    prediction: &[u32],
+    generated: usize,
+    c: &SpecConfig,
+) -> Vec<u32> {
     if c.k == 0 {
         return Vec::new();
     }
@@ -161,13 +206,28 @@ pub fn propose_ngram(tokens: &[u32], prediction: &[u32], generated: usize, c: &S
         let suffix = &tokens[tokens.len() - n..];
         // the latest occurrence that ends before the suffix itself, in the sequence and in the
         // prediction; the longer proposal wins (the prediction's on a tie: the client's own guess)
-        let after = |seq: &[u32], end: Option<usize>| end.map_or(Vec::new(), |end| seq[end..(end + c.k).min(seq.len())].to_vec());
-        let ours = after(tokens, (n..tokens.len()).rev().find(|&end| &tokens[end - n..end] == suffix));
+        let after = |seq: &[u32], end: Option<usize>| {
+            end.map_or(Vec::new(), |end| {
+                seq[end..(end + c.k).min(seq.len())].to_vec()
+            })
+        };
+        let ours = after(
+            tokens,
+            (n..tokens.len())
+                .rev()
+                .find(|&end| &tokens[end - n..end] == suffix),
+        );
         // in the prediction, the occurrence nearest the output's own position (it guesses the output
         // from its start; the latest occurrence would skip ahead in a text that repeats itself)
-        let near = (n..prediction.len()).filter(|&end| &prediction[end - n..end] == suffix).min_by_key(|&end| (end.abs_diff(generated), usize::MAX - end));
+        let near = (n..prediction.len())
+            .filter(|&end| &prediction[end - n..end] == suffix)
+            .min_by_key(|&end| (end.abs_diff(generated), usize::MAX - end));
         let theirs = after(prediction, near);
-        let best = if theirs.len() >= ours.len() { theirs } else { ours };
+        let best = if theirs.len() >= ours.len() {
+            theirs
+        } else {
+            ours
+        };
         if !best.is_empty() {
             return best;
         }
@@ -204,52 +264,73 @@ mod tests {
     use crate::sampler::SamplingParams;
 
     fn c(k: usize) -> SpecConfig {
-        SpecConfig { k, min_n: 2, max_n: 3, auto: false }
+        SpecConfig {
+            k,
+            min_n: 2,
+            max_n: 3,
+            auto: false,
+            draft: false,
+        }
     }
 
     #[test]
     fn the_controller_fits_the_step_cost_and_guesses_only_where_it_pays() {
         let mut ctl = Controller::default();
-        assert_eq!(ctl.choose(1, 1, &[(0.9, 4)]), vec![4], "no cost model yet: every guess");
+        assert_eq!(
+            ctl.choose(1, 1, &[(0.9, 4, 0.0)]),
+            vec![4],
+            "no cost model yet: every guess"
+        );
         // a memory-bound step: 10 ms, and 0.5 ms per token
         for n in [1, 1, 5, 9, 1, 64, 512, 3] {
             ctl.observe(n, 0.010 + 0.0005 * n as f64);
         }
         let (a, b) = ctl.cost().unwrap();
-        assert!((a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9, "{a} {b}");
+        assert!(
+            (a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9,
+            "{a} {b}"
+        );
         // one stream: guesses that are usually kept pay, up to the proposal
-        assert_eq!(ctl.choose(1, 1, &[(0.9, 4)]), vec![4]);
+        assert_eq!(ctl.choose(1, 1, &[(0.9, 4, 0.0)]), vec![4]);
         // ones that are rarely kept do not: 0.02 tokens for 0.5 ms, against 1 token per 10.5 ms
-        assert_eq!(ctl.choose(1, 1, &[(0.02, 4)]), vec![0]);
+        assert_eq!(ctl.choose(1, 1, &[(0.02, 4, 0.0)]), vec![0]);
         // in a step already full of prefill tokens (512 of them: 266 ms for one token), even good
         // guesses pay: they cost 0.5 ms each against a rate of 1 token per 266 ms
-        assert_eq!(ctl.choose(513, 1, &[(0.5, 4)]), vec![4]);
+        assert_eq!(ctl.choose(513, 1, &[(0.5, 4, 0.0)]), vec![4]);
         // eight streams at α 0.5: each first guess (0.5 tokens for 0.5 ms) beats the step's rate (8 tokens
         // per 14 ms); the fourth (0.0625 tokens) does not
-        let got = ctl.choose(8, 8, &[(0.5, 4); 8]);
+        let got = ctl.choose(8, 8, &[(0.5, 4, 0.0); 8]);
         assert!(got.iter().all(|&k| (1..4).contains(&k)), "{got:?}");
         // a compute-bound step (each token costs as much as the step's fixed part) never pays
         let mut busy = Controller::default();
         for n in [1, 2, 8, 16] {
             busy.observe(n, 0.001 + 0.01 * n as f64);
         }
-        assert_eq!(busy.choose(8, 8, &[(0.6, 4); 8]), vec![0; 8]);
+        assert_eq!(busy.choose(8, 8, &[(0.6, 4, 0.0); 8]), vec![0; 8]);
+        // a draft model whose step costs a third of the target's (3.5 ms): at α 0.8 two guesses pay (the
+        // third, 0.51 tokens for 4 ms, not against 2.44 per 18.5 ms), at α 0.6 one (0.6 tokens for 4 ms
+        // against 1 per 10.5 ms), at α 0.3 none
+        assert_eq!(ctl.choose(1, 1, &[(0.8, 4, 0.0035)]), vec![2]);
+        assert_eq!(ctl.choose(1, 1, &[(0.6, 4, 0.0035)]), vec![1]);
+        assert_eq!(ctl.choose(1, 1, &[(0.3, 4, 0.0035)]), vec![0]);
     }
 
     #[test]
     fn acceptance_follows_the_kept_guesses() {
         let mut s = SpecState::default();
-        assert_eq!(s.acceptance(), 0.5);
+        assert_eq!(s.acceptance(false), 0.5);
         for _ in 0..10 {
-            s.record(4, 4);
+            s.record(4, 4, false);
         }
-        assert!(s.acceptance() > 0.9, "{}", s.acceptance());
+        assert!(s.acceptance(false) > 0.9, "{}", s.acceptance(false));
+        // the draft model's guesses are counted apart
+        assert_eq!(s.acceptance(true), 0.5);
         // a rejected first guess decides one guess: twenty such steps (about five, decayed) bring α
         // down to where the prior still holds it
         for _ in 0..20 {
-            s.record(4, 0);
+            s.record(4, 0, false);
         }
-        assert!(s.acceptance() < 0.2, "{}", s.acceptance());
+        assert!(s.acceptance(false) < 0.2, "{}", s.acceptance(false));
         assert_eq!((s.drafts, s.drafted, s.accepted), (30, 120, 40));
     }
 
@@ -273,23 +354,43 @@ mod tests {
     #[test]
     fn the_prediction_is_searched_too_and_the_longer_proposal_wins() {
         let prediction = [10, 11, 12, 13, 14];
-        assert_eq!(propose_ngram(&[1, 11, 12], &prediction, 2, &c(2)), vec![13, 14]);
+        assert_eq!(
+            propose_ngram(&[1, 11, 12], &prediction, 2, &c(2)),
+            vec![13, 14]
+        );
         // the prediction's end proposes nothing
         assert!(propose_ngram(&[1, 13, 14], &prediction, 2, &c(2)).is_empty());
         // the sequence's own match runs into its end (two tokens); the prediction's gives three
-        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &[10, 11, 12, 13, 14, 15], 3, &c(3)), vec![13, 14, 15]);
+        assert_eq!(
+            propose_ngram(&[5, 11, 12, 11, 12], &[10, 11, 12, 13, 14, 15], 3, &c(3)),
+            vec![13, 14, 15]
+        );
         // on a tie, the prediction's; in a prediction that repeats itself, the occurrence nearest the
         // output's position
-        assert_eq!(propose_ngram(&[9, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 2, &c(1)), vec![3]);
-        assert_eq!(propose_ngram(&[9, 1, 2, 3, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 5, &c(1)), vec![4]);
-        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &prediction, 3, &c(3)), vec![13, 14]);
-        assert_eq!(propose_ngram(&[11, 12, 9, 7, 6, 11, 12], &[], 0, &c(3)), vec![9, 7, 6]);
+        assert_eq!(
+            propose_ngram(&[9, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 2, &c(1)),
+            vec![3]
+        );
+        assert_eq!(
+            propose_ngram(&[9, 1, 2, 3, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 5, &c(1)),
+            vec![4]
+        );
+        assert_eq!(
+            propose_ngram(&[5, 11, 12, 11, 12], &prediction, 3, &c(3)),
+            vec![13, 14]
+        );
+        assert_eq!(
+            propose_ngram(&[11, 12, 9, 7, 6, 11, 12], &[], 0, &c(3)),
+            vec![9, 7, 6]
+        );
     }
 
     #[test]
     fn greedy_verification_keeps_the_agreeing_prefix_and_adds_the_models_token() {
         let mut s = Sampler::new(SamplingParams::greedy());
-        let row = |best: usize| -> Vec<f32> { (0..8).map(|i| if i == best { 1.0 } else { 0.0 }).collect() };
+        let row = |best: usize| -> Vec<f32> {
+            (0..8).map(|i| if i == best { 1.0 } else { 0.0 }).collect()
+        };
         let rows = [row(3), row(4), row(6), row(7)];
         let rows: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
         assert_eq!(verify(&mut s, &rows, &[3, 4, 5], &[1]), vec![3, 4, 6]);
