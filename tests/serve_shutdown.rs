@@ -18,9 +18,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
-use support::{
-    assert_error, post, sse_chunks, streamed_finish, OpenStream, IO_TIMEOUT, TINY_CONTEXT,
-};
+use support::{assert_error, post, sse_chunks, streamed_finish, OpenStream, IO_TIMEOUT, TINY_CONTEXT};
 
 const CHAT: &str = "/v1/chat/completions";
 
@@ -37,37 +35,14 @@ struct Server {
 
 impl Server {
     fn start(name: &str, drain_timeout: &str) -> Server {
-        let dir = std::env::temp_dir().join(format!(
-            "reckon-serve-shutdown-{}-{name}",
-            std::process::id()
-        ));
+        let dir = std::env::temp_dir().join(format!("reckon-serve-shutdown-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("tiny.gguf");
         std::fs::write(&path, support::tiny_gguf()).unwrap();
         let model = path.to_str().unwrap().to_string();
         let ctx = TINY_CONTEXT.to_string();
-        let args = [
-            "serve",
-            "-m",
-            &model,
-            "--port",
-            "0",
-            "-t",
-            "1",
-            "--kv-memory",
-            "40000",
-            "-c",
-            &ctx,
-            "--drain-timeout",
-            drain_timeout,
-        ];
-        let mut child = Command::new(env!("CARGO_BIN_EXE_reckon"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let args = ["serve", "-m", &model, "--port", "0", "-t", "1", "--kv-memory", "40000", "-c", &ctx, "--drain-timeout", drain_timeout];
+        let mut child = Command::new(env!("CARGO_BIN_EXE_reckon")).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let (tx, stderr) = channel();
         let pipe = child.stderr.take().unwrap();
         std::thread::spawn(move || {
@@ -78,20 +53,9 @@ impl Server {
                 }
             }
         });
-        let mut server = Server {
-            child,
-            addr: "127.0.0.1:1".parse().unwrap(),
-            model,
-            stderr,
-            log: Vec::new(),
-            dir,
-        };
+        let mut server = Server { child, addr: "127.0.0.1:1".parse().unwrap(), model, stderr, log: Vec::new(), dir };
         let line = server.wait_for_line("reckon serving");
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"));
+        let addr = line.split("http://").nth(1).and_then(|s| s.split_whitespace().next()).unwrap_or_else(|| panic!("no address in {line:?}"));
         server.addr = addr.parse().unwrap();
         server
     }
@@ -108,20 +72,13 @@ impl Server {
                         return line;
                     }
                 }
-                Err(e) => panic!(
-                    "no stderr line with {text:?} ({e}); the server said:\n{}",
-                    self.log.join("\n")
-                ),
+                Err(e) => panic!("no stderr line with {text:?} ({e}); the server said:\n{}", self.log.join("\n")),
             }
         }
     }
 
     fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
         assert!(status.success(), "kill -{name} failed");
     }
 
@@ -132,10 +89,7 @@ impl Server {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(
-                Instant::now() < deadline,
-                "the server did not exit within a minute"
-            );
+            assert!(Instant::now() < deadline, "the server did not exit within a minute");
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -143,19 +97,13 @@ impl Server {
     fn chat(&self, max_tokens: usize, extra: Value) -> Value {
         let mut body = json!({ "model": self.model, "messages": [{"role": "user", "content": "Tell me about caches."}],
                                "temperature": 0, "max_tokens": max_tokens, "ignore_eos": true });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         body
     }
 
     /// A streamed request only its client (or the drain timeout) can end: it asks for the whole context.
     fn endless(&self) -> OpenStream {
-        let mut s = OpenStream::start(
-            self.addr,
-            CHAT,
-            &self.chat(1_000_000, json!({"stream": true})),
-        );
+        let mut s = OpenStream::start(self.addr, CHAT, &self.chat(1_000_000, json!({"stream": true})));
         s.read_events(2);
         s
     }
@@ -178,14 +126,7 @@ impl Drop for Server {
 fn sigterm_lets_running_streams_finish_and_refuses_new_requests() {
     let mut server = Server::start("drain", "30");
     let holder = server.endless();
-    let mut finishing = OpenStream::start(
-        server.addr,
-        CHAT,
-        &server.chat(
-            200,
-            json!({"stream": true, "stream_options": {"include_usage": true}}),
-        ),
-    );
+    let mut finishing = OpenStream::start(server.addr, CHAT, &server.chat(200, json!({"stream": true, "stream_options": {"include_usage": true}})));
     finishing.read_events(2);
 
     let signalled = Instant::now();
@@ -198,19 +139,13 @@ fn sigterm_lets_running_streams_finish_and_refuses_new_requests() {
             break;
         }
         assert_eq!(a.status, 200, "{}", a.body);
-        assert!(
-            signalled.elapsed() < IO_TIMEOUT,
-            "no 503 a minute after SIGTERM"
-        );
+        assert!(signalled.elapsed() < IO_TIMEOUT, "no 503 a minute after SIGTERM");
     }
     // `holder` keeps the engine draining: whatever the timing, these arrive while it does
     for (path, body) in [
         (CHAT, server.chat(4, json!({}))),
         (CHAT, server.chat(4, json!({"stream": true}))),
-        (
-            "/v1/completions",
-            json!({ "model": server.model, "prompt": "Hi", "max_tokens": 4 }),
-        ),
+        ("/v1/completions", json!({ "model": server.model, "prompt": "Hi", "max_tokens": 4 })),
     ] {
         let a = post(server.addr, path, &body);
         let e = assert_error(&a, 503, "server_error", None, "shutting down");
@@ -220,34 +155,15 @@ fn sigterm_lets_running_streams_finish_and_refuses_new_requests() {
     let done = finishing.finish();
     assert_eq!(done.status, 200);
     let (chunks, finished) = sse_chunks(&done);
-    assert!(
-        finished,
-        "the running stream ends with [DONE]: {}",
-        done.body
-    );
-    assert_eq!(
-        streamed_finish(&chunks).as_deref(),
-        Some("length"),
-        "{}",
-        done.body
-    );
+    assert!(finished, "the running stream ends with [DONE]: {}", done.body);
+    assert_eq!(streamed_finish(&chunks).as_deref(), Some("length"), "{}", done.body);
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 200);
-    assert!(
-        server.child.try_wait().unwrap().is_none(),
-        "the server exited while a request was still running"
-    );
+    assert!(server.child.try_wait().unwrap().is_none(), "the server exited while a request was still running");
 
     holder.hang_up();
     let status = server.wait_exit();
-    assert!(
-        status.success(),
-        "exit status {status}; the server said:\n{}",
-        server.log.join("\n")
-    );
-    assert!(
-        signalled.elapsed() < Duration::from_secs(25),
-        "the server waited out the drain timeout with nothing running"
-    );
+    assert!(status.success(), "exit status {status}; the server said:\n{}", server.log.join("\n"));
+    assert!(signalled.elapsed() < Duration::from_secs(25), "the server waited out the drain timeout with nothing running");
 }
 
 /// SIGTERM (and SIGINT) with `--drain-timeout 0`: a running stream ends at once with an error event
@@ -259,10 +175,7 @@ fn a_signal_without_drain_time_ends_running_streams_with_an_error_event() {
         let stream = server.endless();
         let (addr, body) = (server.addr, server.chat(1_000_000, json!({})));
         let whole = std::thread::spawn(move || post(addr, CHAT, &body));
-        let running = format!(
-            "vllm:num_requests_running{{model_name=\"{}\"}} 2",
-            server.model
-        );
+        let running = format!("vllm:num_requests_running{{model_name=\"{}\"}} 2", server.model);
         let deadline = Instant::now() + IO_TIMEOUT;
         while !support::metrics(server.addr).lines().any(|l| l == running) {
             assert!(Instant::now() < deadline, "the second request never ran");
@@ -275,32 +188,15 @@ fn a_signal_without_drain_time_ends_running_streams_with_an_error_event() {
         let a = stream.finish();
         assert_eq!(a.status, 200);
         let events = a.events();
-        assert!(
-            !events.iter().any(|e| e == "[DONE]"),
-            "SIG{signal}: a cut-short stream has no [DONE]: {}",
-            a.body
-        );
+        assert!(!events.iter().any(|e| e == "[DONE]"), "SIG{signal}: a cut-short stream has no [DONE]: {}", a.body);
         let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
         assert_eq!(last["error"]["type"], "server_error", "SIG{signal}: {last}");
-        assert!(
-            last["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("shut down"),
-            "{last}"
-        );
+        assert!(last["error"]["message"].as_str().unwrap().contains("shut down"), "{last}");
         for e in &events[..events.len() - 1] {
             let chunk: Value = serde_json::from_str(e).unwrap();
-            assert!(
-                chunk["choices"][0]["finish_reason"].is_null(),
-                "SIG{signal}: a cut-short stream has no finish reason: {chunk}"
-            );
+            assert!(chunk["choices"][0]["finish_reason"].is_null(), "SIG{signal}: a cut-short stream has no finish reason: {chunk}");
         }
         let status = server.wait_exit();
-        assert!(
-            status.success(),
-            "SIG{signal}: exit status {status}; the server said:\n{}",
-            server.log.join("\n")
-        );
+        assert!(status.success(), "SIG{signal}: exit status {status}; the server said:\n{}", server.log.join("\n"));
     }
 }

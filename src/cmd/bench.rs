@@ -37,30 +37,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let threads = args.model.init_process()?;
     let path = model_path(&args.model.model)?;
     let model = std::sync::Arc::new(args.model.load_model(&path)?);
-    let kv_dtypes = args
-        .model
-        .kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
+    let kv_dtypes = args.model.kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
     anyhow::ensure!(
         args.model.kv_window.is_none() || args.n_depth == 0 || args.n_prompt == 0,
         "--kv-window with -d: a windowed sequence's depth leaves the prefix cache, so pp at depth would prefill the depth again each time; measure decode alone (-p 0)"
     );
-    let spec = BenchSpec {
-        n_prompt: args.n_prompt,
-        n_gen: args.n_gen,
-        n_depth: args.n_depth,
-        reps: args.reps,
-        threads,
-        chunk: args.chunk,
-        kv_dtypes,
-        bandwidth: args.bandwidth,
-        kv_window: args.model.kv_window()?,
-        speculation: args.model.spec()?,
-    };
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()?, speculation: args.model.spec()? };
     anyhow::ensure!(args.model.draft_model_name()?.is_none(), "reckon bench measures one model: a draft model is measured by `reckon lab spec --draft MODEL`");
-    let name = path
-        .file_name()
-        .map(|f| f.to_string_lossy().to_string())
-        .unwrap_or_default();
+    let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;
     if let Some(bw) = results.iter().find_map(|r| r.read_gb_s) {
         eprintln!("read bandwidth ({threads} threads, after the tests): {bw:.1} GB/s");
@@ -71,32 +55,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (head, rule) = if args.bandwidth {
-        (" MB/token | bound t/s | of bound |", "---|---|---|")
-    } else {
-        ("", "")
-    };
+    let (head, rule) = if args.bandwidth { (" MB/token | bound t/s | of bound |", "---|---|---|") } else { ("", "") };
     println!("| model | numerics | KV | threads | test | t/s median | min | max |{head}");
     println!("|---|---|---|---|---|---|---|---|{rule}");
     for r in &results {
         let bound = match (r.bytes_per_token, r.bound_tokens_per_s, r.fraction_of_bound) {
-            (Some(b), Some(t), Some(f)) => {
-                format!(" {:.1} | {t:.1} | {:.0}% |", b as f64 / 1e6, 100.0 * f)
-            }
+            (Some(b), Some(t), Some(f)) => format!(" {:.1} | {t:.1} | {:.0}% |", b as f64 / 1e6, 100.0 * f),
             _ if args.bandwidth => " | | |".to_string(),
             _ => String::new(),
         };
-        println!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |{bound}",
-            r.model,
-            r.numerics,
-            r.kv_dtype,
-            r.threads,
-            r.test_name(),
-            r.tokens_per_s_median,
-            r.tokens_per_s_min,
-            r.tokens_per_s_max
-        );
+        println!("| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |{bound}", r.model, r.numerics, r.kv_dtype, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);
     }
     Ok(())
 }

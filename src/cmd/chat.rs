@@ -29,23 +29,16 @@ pub struct ChatArgs {
     pub stats: bool,
 }
 
-pub fn run(args: ChatArgs) -> Result<()> {
+pub fn run(mut args: ChatArgs) -> Result<()> {
+    // speculation where it pays, by default (docs/speculative.md): the same tokens, greedy or seeded
+    args.model.default_spec = super::common::SpecArg::Auto;
     let mut sampling = args.sampling.params()?;
     let loaded = load(&args.model)?;
     let ctx = context_size(&loaded, args.ctx_size);
-    let kv = args
-        .model
-        .kv_choice(&loaded.model.config, super::run::BLOCK_SIZE, false)?;
+    let kv = args.model.kv_choice(&loaded.model.config, super::run::BLOCK_SIZE, false)?;
     let (engine, tokenizer, template) = start_engine(loaded, ctx, &kv);
-    let mut messages: Vec<ChatMessage> = args
-        .system
-        .iter()
-        .map(|s| ChatMessage::new("system", s))
-        .collect();
-    eprintln!(
-        "reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.",
-        args.model.model, ctx
-    );
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+    eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
@@ -58,20 +51,14 @@ pub fn run(args: ChatArgs) -> Result<()> {
             messages.retain(|m| m.role == "system");
             continue;
         }
-        messages.push(ChatMessage::new(
-            "user",
-            line.trim_end_matches(['\n', '\r']),
-        ));
+        messages.push(ChatMessage::new("user", line.trim_end_matches(['\n', '\r'])));
         let prompt = tokenizer.encode(&template.render(&messages, true)?, true, true)?;
         if prompt.len() + 1 >= ctx {
             eprintln!("error: the conversation ({} tokens) no longer fits the context of {ctx}; /reset to start over", prompt.len());
             messages.pop();
             continue;
         }
-        let params = GenerateParams {
-            sampling: sampling.clone(),
-            ..GenerateParams::greedy(prompt, args.max_tokens)
-        };
+        let params = GenerateParams { sampling: sampling.clone(), ..GenerateParams::greedy(prompt, args.max_tokens) };
         // each reply draws fresh random numbers (the same seed every turn would repeat choices)
         sampling.seed = sampling.seed.wrapping_add(1);
         let stats = stream(&engine, params)?;

@@ -61,13 +61,17 @@ pub struct ModelArgs {
     /// proposes what followed it; also searched in a request's `prediction`), `draft[:MODEL]` (a smaller
     /// model of the same vocabulary guesses ahead; MODEL or --spec-draft), `auto` (n-gram guesses, and
     /// with --spec-draft the draft model's where no n-gram matches, only as many as the engine's measured
-    /// step cost and each request's acceptance say pay) or `off`. Greedy output is the same tokens
-    /// either way; sampled output has the same distribution (docs/speculative.md).
-    #[arg(long, default_value = "off", value_parser = parse_spec_arg)]
-    pub spec: (SpecArg, Option<String>),
+    /// step cost and each request's acceptance say pay) or `off`. Greedy and seeded output is the same
+    /// tokens either way (docs/speculative.md). Default: `auto` for `serve`, `run` and `chat`, `off` for
+    /// `bench` and the labs (which measure one thing at a time).
+    #[arg(long, value_parser = parse_spec_arg)]
+    pub spec: Option<(SpecArg, Option<String>)>,
     /// The draft model of `--spec draft` and `--spec auto` (a name from `reckon models` or a path).
     #[arg(long, value_name = "MODEL")]
     pub spec_draft: Option<String>,
+    /// What `--spec` is when not given (set by the command before it reads the options).
+    #[arg(skip = SpecArg::Off)]
+    pub default_spec: SpecArg,
     /// Most tokens guessed per step.
     #[arg(long, default_value_t = 4)]
     pub spec_k: usize,
@@ -89,21 +93,18 @@ pub enum SpecArg {
 
 /// `--spec`: `off`, `ngram`, `auto`, `draft` or `draft:MODEL`.
 fn parse_spec_arg(s: &str) -> std::result::Result<(SpecArg, Option<String>), String> {
-    match s.split_once(':') {
-        Some(("draft", m)) if !m.is_empty() => Ok((SpecArg::Draft, Some(m.to_string()))),
+    let mode = match s.split_once(':') {
+        Some(("draft", m)) if !m.is_empty() => return Ok((SpecArg::Draft, Some(m.to_string()))),
+        Some(_) => None,
         None => match s {
-            "off" => Ok((SpecArg::Off, None)),
-            "ngram" => Ok((SpecArg::Ngram, None)),
-            "auto" => Ok((SpecArg::Auto, None)),
-            "draft" => Ok((SpecArg::Draft, None)),
-            _ => Err(format!(
-                "'{s}': one of off, ngram, auto, draft, draft:MODEL"
-            )),
+            "off" => Some(SpecArg::Off),
+            "ngram" => Some(SpecArg::Ngram),
+            "auto" => Some(SpecArg::Auto),
+            "draft" => Some(SpecArg::Draft),
+            _ => None,
         },
-        _ => Err(format!(
-            "'{s}': one of off, ngram, auto, draft, draft:MODEL"
-        )),
-    }
+    };
+    mode.map(|m| (m, None)).ok_or_else(|| format!("'{s}': one of off, ngram, auto, draft, draft:MODEL"))
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -138,106 +139,64 @@ impl ModelArgs {
                 SimdArg::Avx2 => SimdLevel::Avx2,
                 SimdArg::Scalar => SimdLevel::Scalar,
             };
-            anyhow::ensure!(
-                set_simd_cap(level),
-                "--simd: the kernels already chose their level"
-            );
+            anyhow::ensure!(set_simd_cap(level), "--simd: the kernels already chose their level");
         }
         reckon_engine::huge_buf::set_huge_pages(!self.no_huge_pages);
         init_threads(self.threads)
     }
 
     /// `--kv-dtype`, checked against the model's heads and the KV block size.
-    pub fn kv_dtypes(
-        &self,
-        cfg: &reckon_engine::model::ModelConfig,
-        block_size: usize,
-    ) -> Result<KvDtypes> {
+    pub fn kv_dtypes(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize) -> Result<KvDtypes> {
         let d = KvDtypes::parse(&self.kv_dtype).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
-        d.check_shape(cfg.head_dim, block_size)
-            .map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
+        d.check_shape(cfg.head_dim, block_size).map_err(|e| anyhow::anyhow!("--kv-dtype: {e}"))?;
         Ok(d)
     }
 
     /// `--kv-window` and `--kv-sinks`.
     /// The KV choices for `model` with blocks of `block_size` (`disk_tier`: a prefix-cache directory is
     /// in use).
-    pub fn kv_choice(
-        &self,
-        cfg: &reckon_engine::model::ModelConfig,
-        block_size: usize,
-        disk_tier: bool,
-    ) -> Result<KvChoice> {
-        Ok(KvChoice {
-            spec: self.spec()?,
-            dtypes: self.kv_dtypes(cfg, block_size)?,
-            window: self.kv_window()?,
-            hybrid: !self.no_hybrid_kv,
-            disk_tier,
-        })
+    pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
+        Ok(KvChoice { spec: self.spec()?, dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
     }
 
     /// The speculative decoding every request gets (`--spec`), or none.
     pub fn spec(&self) -> Result<Option<reckon_engine::engine::spec::SpecConfig>> {
-        let (lo, hi) = self
-            .spec_ngram
-            .split_once('-')
-            .with_context(|| format!("--spec-ngram '{}': MIN-MAX", self.spec_ngram))?;
+        let (lo, hi) = self.spec_ngram.split_once('-').with_context(|| format!("--spec-ngram '{}': MIN-MAX", self.spec_ngram))?;
         let (min_n, max_n): (usize, usize) = (lo.trim().parse()?, hi.trim().parse()?);
-        anyhow::ensure!(
-            min_n >= 1 && min_n <= max_n,
-            "--spec-ngram '{}': need 1 <= MIN <= MAX",
-            self.spec_ngram
-        );
+        anyhow::ensure!(min_n >= 1 && min_n <= max_n, "--spec-ngram '{}': need 1 <= MIN <= MAX", self.spec_ngram);
         anyhow::ensure!(self.spec_k >= 1, "--spec-k must be at least 1");
-        let mode = self.spec.0;
+        let mode = self.spec_mode();
         let draft = self.draft_model_name()?.is_some();
-        Ok(
-            (mode != SpecArg::Off).then_some(reckon_engine::engine::spec::SpecConfig {
-                k: self.spec_k,
-                min_n,
-                max_n,
-                auto: mode == SpecArg::Auto,
-                draft,
-            }),
-        )
+        Ok((mode != SpecArg::Off).then_some(reckon_engine::engine::spec::SpecConfig { k: self.spec_k, min_n, max_n, auto: mode == SpecArg::Auto, draft }))
+    }
+
+    /// `--spec`, or the command's default.
+    pub fn spec_mode(&self) -> SpecArg {
+        self.spec.as_ref().map_or(self.default_spec, |s| s.0)
     }
 
     /// The draft model to load, if speculation uses one: `--spec draft:MODEL` or `--spec-draft MODEL`.
     pub fn draft_model_name(&self) -> Result<Option<&str>> {
-        let named = self.spec.1.as_deref().or(self.spec_draft.as_deref());
-        match self.spec.0 {
-            SpecArg::Draft => Ok(Some(named.context(
-                "--spec draft needs a model: --spec draft:MODEL or --spec-draft MODEL",
-            )?)),
+        let named = self.spec.as_ref().and_then(|s| s.1.as_deref()).or(self.spec_draft.as_deref());
+        match self.spec_mode() {
+            SpecArg::Draft => Ok(Some(named.context("--spec draft needs a model: --spec draft:MODEL or --spec-draft MODEL")?)),
             SpecArg::Auto => Ok(named),
             SpecArg::Off | SpecArg::Ngram => {
-                anyhow::ensure!(
-                    named.is_none(),
-                    "--spec-draft goes with --spec draft or --spec auto"
-                );
+                anyhow::ensure!(named.is_none(), "--spec-draft goes with --spec draft or --spec auto");
                 Ok(None)
             }
         }
     }
 
     pub fn kv_window(&self) -> Result<Option<KvWindow>> {
-        let Some(window) = self.kv_window else {
-            return Ok(None);
-        };
+        let Some(window) = self.kv_window else { return Ok(None) };
         anyhow::ensure!(window > 0, "--kv-window must be at least 1");
-        Ok(Some(KvWindow {
-            window,
-            sinks: self.kv_sinks,
-        }))
+        Ok(Some(KvWindow { window, sinks: self.kv_sinks }))
     }
 
     /// The options a model is loaded with.
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions {
-            numerics: self.numerics(),
-            dump_dir: self.dump_dir.clone(),
-        }
+        LoadOptions { numerics: self.numerics(), dump_dir: self.dump_dir.clone() }
     }
 
     /// Loads the model file with the chosen options (a note on stderr where packed is not available).
@@ -249,14 +208,9 @@ impl ModelArgs {
 
 fn load_model_file(file: GgufFile, path: &std::path::Path, options: LoadOptions) -> Result<Model> {
     let wanted = options.numerics;
-    let model =
-        Model::load_with(file, options).with_context(|| format!("loading {}", path.display()))?;
+    let model = Model::load_with(file, options).with_context(|| format!("loading {}", path.display()))?;
     if model.numerics() != wanted {
-        eprintln!(
-            "note: this CPU has no {} kernels (AVX2 or AVX-512 VNNI); running {} numerics",
-            wanted.name(),
-            model.numerics().name()
-        );
+        eprintln!("note: this CPU has no {} kernels (AVX2 or AVX-512 VNNI); running {} numerics", wanted.name(), model.numerics().name());
     }
     Ok(model)
 }
@@ -290,10 +244,7 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     pub fn params(&self) -> Result<SamplingParams> {
         let seed = self.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0)
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
         let p = SamplingParams {
             temperature: self.temperature,
@@ -311,16 +262,9 @@ impl SamplingArgs {
 }
 
 fn init_threads(threads: Option<usize>) -> Result<usize> {
-    let n = threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     anyhow::ensure!(n >= 1, "--threads must be at least 1");
-    anyhow::ensure!(
-        reckon_engine::pool::init_global(n),
-        "the thread pool was already started"
-    );
+    anyhow::ensure!(reckon_engine::pool::init_global(n), "the thread pool was already started");
     Ok(n)
 }
 
@@ -328,28 +272,11 @@ fn init_threads(threads: Option<usize>) -> Result<usize> {
 /// model and the ISA extensions the kernels choose between.
 pub fn stamp() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let field = |name: &str| {
-        info.lines()
-            .find(|l| l.split(':').next().map(str::trim) == Some(name))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim().to_string())
-            .unwrap_or_else(|| "unknown".into())
-    };
+    let field = |name: &str| info.lines().find(|l| l.split(':').next().map(str::trim) == Some(name)).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()).unwrap_or_else(|| "unknown".into());
     // "AMD EPYC" alone names no generation: family and model do (26/2 is Zen 5, 25/1 Zen 3).
-    let cpu = format!(
-        "{} (family {}, model {}, {} logical CPUs)",
-        field("model name"),
-        field("cpu family"),
-        field("model"),
-        info.lines().filter(|l| l.starts_with("processor")).count()
-    );
+    let cpu = format!("{} (family {}, model {}, {} logical CPUs)", field("model name"), field("cpu family"), field("model"), info.lines().filter(|l| l.starts_with("processor")).count());
     let features = reckon_engine::kernels::cpu::CpuFeatures::get();
-    format!(
-        "commit: {}\ncpu: {cpu}\nisa: {}\nkernels: {}\n",
-        env!("RECKON_COMMIT"),
-        features.describe(),
-        reckon_engine::kernels::cpu::simd_level().name()
-    )
+    format!("commit: {}\ncpu: {cpu}\nisa: {}\nkernels: {}\n", env!("RECKON_COMMIT"), features.describe(), reckon_engine::kernels::cpu::simd_level().name())
 }
 
 /// Where fetched models live: `$RECKON_HOME`, default `~/.cache/reckon/models` (as scripts/fetch-models).
@@ -357,9 +284,7 @@ pub fn models_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {
         return PathBuf::from(home);
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("reckon").join("models")
 }
 
@@ -370,20 +295,10 @@ pub fn model_path(spec: &str) -> Result<PathBuf> {
 /// A byte size with a unit (`512MiB`, `2GiB`, `1GB`, `100B`); `None` without a unit.
 pub fn byte_size(spec: &str, flag: &str) -> Result<Option<usize>> {
     let s = spec.trim();
-    let units = [
-        ("GiB", 1usize << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("GB", 1_000_000_000),
-        ("MB", 1_000_000),
-        ("B", 1),
-    ];
+    let units = [("GiB", 1usize << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("GB", 1_000_000_000), ("MB", 1_000_000), ("B", 1)];
     for (unit, scale) in units {
         if let Some(n) = s.strip_suffix(unit) {
-            let n: f64 = n
-                .trim()
-                .parse()
-                .with_context(|| format!("{flag}: '{spec}' is not a number of {unit}"))?;
+            let n: f64 = n.trim().parse().with_context(|| format!("{flag}: '{spec}' is not a number of {unit}"))?;
             anyhow::ensure!(n >= 0.0, "{flag}: '{spec}' is negative");
             return Ok(Some((n * scale as f64) as usize));
         }
@@ -395,9 +310,7 @@ pub fn byte_size(spec: &str, flag: &str) -> Result<Option<usize>> {
 pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
     match byte_size(spec, "--kv-memory")? {
         Some(bytes) => Ok(bytes / bytes_per_token),
-        None => spec.trim().parse().with_context(|| {
-            format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count")
-        }),
+        None => spec.trim().parse().with_context(|| format!("--kv-memory: '{spec}' is neither a size (512MiB, 2GiB) nor a token count")),
     }
 }
 
@@ -439,12 +352,7 @@ impl KvArgs {
     pub fn num_blocks(&self, bytes_per_token: usize) -> Result<usize> {
         anyhow::ensure!(self.block_size > 0, "--block-size must be at least 1");
         let blocks = kv_tokens(&self.kv_memory, bytes_per_token)? / self.block_size;
-        anyhow::ensure!(
-            blocks > 0,
-            "--kv-memory {} holds no block of {} tokens",
-            self.kv_memory,
-            self.block_size
-        );
+        anyhow::ensure!(blocks > 0, "--kv-memory {} holds no block of {} tokens", self.kv_memory, self.block_size);
         Ok(blocks)
     }
 
@@ -454,16 +362,7 @@ impl KvArgs {
     /// `layout` is the model's KV layout this configuration gets (`EngineConfig::kv_layout`): a block is
     /// one of its pages.
     /// With a draft model, a block also holds its keys and values.
-    pub fn engine_config(
-        &self,
-        model: &Model,
-        draft: Option<&Model>,
-        kv: &KvChoice,
-        max_model_len: usize,
-        max_running: usize,
-        max_waiting: usize,
-        prefix_caching: bool,
-    ) -> Result<EngineConfig> {
+    pub fn engine_config(&self, model: &Model, draft: Option<&Model>, kv: &KvChoice, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
         let cfg = &model.config;
         let kv_dtypes = kv.dtypes;
         let mut config = EngineConfig {
@@ -471,9 +370,7 @@ impl KvArgs {
             num_blocks: 0,
             kv_dtypes,
             max_batch_tokens: self.max_batch_tokens.max(1),
-            max_prefill_tokens_while_decoding: self
-                .max_prefill_while_decoding
-                .map_or(usize::MAX, |n| n.max(1)),
+            max_prefill_tokens_while_decoding: self.max_prefill_while_decoding.map_or(usize::MAX, |n| n.max(1)),
             max_running: max_running.max(1),
             max_waiting,
             max_model_len,
@@ -484,11 +381,8 @@ impl KvArgs {
             spec: kv.spec.clone(),
         };
         let layout = config.kv_layout(model, kv.disk_tier);
-        let draft_bytes = draft.map_or(0, |d| {
-            kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim())
-        });
-        config.num_blocks =
-            self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes)?;
+        let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));
+        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes)?;
         Ok(config)
     }
 }
@@ -507,49 +401,26 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     args.init_process()?;
     let path = model_path(&args.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
-    let tokenizer =
-        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.token_text(i))
-            .unwrap_or("")
-            .to_string()
-    };
-    let template =
-        ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
+    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+    let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
     let model = load_model_file(file, &path, args.load_options())?;
     let draft = match args.draft_model_name()? {
         Some(name) => Some(load_draft(name, &tokenizer, args)?),
         None => None,
     };
-    Ok(Loaded {
-        model,
-        draft,
-        tokenizer,
-        template,
-    })
+    Ok(Loaded { model, draft, tokenizer, template })
 }
 
 /// The draft model `name`, checked to share the model's vocabulary token for token.
 pub fn load_draft(name: &str, tokenizer: &Tokenizer, args: &ModelArgs) -> Result<Model> {
     let path = model_path(name)?;
-    let file =
-        GgufFile::open(&path).with_context(|| format!("loading draft model {}", path.display()))?;
-    let theirs =
-        Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let file = GgufFile::open(&path).with_context(|| format!("loading draft model {}", path.display()))?;
+    let theirs = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let n = tokenizer.vocab_size();
-    anyhow::ensure!(
-        theirs.vocab_size() == n,
-        "draft model {}: {} tokens, the model has {n}",
-        path.display(),
-        theirs.vocab_size()
-    );
+    anyhow::ensure!(theirs.vocab_size() == n, "draft model {}: {} tokens, the model has {n}", path.display(), theirs.vocab_size());
     if let Some(i) = (0..n as u32).find(|&i| theirs.token_text(i) != tokenizer.token_text(i)) {
-        anyhow::bail!(
-            "draft model {}: token {i} is {:?}, the model's is {:?}: not the same vocabulary",
-            path.display(),
-            theirs.token_text(i),
-            tokenizer.token_text(i)
-        );
+        anyhow::bail!("draft model {}: token {i} is {:?}, the model's is {:?}: not the same vocabulary", path.display(), theirs.token_text(i), tokenizer.token_text(i));
     }
     load_model_file(file, &path, args.load_options())
 }

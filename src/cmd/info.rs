@@ -4,8 +4,8 @@ use super::common::model_path;
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::gguf::GgufFile;
-use reckon_engine::kv::{KvDtype, KvDtypes, KvLayout};
 use reckon_engine::model::ModelConfig;
+use reckon_engine::kv::{KvDtype, KvDtypes, KvLayout};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -41,25 +41,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
     // chunks, the server's defaults), and how many such sequences 1 GiB holds at once.
     let (bs, chunk, depth, budget) = (16, 512, 8192, 1usize << 30);
     let cell = KvDtypes::F16.bytes_per_token(1, cfg.kv_dim());
-    let hybrid = KvLayout::hybrid(
-        &(0..cfg.n_layers)
-            .map(|il| cfg.layer_window(il))
-            .collect::<Vec<_>>(),
-    );
+    let hybrid = KvLayout::hybrid(&(0..cfg.n_layers).map(|il| cfg.layer_window(il)).collect::<Vec<_>>());
     let per_seq = |l: &KvLayout| l.max_blocks_held(depth, bs, chunk) * l.page_bytes(cell, bs);
     let fits = |l: &KvLayout| budget / l.page_bytes(cell, bs) / l.max_blocks_held(depth, bs, chunk);
     let uniform = KvLayout::uniform(cfg.n_layers);
-    let layouts: Vec<(&str, &KvLayout)> = if hybrid.is_hybrid() {
-        vec![("one_group", &uniform), ("hybrid", &hybrid)]
-    } else {
-        vec![("one_group", &uniform)]
-    };
+    let layouts: Vec<(&str, &KvLayout)> = if hybrid.is_hybrid() { vec![("one_group", &uniform), ("hybrid", &hybrid)] } else { vec![("one_group", &uniform)] };
     let kinds = hybrid.memory_by_kind(cell, bs, chunk);
-    let name = file
-        .get("general.name")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
+    let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
     let report = json!({
         "path": path.canonicalize().unwrap_or(path.clone()),
         "name": name,
@@ -92,48 +80,21 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.json {
         let mut report = report;
         if args.metadata {
-            report["metadata"] = json!(file
-                .header()
-                .metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), v.summary()))
-                .collect::<BTreeMap<_, _>>());
+            report["metadata"] = json!(file.header().metadata.iter().map(|(k, v)| (k.clone(), v.summary())).collect::<BTreeMap<_, _>>());
         }
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    println!(
-        "path:            {}",
-        report["path"].as_str().unwrap_or_default()
-    );
+    println!("path:            {}", report["path"].as_str().unwrap_or_default());
     println!("name:            {name}");
-    println!(
-        "architecture:    {} (GGUF v{})",
-        cfg.arch.name(),
-        file.header().version
-    );
-    println!(
-        "file size:       {:.1} MiB, {:.1} M parameters",
-        mib(file.file_size()),
-        params as f64 / 1e6
-    );
+    println!("architecture:    {} (GGUF v{})", cfg.arch.name(), file.header().version);
+    println!("file size:       {:.1} MiB, {:.1} M parameters", mib(file.file_size()), params as f64 / 1e6);
     println!("context length:  {}", cfg.context_length);
-    println!(
-        "layers:          {} × d_model {}, ffn {}",
-        cfg.n_layers, cfg.d_model, cfg.ffn_dim
-    );
-    println!(
-        "attention:       {} heads, {} kv heads, head dim {}, rope base {}",
-        cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base
-    );
+    println!("layers:          {} × d_model {}, ffn {}", cfg.n_layers, cfg.d_model, cfg.ffn_dim);
+    println!("attention:       {} heads, {} kv heads, head dim {}, rope base {}", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base);
     if let Some(w) = cfg.sliding_window {
-        println!(
-            "sliding window:  {w} tokens on {} of every {} layers (local rope base {})",
-            cfg.swa_period - 1,
-            cfg.swa_period,
-            cfg.rope_base_local
-        );
+        println!("sliding window:  {w} tokens on {} of every {} layers (local rope base {})", cfg.swa_period - 1, cfg.swa_period, cfg.rope_base_local);
     }
     println!("vocabulary:      {}", cfg.vocab_size);
     println!("tensors by type:");
@@ -143,38 +104,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("memory:          weights {:.1} MiB (memory-mapped); f16 KV {:.1} KiB/token = {:.1} MiB at 4096 tokens, {:.1} MiB at {}",
         mib(weight_bytes), kv_bytes_per_token as f64 / 1024.0, mib(kv_bytes_per_token * 4096), mib(kv_bytes_per_token * cfg.context_length as u64), cfg.context_length);
     if let Some(by_dtype) = report["memory"]["kv_bytes_per_token_by_dtype"].as_object() {
-        let line: Vec<String> = by_dtype
-            .iter()
-            .map(|(d, b)| format!("{d} {:.1} KiB", b.as_f64().unwrap_or(0.0) / 1024.0))
-            .collect();
+        let line: Vec<String> = by_dtype.iter().map(|(d, b)| format!("{d} {:.1} KiB", b.as_f64().unwrap_or(0.0) / 1024.0)).collect();
         println!("KV per token:    {} (--kv-dtype)", line.join(", "));
     }
     if hybrid.is_hybrid() {
-        let kind: Vec<String> = kinds
-            .iter()
-            .map(|k| {
-                format!(
-                    "{} {} layers {:.1} KiB/token{}",
-                    k.label(),
-                    k.layers,
-                    k.bytes_per_token as f64 / 1024.0,
-                    k.max_positions
-                        .map_or(String::new(), |p| format!(" (at most {p} positions kept)"))
-                )
-            })
-            .collect();
+        let kind: Vec<String> = kinds.iter().map(|k| format!("{} {} layers {:.1} KiB/token{}", k.label(), k.layers, k.bytes_per_token as f64 / 1024.0, k.max_positions.map_or(String::new(), |p| format!(" (at most {p} positions kept)")))).collect();
         println!("KV by layer:     {} (f16)", kind.join("; "));
         for (_, l) in &layouts {
-            let what = if l.is_hybrid() {
-                format!("{} layer groups of {}", l.num_groups(), l.slots())
-            } else {
-                "one table (--no-hybrid-kv)".into()
-            };
-            println!(
-                "  at 8192 tokens, {what}: {:.1} MiB a sequence, {} sequences in 1 GiB",
-                mib(per_seq(l) as u64),
-                fits(l)
-            );
+            let what = if l.is_hybrid() { format!("{} layer groups of {}", l.num_groups(), l.slots()) } else { "one table (--no-hybrid-kv)".into() };
+            println!("  at 8192 tokens, {what}: {:.1} MiB a sequence, {} sequences in 1 GiB", mib(per_seq(l) as u64), fits(l));
         }
     }
     if args.metadata {

@@ -223,16 +223,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::Eviction(a) => run_eviction(a),
         LabCommand::Spec(a) => run_spec(a),
         LabCommand::Report(a) => {
-            let title = a.title.clone().unwrap_or_else(|| {
-                format!(
-                    "reckon lab: {}",
-                    a.dir
-                        .canonicalize()
-                        .unwrap_or(a.dir.clone())
-                        .file_name()
-                        .map_or("report".into(), |n| n.to_string_lossy().into_owned())
-                )
-            });
+            let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {
                 println!("{}", p.display());
             }
@@ -243,241 +234,112 @@ pub fn run(args: LabArgs) -> Result<()> {
 
 fn run_eviction(args: EvictionArgs) -> Result<()> {
     use reckon_lab::eviction;
-    anyhow::ensure!(
-        args.needles >= 1 && args.max_tokens >= 1,
-        "--needles and --max-tokens must be at least 1"
-    );
+    anyhow::ensure!(args.needles >= 1 && args.max_tokens >= 1, "--needles and --max-tokens must be at least 1");
     let loaded = load(&args.model)?;
     anyhow::ensure!(loaded.draft.is_none(), "this lab runs without a draft model (--spec draft is for serve, run, chat and lab spec --draft)");
     let cfg = loaded.model.config.clone();
     let kv_dtypes = args.model.kv_dtypes(&cfg, 16)?;
-    let number = |flag: &'static str| {
-        move |s: &str| {
-            s.parse::<usize>()
-                .with_context(|| format!("{flag}: '{s}' is not a number"))
-        }
-    };
+    let number = |flag: &'static str| move |s: &str| s.parse::<usize>().with_context(|| format!("{flag}: '{s}' is not a number"));
     let lengths = list(&args.lengths, "--lengths", number("--lengths"))?;
     let windows = list(&args.windows, "--windows", number("--windows"))?;
-    anyhow::ensure!(
-        windows.iter().all(|&w| w > 0),
-        "--windows: a window holds at least one token"
-    );
+    anyhow::ensure!(windows.iter().all(|&w| w > 0), "--windows: a window holds at least one token");
     let longest = lengths.iter().copied().max().unwrap_or(0);
-    anyhow::ensure!(
-        longest + 256 + args.max_tokens < cfg.context_length,
-        "--lengths: {longest} tokens leave no room in the model's {}-token context",
-        cfg.context_length
-    );
+    anyhow::ensure!(longest + 256 + args.max_tokens < cfg.context_length, "--lengths: {longest} tokens leave no room in the model's {}-token context", cfg.context_length);
     let out = out_dir(&args.out, "eviction")?;
-    let spec = eviction::EvictionSpec {
-        lengths,
-        windows,
-        sinks: args.sinks,
-        needles: args.needles,
-        seed: args.seed,
-        max_tokens: args.max_tokens,
-        kv_dtypes,
-    };
+    let spec = eviction::EvictionSpec { lengths, windows, sinks: args.sinks, needles: args.needles, seed: args.seed, max_tokens: args.max_tokens, kv_dtypes };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("recall.jsonl"))?;
     let records = eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
-        let arm = r
-            .window
-            .map_or("full".to_string(), |w| format!("window {w}"));
-        eprintln!(
-            "{:>5} tokens {:>12} needle {} ({:>5} from the end): {} '{}' ({:.0} ms)",
-            r.prompt_tokens,
-            arm,
-            r.needle,
-            r.distance_from_end,
-            if r.correct { "ok  " } else { "MISS" },
-            r.reply,
-            r.prefill_ms
-        );
+        let arm = r.window.map_or("full".to_string(), |w| format!("window {w}"));
+        eprintln!("{:>5} tokens {:>12} needle {} ({:>5} from the end): {} '{}' ({:.0} ms)", r.prompt_tokens, arm, r.needle, r.distance_from_end, if r.correct { "ok  " } else { "MISS" }, r.reply, r.prefill_ms);
     })?;
     let mut fluency = Vec::new();
     if args.fluency_tokens > 0 {
-        let text = std::fs::read_to_string(&args.text)
-            .with_context(|| format!("--text {}", args.text.display()))?;
+        let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
         let mut tokens = tokenizer.encode(&text, true, false)?;
         tokens.truncate(args.fluency_tokens.min(cfg.context_length));
-        eprintln!(
-            "teacher forcing {} tokens of {} through {} arms",
-            tokens.len(),
-            args.text.display(),
-            1 + spec.windows.len() * if spec.sinks > 0 { 2 } else { 1 }
-        );
+        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), 1 + spec.windows.len() * if spec.sinks > 0 { 2 } else { 1 });
         fluency = eviction::fluency(&model, &tokens, &spec.windows, spec.sinks);
         let mut f = std::fs::File::create(out.join("fluency.jsonl"))?;
         for r in &fluency {
             writeln!(f, "{}", serde_json::to_string(r)?)?;
         }
     }
-    let name = args
-        .model
-        .model
-        .rsplit('/')
-        .next()
-        .unwrap_or(&args.model.model)
-        .to_string();
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
     let title = format!("{name}: needle recall vs prompt length, seed {}", args.seed);
     let table = eviction::markdown(&model, &spec, &records, &fluency);
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     eviction::plot(&spec, &records, &title, &out.join("recall.svg"))?;
-    println!(
-        "{title}\n\n{table}\nraw records, table and plot: {}",
-        out.display()
-    );
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }
 
 fn run_spec(args: SpecArgs) -> Result<()> {
     use reckon_lab::spec;
-    anyhow::ensure!(
-        args.passes >= 1 && args.max_tokens >= 2,
-        "--passes must be at least 1 and --max-tokens at least 2"
-    );
-    let number = |flag: &'static str| {
-        move |s: &str| {
-            s.parse::<usize>()
-                .with_context(|| format!("{flag}: '{s}' is not a number"))
-        }
-    };
+    anyhow::ensure!(args.passes >= 1 && args.max_tokens >= 2, "--passes must be at least 1 and --max-tokens at least 2");
+    let number = |flag: &'static str| move |s: &str| s.parse::<usize>().with_context(|| format!("{flag}: '{s}' is not a number"));
     let ks = list(&args.ks, "--ks", number("--ks"))?;
     let streams = list(&args.streams, "--streams", number("--streams"))?;
     anyhow::ensure!(streams.iter().all(|&s| s >= 1), "--streams: at least 1");
     let workloads = list(&args.workloads, "--workloads", |s| {
-        anyhow::ensure!(
-            spec::WORKLOADS.contains(&s),
-            "--workloads: '{s}' is none of {}",
-            spec::WORKLOADS.join(", ")
-        );
+        anyhow::ensure!(spec::WORKLOADS.contains(&s), "--workloads: '{s}' is none of {}", spec::WORKLOADS.join(", "));
         Ok(s.to_string())
     })?;
     let (min_n, max_n) = turn_range(&args.model.spec_ngram).context("--spec-ngram")?;
     let draft_ks = list(&args.draft_ks, "--draft-ks", number("--draft-ks"))?;
     let loaded = load(&args.model)?;
     let draft = match &args.draft {
-        Some(name) => Some(Arc::new(super::common::load_draft(
-            name,
-            &loaded.tokenizer,
-            &args.model,
-        )?)),
+        Some(name) => Some(Arc::new(super::common::load_draft(name, &loaded.tokenizer, &args.model)?)),
         None => None,
     };
     let out = out_dir(&args.out, "spec")?;
-    let lab = spec::SpecLabSpec {
-        ks,
-        auto_k: (args.auto_k > 0).then_some(args.auto_k),
-        workloads,
-        streams,
-        passes: args.passes,
-        max_tokens: args.max_tokens,
-        seed: args.seed,
-        min_n,
-        max_n,
-        draft,
-        draft_ks,
-    };
+    let lab = spec::SpecLabSpec { ks, auto_k: (args.auto_k > 0).then_some(args.auto_k), workloads, streams, passes: args.passes, max_tokens: args.max_tokens, seed: args.seed, min_n, max_n, draft, draft_ks };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let records = spec::run(&model, &tokenizer, &loaded.template, &lab, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
-        eprintln!(
-            "pass {} {:>9} x{} {:>10}: {:7.1} tok/s, {:>3} of {:>3} guesses kept{}",
-            r.pass + 1,
-            r.workload,
-            r.streams,
-            r.proposer.label(r.k),
-            r.decode_tokens_per_s,
-            r.accepted,
-            r.drafted,
-            if r.identical { "" } else { "  OUTPUT DIFFERS" }
-        );
+        eprintln!("pass {} {:>9} x{} {:>10}: {:7.1} tok/s, {:>3} of {:>3} guesses kept{}", r.pass + 1, r.workload, r.streams, r.proposer.label(r.k), r.decode_tokens_per_s, r.accepted, r.drafted, if r.identical { "" } else { "  OUTPUT DIFFERS" });
     })?;
     let rows = spec::rows(&records);
-    let name = args
-        .model
-        .model
-        .rsplit('/')
-        .next()
-        .unwrap_or(&args.model.model)
-        .to_string();
-    let drafter = args.draft.as_deref().map_or(String::new(), |d| {
-        format!(", draft model {}", d.rsplit('/').next().unwrap_or(d))
-    });
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let drafter = args.draft.as_deref().map_or(String::new(), |d| format!(", draft model {}", d.rsplit('/').next().unwrap_or(d)));
     let title = format!("{name}: speculation (n-gram {min_n}-{max_n}{drafter}) vs none, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
     let table = spec::markdown(&rows);
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     spec::plot(&rows, &title, &out.join("speedup.svg"))?;
-    anyhow::ensure!(
-        rows.iter().all(|r| r.identical),
-        "speculation changed a greedy output (see the table): {}",
-        out.display()
-    );
-    println!(
-        "{title}\n\n{table}\nraw records, table and plot: {}",
-        out.display()
-    );
+    anyhow::ensure!(rows.iter().all(|r| r.identical), "speculation changed a greedy output (see the table): {}", out.display());
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }
 
 fn turn_range(spec: &str) -> Result<(usize, usize)> {
-    let parse = |s: &str| {
-        s.trim()
-            .parse::<usize>()
-            .with_context(|| format!("--turn-tokens '{spec}': expected MIN-MAX, e.g. 150-300"))
-    };
+    let parse = |s: &str| s.trim().parse::<usize>().with_context(|| format!("--turn-tokens '{spec}': expected MIN-MAX, e.g. 150-300"));
     let (lo, hi) = match spec.split_once('-') {
         Some((a, b)) => (parse(a)?, parse(b)?),
         None => (parse(spec)?, parse(spec)?),
     };
-    anyhow::ensure!(
-        lo >= 1 && lo <= hi,
-        "--turn-tokens '{spec}': need 1 <= MIN <= MAX"
-    );
+    anyhow::ensure!(lo >= 1 && lo <= hi, "--turn-tokens '{spec}': need 1 <= MIN <= MAX");
     Ok((lo, hi))
 }
 
 fn run_prefix(args: PrefixArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.turns >= 1 && args.sessions >= 1 && args.passes >= 1,
-        "--turns, --sessions and --passes must be at least 1"
-    );
+    anyhow::ensure!(args.turns >= 1 && args.sessions >= 1 && args.passes >= 1, "--turns, --sessions and --passes must be at least 1");
     anyhow::ensure!(args.max_tokens >= 1, "--max-tokens must be at least 1");
     let turn_tokens = turn_range(&args.turn_tokens)?;
     let loaded = load(&args.model)?;
     anyhow::ensure!(loaded.draft.is_none(), "this lab runs without a draft model (--spec draft is for serve, run, chat and lab spec --draft)");
     let cfg = &loaded.model.config;
     let kv = args.model.kv_choice(cfg, args.kv.block_size, false)?;
-    let engine =
-        args.kv
-            .engine_config(&loaded.model, None, &kv, cfg.context_length, 16, 16, true)?;
-    let spec = PrefixSpec {
-        turns: args.turns,
-        sessions: args.sessions,
-        prefix_tokens: args.prefix_tokens,
-        turn_tokens,
-        max_tokens: args.max_tokens,
-        passes: args.passes,
-        timestamp: args.timestamp,
-        engine,
-    };
+    let engine = args.kv.engine_config(&loaded.model, None, &kv, cfg.context_length, 16, 16, true)?;
+    let spec = PrefixSpec { turns: args.turns, sessions: args.sessions, prefix_tokens: args.prefix_tokens, turn_tokens, max_tokens: args.max_tokens, passes: args.passes, timestamp: args.timestamp, engine };
     let out = args.out.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from(format!("bench/out/prefix-{secs}"))
     });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let command: Vec<String> = std::env::args().collect();
-    std::fs::write(
-        out.join("command.txt"),
-        format!("{}\n{}", command.join(" "), super::common::stamp()),
-    )?;
+    std::fs::write(out.join("command.txt"), format!("{}\n{}", command.join(" "), super::common::stamp()))?;
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let records = prefix::run(&model, &tokenizer, &loaded.template, &spec, |r| {
@@ -496,57 +358,28 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     let rows = report::rows(&records);
     let findings = report::findings(&records, &rows, args.kv.block_size);
     let table = report::markdown(&rows, &findings, args.kv.block_size);
-    let name = args
-        .model
-        .model
-        .rsplit('/')
-        .next()
-        .unwrap_or(&args.model.model)
-        .to_string();
-    let title = format!(
-        "{name}: {} turns x {} session(s), {}-token system prompt{}",
-        args.turns,
-        args.sessions,
-        args.prefix_tokens,
-        if args.timestamp {
-            ", timestamp first"
-        } else {
-            ""
-        }
-    );
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: {} turns x {} session(s), {}-token system prompt{}", args.turns, args.sessions, args.prefix_tokens, if args.timestamp { ", timestamp first" } else { "" });
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     report::plot(&rows, &title, &out.join("ttft.svg"))?;
-    println!(
-        "{title}\n\n{table}\nraw records, table and plot: {}",
-        out.display()
-    );
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }
 
 fn list<T>(spec: &str, flag: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
-    let v: Vec<T> = spec
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| parse(s.trim()))
-        .collect::<Result<_>>()?;
+    let v: Vec<T> = spec.split(',').filter(|s| !s.trim().is_empty()).map(|s| parse(s.trim())).collect::<Result<_>>()?;
     anyhow::ensure!(!v.is_empty(), "{flag}: empty list");
     Ok(v)
 }
 
 fn out_dir(out: &Option<PathBuf>, leg: &str) -> Result<PathBuf> {
     let out = out.clone().unwrap_or_else(|| {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from(format!("bench/out/{leg}-{secs}"))
     });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let command: Vec<String> = std::env::args().collect();
-    std::fs::write(
-        out.join("command.txt"),
-        format!("{}\n{}", command.join(" "), super::common::stamp()),
-    )?;
+    std::fs::write(out.join("command.txt"), format!("{}\n{}", command.join(" "), super::common::stamp()))?;
     Ok(out)
 }
 
@@ -558,56 +391,31 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     anyhow::ensure!(loaded.draft.is_none(), "this lab runs without a draft model (--spec draft is for serve, run, chat and lab spec --draft)");
     let cfg = loaded.model.config.clone();
     let dtypes = list(&args.arms, "--arms", |s| {
-        let d =
-            KvDtypes::parse(&s.replace('/', ",")).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
-        d.check_shape(cfg.head_dim, 16)
-            .map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
+        let d = KvDtypes::parse(&s.replace('/', ",")).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
+        d.check_shape(cfg.head_dim, 16).map_err(|e| anyhow::anyhow!("--arms: {e}"))?;
         Ok(d)
     })?;
     let room = args.n_prompt.max(args.n_gen) + 64;
     let default_depths = if tax {
-        let mut d: Vec<usize> = [0, 1024, 2048, 4096, 8192]
-            .into_iter()
-            .filter(|&d| d + room < cfg.context_length)
-            .collect();
+        let mut d: Vec<usize> = [0, 1024, 2048, 4096, 8192].into_iter().filter(|&d| d + room < cfg.context_length).collect();
         let last = (cfg.context_length - room) / 1024 * 1024;
         if last > *d.last().unwrap_or(&0) && last <= 16384 {
             d.push(last);
         }
-        d.iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+        d.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
     } else {
         "0,1024,2048,4096".to_string()
     };
-    let depths = list(
-        args.depths.as_deref().unwrap_or(&default_depths),
-        "--depths",
-        |s| {
-            let d: usize = s
-                .parse()
-                .with_context(|| format!("--depths: '{s}' is not a number"))?;
-            anyhow::ensure!(d % 16 == 0 && d + args.n_prompt.max(args.n_gen) < cfg.context_length, "--depths: {d} must be a multiple of 16 that leaves room in the model's {}-token context", cfg.context_length);
-            Ok(d)
-        },
-    )?;
-    let out = if args.serve_passes {
-        PathBuf::new()
-    } else {
-        out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })?
-    };
+    let depths = list(args.depths.as_deref().unwrap_or(&default_depths), "--depths", |s| {
+        let d: usize = s.parse().with_context(|| format!("--depths: '{s}' is not a number"))?;
+        anyhow::ensure!(d % 16 == 0 && d + args.n_prompt.max(args.n_gen) < cfg.context_length, "--depths: {d} must be a multiple of 16 that leaves room in the model's {}-token context", cfg.context_length);
+        Ok(d)
+    })?;
+    let out = if args.serve_passes { PathBuf::new() } else { out_dir(&args.out, if tax { "kv-tax" } else { "kv-quant" })? };
     let quality_tokens = args.quality_tokens.unwrap_or(if tax { 0 } else { 4096 });
     let model = Arc::new(loaded.model);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let spec = kv::KvQuantSpec {
-        dtypes: dtypes.clone(),
-        depths: depths.clone(),
-        passes: args.passes,
-        n_gen: args.n_gen,
-        n_prompt: args.n_prompt,
-        chunk: 512,
-    };
+    let spec = kv::KvQuantSpec { dtypes: dtypes.clone(), depths: depths.clone(), passes: args.passes, n_gen: args.n_gen, n_prompt: args.n_prompt, chunk: 512 };
     if args.serve_passes {
         return serve_passes(&model, &spec);
     }
@@ -615,50 +423,23 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     let threads = reckon_engine::pool::current().threads();
     let mut others = Vec::new();
     if let Some(python) = &args.llamacpp {
-        others.push(PassProcess::llamacpp(
-            python,
-            &super::common::model_path(&args.model.model)?,
-            &depths,
-            args.n_gen,
-            args.n_prompt,
-            threads,
-        )?);
+        others.push(PassProcess::llamacpp(python, &super::common::model_path(&args.model.model)?, &depths, args.n_gen, args.n_prompt, threads)?);
     }
     if let Some(level) = args.second_simd {
         others.push(PassProcess::reckon_at(level, &args, &depths, threads)?);
     }
-    let mut external =
-        |pass: usize| -> std::result::Result<Vec<kv::SpeedRecord>, reckon_lab::LabError> {
-            let mut out = Vec::new();
-            for p in others.iter_mut() {
-                out.extend(p.pass(pass).map_err(|e| {
-                    reckon_lab::LabError::Request(format!("{}: {e:#}", p.prefix.trim_end()))
-                })?);
-            }
-            Ok(out)
-        };
-    let ext: Option<kv::ExternalPass> = if args.llamacpp.is_some() || args.second_simd.is_some() {
-        Some(&mut external)
-    } else {
-        None
+    let mut external = |pass: usize| -> std::result::Result<Vec<kv::SpeedRecord>, reckon_lab::LabError> {
+        let mut out = Vec::new();
+        for p in others.iter_mut() {
+            out.extend(p.pass(pass).map_err(|e| reckon_lab::LabError::Request(format!("{}: {e:#}", p.prefix.trim_end())))?);
+        }
+        Ok(out)
     };
-    let records = kv::speed_with(
-        &model,
-        &spec,
-        |r| {
-            let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
-            eprintln!(
-                "pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}",
-                r.pass + 1,
-                r.kv_dtype,
-                r.test,
-                r.depth,
-                r.tokens_per_s,
-                if r.drift_check { " (drift check)" } else { "" }
-            );
-        },
-        ext,
-    )?;
+    let ext: Option<kv::ExternalPass> = if args.llamacpp.is_some() || args.second_simd.is_some() { Some(&mut external) } else { None };
+    let records = kv::speed_with(&model, &spec, |r| {
+        let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        eprintln!("pass {} {:>9} {} @ d{:<5}: {:8.1} tok/s{}", r.pass + 1, r.kv_dtype, r.test, r.depth, r.tokens_per_s, if r.drift_check { " (drift check)" } else { "" });
+    }, ext)?;
     let mut quality = Vec::new();
     let bandwidth = (tax || args.bandwidth).then(|| {
         eprintln!("measuring the read bandwidth");
@@ -668,16 +449,10 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
         std::fs::write(out.join("bandwidth.json"), serde_json::to_string(bw)?)?;
     }
     if quality_tokens > 0 {
-        let text = std::fs::read_to_string(&args.text)
-            .with_context(|| format!("--text {}", args.text.display()))?;
+        let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
         let mut tokens = tokenizer.encode(&text, true, false)?;
         tokens.truncate(quality_tokens.min(cfg.context_length));
-        eprintln!(
-            "teacher forcing {} tokens of {} through {} arms",
-            tokens.len(),
-            args.text.display(),
-            dtypes.len()
-        );
+        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), dtypes.len());
         quality = kv::quality(&model, &tokens, 512, &dtypes);
         let mut f = std::fs::File::create(out.join("quality.jsonl"))?;
         for q in &quality {
@@ -687,111 +462,55 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
     let needle_tokens = args.needle_tokens.unwrap_or(if tax { 0 } else { 2048 });
     let mut recall = Vec::new();
     if needle_tokens > 0 {
-        anyhow::ensure!(
-            needle_tokens + 300 < cfg.context_length,
-            "--needle-tokens {needle_tokens} leaves no room in the model's {}-token context",
-            cfg.context_length
-        );
+        anyhow::ensure!(needle_tokens + 300 < cfg.context_length, "--needle-tokens {needle_tokens} leaves no room in the model's {}-token context", cfg.context_length);
         let mut f = std::fs::File::create(out.join("recall.jsonl"))?;
         for &d in &dtypes {
-            let spec = reckon_lab::eviction::EvictionSpec {
-                lengths: vec![needle_tokens],
-                windows: Vec::new(),
-                sinks: 0,
-                needles: 5,
-                seed: 1,
-                max_tokens: 12,
-                kv_dtypes: d,
-            };
+            let spec = reckon_lab::eviction::EvictionSpec { lengths: vec![needle_tokens], windows: Vec::new(), sinks: 0, needles: 5, seed: 1, max_tokens: 12, kv_dtypes: d };
             eprintln!("needle recall, {} KV, {needle_tokens} tokens", d.name());
-            recall.extend(reckon_lab::eviction::recall(
-                &model,
-                &tokenizer,
-                &loaded.template,
-                &spec,
-                |r| {
-                    let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());
-                },
-            )?);
+            recall.extend(reckon_lab::eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
+                let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());
+            })?);
         }
     }
     let mut arms: Vec<String> = dtypes.iter().map(|d| d.name()).collect();
-    for r in records
-        .iter()
-        .filter(|r| !kv::implementation(&r.kv_dtype).is_empty())
-    {
+    for r in records.iter().filter(|r| !kv::implementation(&r.kv_dtype).is_empty()) {
         if !arms.contains(&r.kv_dtype) {
             arms.push(r.kv_dtype.clone());
         }
     }
     let rows = kv::speed_rows(&records, &arms, &depths);
-    let mut csv = String::from(
-        "kv_dtype,depth,test,tokens_per_s_median,min,max,ratio_median,ratio_min,ratio_max\n",
-    );
+    let mut csv = String::from("kv_dtype,depth,test,tokens_per_s_median,min,max,ratio_median,ratio_min,ratio_max\n");
     for r in &rows {
         let (t, q) = (&r.tokens_per_s, &r.ratio);
-        csv += &format!(
-            "{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.4}\n",
-            r.kv_dtype, r.depth, r.test, t.median, t.min, t.max, q.median, q.min, q.max
-        );
+        csv += &format!("{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.4}\n", r.kv_dtype, r.depth, r.test, t.median, t.min, t.max, q.median, q.min, q.max);
     }
     std::fs::write(out.join("speed.csv"), csv)?;
-    let name = args
-        .model
-        .model
-        .rsplit('/')
-        .next()
-        .unwrap_or(&args.model.model)
-        .to_string();
-    let title = format!(
-        "{name}: KV dtypes, {} passes, {} threads, kernels {}",
-        args.passes,
-        reckon_engine::pool::current().threads(),
-        reckon_engine::kernels::cpu::simd_level().name()
-    );
-    let mut table = kv::markdown(
-        &model,
-        &rows,
-        &quality,
-        kv::drift(&records),
-        args.price_per_hour,
-        bandwidth.as_ref(),
-    );
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: KV dtypes, {} passes, {} threads, kernels {}", args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+    let mut table = kv::markdown(&model, &rows, &quality, kv::drift(&records), args.price_per_hour, bandwidth.as_ref());
     let versus = kv::best_over_external(&rows);
     if !versus.is_empty() {
         table += "\nreckon's fastest arm over llama.cpp's fastest (medians, same passes):\n\n| test | depth | reckon | llama.cpp | reckon / llama.cpp |\n|---|---|---|---|---|\n";
         for (test, depth, ours, theirs, x) in versus {
-            table += &format!(
-                "| {test} | {depth} | {ours} | {} | {x:.2}x |\n",
-                theirs.trim_start_matches(kv::LLAMACPP)
-            );
+            table += &format!("| {test} | {depth} | {ours} | {} | {x:.2}x |\n", theirs.trim_start_matches(kv::LLAMACPP));
         }
     }
     if let Some(first) = recall.first() {
         table += &format!("\nNeedle recall at {} prompt tokens (5 facts in a seeded haystack, greedy; `reckon lab eviction`):\n\n| KV | recalled |\n|---|---|\n", first.prompt_tokens);
         for d in &dtypes {
-            let n = recall
-                .iter()
-                .filter(|r| r.kv_dtype == d.name() && r.correct)
-                .count();
+            let n = recall.iter().filter(|r| r.kv_dtype == d.name() && r.correct).count();
             table += &format!("| {} | {n}/5 |\n", d.name());
         }
     }
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     kv::plot(&rows, &title, &out.join("speed.svg"))?;
-    println!(
-        "{title}\n\n{table}\nraw records, table and plot: {}",
-        out.display()
-    );
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
     Ok(())
 }
 
 /// `kv-quant --serve-passes`: `ready` once the caches are filled, then one speed pass per `pass N` line on
 /// stdin, its records as one JSON line on stdout (`{"records": [...]}`), until stdin closes.
-fn serve_passes(
-    model: &Arc<reckon_engine::model::Model>,
-    spec: &reckon_lab::kv::KvQuantSpec,
-) -> Result<()> {
+fn serve_passes(model: &Arc<reckon_engine::model::Model>, spec: &reckon_lab::kv::KvQuantSpec) -> Result<()> {
     use std::io::BufRead;
     let mut runner = reckon_lab::kv::SpeedRunner::new(model, spec)?;
     let stdout = std::io::stdout();
@@ -801,10 +520,7 @@ fn serve_passes(
     stdout.lock().flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
-        let pass: usize = line
-            .strip_prefix("pass ")
-            .and_then(|n| n.trim().parse().ok())
-            .with_context(|| format!("--serve-passes: '{line}' is not `pass N`"))?;
+        let pass: usize = line.strip_prefix("pass ").and_then(|n| n.trim().parse().ok()).with_context(|| format!("--serve-passes: '{line}' is not `pass N`"))?;
         let records = runner.pass(pass, |_| {})?;
         let mut out = stdout.lock();
         writeln!(out, "{}", serde_json::json!({ "records": records }))?;
@@ -825,90 +541,26 @@ struct PassProcess {
 }
 
 impl PassProcess {
-    fn llamacpp(
-        python: &std::path::Path,
-        model: &std::path::Path,
-        depths: &[usize],
-        n_gen: usize,
-        n_prompt: usize,
-        threads: usize,
-    ) -> Result<PassProcess> {
+    fn llamacpp(python: &std::path::Path, model: &std::path::Path, depths: &[usize], n_gen: usize, n_prompt: usize, threads: usize) -> Result<PassProcess> {
         let script = std::path::Path::new("bench/kv-quant-llamacpp");
-        anyhow::ensure!(
-            script.exists(),
-            "--llamacpp: run from the repository root (bench/kv-quant-llamacpp not found)"
-        );
-        anyhow::ensure!(
-            python.exists(),
-            "--llamacpp: {} not found (bench/setup-llamacpp makes the venv)",
-            python.display()
-        );
-        let depths = depths
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        anyhow::ensure!(script.exists(), "--llamacpp: run from the repository root (bench/kv-quant-llamacpp not found)");
+        anyhow::ensure!(python.exists(), "--llamacpp: {} not found (bench/setup-llamacpp makes the venv)", python.display());
+        let depths = depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
         let mut cmd = std::process::Command::new(python);
-        cmd.arg(script).arg("--serve").arg("-m").arg(model).args([
-            "--depths",
-            &depths,
-            "-n",
-            &n_gen.to_string(),
-            "-p",
-            &n_prompt.to_string(),
-            "-t",
-            &threads.to_string(),
-        ]);
+        cmd.arg(script).arg("--serve").arg("-m").arg(model).args(["--depths", &depths, "-n", &n_gen.to_string(), "-p", &n_prompt.to_string(), "-t", &threads.to_string()]);
         Self::start(reckon_lab::kv::LLAMACPP, cmd)
     }
 
     /// This binary's `kv-quant` with the same model, arms, depths and sizes at SIMD level `level`.
-    fn reckon_at(
-        level: super::common::SimdArg,
-        args: &KvQuantArgs,
-        depths: &[usize],
-        threads: usize,
-    ) -> Result<PassProcess> {
+    fn reckon_at(level: super::common::SimdArg, args: &KvQuantArgs, depths: &[usize], threads: usize) -> Result<PassProcess> {
         use clap::ValueEnum;
-        let level = level
-            .to_possible_value()
-            .context("a SIMD level")?
-            .get_name()
-            .to_string();
-        let depths = depths
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
+        let level = level.to_possible_value().context("a SIMD level")?.get_name().to_string();
+        let depths = depths.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",");
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
-        cmd.args([
-            "lab",
-            "kv-quant",
-            "--serve-passes",
-            "-m",
-            &args.model.model,
-            "--arms",
-            &args.arms,
-            "--depths",
-            &depths,
-            "-n",
-            &args.n_gen.to_string(),
-            "-p",
-            &args.n_prompt.to_string(),
-        ]);
-        cmd.args([
-            "-t",
-            &threads.to_string(),
-            "--simd",
-            &level,
-            "--kv-dtype",
-            &args.model.kv_dtype,
-        ]);
+        cmd.args(["lab", "kv-quant", "--serve-passes", "-m", &args.model.model, "--arms", &args.arms, "--depths", &depths, "-n", &args.n_gen.to_string(), "-p", &args.n_prompt.to_string()]);
+        cmd.args(["-t", &threads.to_string(), "--simd", &level, "--kv-dtype", &args.model.kv_dtype]);
         if let Some(n) = args.model.numerics {
-            cmd.args([
-                "--numerics",
-                n.to_possible_value().context("numerics")?.get_name(),
-            ]);
+            cmd.args(["--numerics", n.to_possible_value().context("numerics")?.get_name()]);
         }
         if args.model.no_huge_pages {
             cmd.arg("--no-huge-pages");
@@ -918,28 +570,13 @@ impl PassProcess {
 
     fn start(prefix: &str, mut cmd: std::process::Command) -> Result<PassProcess> {
         use std::process::Stdio;
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {cmd:?}"))?;
-        let (input, mut output) = (
-            child.stdin.take().context("stdin")?,
-            std::io::BufReader::new(child.stdout.take().context("stdout")?),
-        );
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().with_context(|| format!("starting {cmd:?}"))?;
+        let (input, mut output) = (child.stdin.take().context("stdin")?, std::io::BufReader::new(child.stdout.take().context("stdout")?));
         // it loads and warms up first, alone: nothing is measured meanwhile
         let mut line = String::new();
         std::io::BufRead::read_line(&mut output, &mut line)?;
-        anyhow::ensure!(
-            line.trim() == "ready",
-            "{cmd:?} did not start (said {line:?})"
-        );
-        Ok(PassProcess {
-            prefix: prefix.to_string(),
-            child,
-            input,
-            output,
-        })
+        anyhow::ensure!(line.trim() == "ready", "{cmd:?} did not start (said {line:?})");
+        Ok(PassProcess { prefix: prefix.to_string(), child, input, output })
     }
 
     fn pass(&mut self, pass: usize) -> Result<Vec<reckon_lab::kv::SpeedRecord>> {
@@ -947,10 +584,7 @@ impl PassProcess {
         writeln!(self.input, "pass {pass}")?;
         self.input.flush()?;
         let mut line = String::new();
-        anyhow::ensure!(
-            self.output.read_line(&mut line)? > 0,
-            "the process ended early"
-        );
+        anyhow::ensure!(self.output.read_line(&mut line)? > 0, "the process ended early");
         let v: serde_json::Value = serde_json::from_str(&line).context("its reply")?;
         let records = v["records"].as_array().context("no records")?;
         records
@@ -963,11 +597,7 @@ impl PassProcess {
                 };
                 Ok(reckon_lab::kv::SpeedRecord {
                     pass,
-                    kv_dtype: format!(
-                        "{}{}",
-                        self.prefix,
-                        r["kv"].as_str().or(r["kv_dtype"].as_str()).context("kv")?
-                    ),
+                    kv_dtype: format!("{}{}", self.prefix, r["kv"].as_str().or(r["kv_dtype"].as_str()).context("kv")?),
                     depth: r["depth"].as_u64().context("depth")? as usize,
                     test,
                     tokens: r["tokens"].as_u64().context("tokens")? as usize,

@@ -4,9 +4,7 @@
 use super::common::{load, KvChoice, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{
-    spawn_with_draft, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams,
-};
+use reckon_engine::engine::{spawn_with_draft, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
 use reckon_engine::template::ChatMessage;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -45,49 +43,23 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 /// on so a conversation's next turn reuses the last one's blocks.
 pub const BLOCK_SIZE: usize = 16;
 
-pub fn start_engine(
-    loaded: Loaded,
-    ctx: usize,
-    kv: &KvChoice,
-) -> (
-    EngineHandle,
-    Arc<reckon_engine::tokenizer::Tokenizer>,
-    reckon_engine::template::ChatTemplate,
-) {
-    let mut config = EngineConfig {
-        block_size: BLOCK_SIZE,
-        max_running: 1,
-        max_waiting: 1,
-        max_model_len: ctx,
-        kv_dtypes: kv.dtypes,
-        kv_window: kv.window,
-        hybrid_kv: kv.hybrid,
-        spec: kv.spec.clone(),
-        ..EngineConfig::default()
-    };
+pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
+    let mut config = EngineConfig { block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, hybrid_kv: kv.hybrid, spec: kv.spec.clone(), ..EngineConfig::default() };
     // the most one sequence of the whole context holds, and a block per layer group to spare
     let layout = config.kv_layout(&loaded.model, false);
-    config.num_blocks =
-        layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();
+    config.num_blocks = layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = spawn_with_draft(
-        Arc::new(loaded.model),
-        loaded.draft.map(Arc::new),
-        tokenizer.clone(),
-        config,
-        None,
-    )
-    .expect("no disk tier; the draft model's vocabulary was checked at load");
+    let engine = spawn_with_draft(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, None).expect("no disk tier; the draft model's vocabulary was checked at load");
     (engine, tokenizer, loaded.template)
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(mut args: RunArgs) -> Result<()> {
+    // speculation where it pays, by default (docs/speculative.md): the same tokens, greedy or seeded
+    args.model.default_spec = super::common::SpecArg::Auto;
     let sampling = args.sampling.params()?;
     let prompt_text = if args.prompt == "-" {
         let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("reading the prompt from stdin")?;
+        std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
         s
     } else {
         args.prompt.clone()
@@ -105,14 +77,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         loaded.template.render(&msgs, true)?
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
-    let kv = args
-        .model
-        .kv_choice(&loaded.model.config, BLOCK_SIZE, false)?;
+    let kv = args.model.kv_choice(&loaded.model.config, BLOCK_SIZE, false)?;
     let (engine, _, _) = start_engine(loaded, ctx, &kv);
-    let params = GenerateParams {
-        sampling,
-        ..GenerateParams::greedy(prompt, args.max_tokens)
-    };
+    let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
     let stats = stream(&engine, params)?;
     if !args.raw {
         println!();
@@ -157,15 +124,7 @@ pub fn stream(engine: &EngineHandle, params: GenerateParams) -> Result<GenStats>
     let start = Instant::now();
     let (id, mut events) = engine.submit(params).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut out = std::io::stdout().lock();
-    let mut stats = GenStats {
-        prompt_tokens,
-        cached_tokens: 0,
-        generated: 0,
-        text: String::new(),
-        first_token_s: 0.0,
-        total_s: 0.0,
-        finish: None,
-    };
+    let mut stats = GenStats { prompt_tokens, cached_tokens: 0, generated: 0, text: String::new(), first_token_s: 0.0, total_s: 0.0, finish: None };
     while let Some(event) = events.blocking_recv() {
         match event {
             Event::Token { text, .. } => {

@@ -6,9 +6,9 @@ use clap::Args;
 use reckon_engine::engine::{spawn_with_draft, EngineHandle};
 use reckon_engine::kv::DiskTierConfig;
 use reckon_server::{router, AppState, DEFAULT_MAX_BODY_BYTES};
+use std::time::Duration;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -65,21 +65,11 @@ pub struct ServeArgs {
 
 /// The served names: the primary one first, then the other accepted names.
 fn served_names(args: &ServeArgs) -> Result<(String, Vec<String>)> {
-    let mut names = if args.served_model_name.is_empty() {
-        vec![args.model.model.clone()]
-    } else {
-        args.served_model_name.clone()
-    };
+    let mut names = if args.served_model_name.is_empty() { vec![args.model.model.clone()] } else { args.served_model_name.clone() };
     for a in &args.alias {
-        let (name, model) = a
-            .split_once('=')
-            .with_context(|| format!("--alias {a}: expected NAME=MODEL"))?;
+        let (name, model) = a.split_once('=').with_context(|| format!("--alias {a}: expected NAME=MODEL"))?;
         anyhow::ensure!(!name.is_empty(), "--alias {a}: the name is empty");
-        anyhow::ensure!(
-            names.iter().any(|n| n == model),
-            "--alias {a}: '{model}' is not a served model name ({})",
-            names.join(", ")
-        );
+        anyhow::ensure!(names.iter().any(|n| n == model), "--alias {a}: '{model}' is not a served model name ({})", names.join(", "));
         names.push(name.to_string());
     }
     let primary = names.remove(0);
@@ -88,111 +78,47 @@ fn served_names(args: &ServeArgs) -> Result<(String, Vec<String>)> {
     Ok((primary, names))
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.drain_timeout.is_finite() && args.drain_timeout >= 0.0,
-        "--drain-timeout must be a number of seconds"
-    );
+pub fn run(mut args: ServeArgs) -> Result<()> {
+    // speculation where it pays, by default (docs/speculative.md): the same tokens, greedy or seeded
+    args.model.default_spec = super::common::SpecArg::Auto;
+    anyhow::ensure!(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0, "--drain-timeout must be a number of seconds");
     let drain = Duration::from_secs_f64(args.drain_timeout);
     let max_body_bytes = match &args.max_body_size {
-        Some(s) => byte_size(s, "--max-body-size")?
-            .context("--max-body-size needs a unit (32MiB, 500KB)")?,
+        Some(s) => byte_size(s, "--max-body-size")?.context("--max-body-size needs a unit (32MiB, 500KB)")?,
         None => DEFAULT_MAX_BODY_BYTES,
     };
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
-    let kv = args
-        .model
-        .kv_choice(cfg, args.kv.block_size, args.prefix_cache_dir.is_some())?;
+    let kv = args.model.kv_choice(cfg, args.kv.block_size, args.prefix_cache_dir.is_some())?;
     let kv_dtypes = kv.dtypes;
-    let config = args.kv.engine_config(
-        &loaded.model,
-        loaded.draft.as_ref(),
-        &kv,
-        max_model_len,
-        args.max_running,
-        args.max_waiting,
-        !args.no_prefix_cache,
-    )?;
+    let config = args.kv.engine_config(&loaded.model, loaded.draft.as_ref(), &kv, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
     let num_blocks = config.num_blocks;
     let layout = config.kv_layout(&loaded.model, kv.disk_tier);
-    let mut window = config.kv_window.map_or(String::new(), |w| {
-        format!(", window {} + {} sinks", w.window, w.sinks)
-    });
+    let mut window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));
     if layout.is_hybrid() {
-        window += &format!(
-            ", {} layer groups of {} layers",
-            layout.num_groups(),
-            layout.slots()
-        );
+        window += &format!(", {} layer groups of {} layers", layout.num_groups(), layout.slots());
     }
     let (model_id, aliases) = served_names(&args)?;
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {
         Some(dir) => {
-            let max_bytes = byte_size(&args.prefix_cache_dir_size, "--prefix-cache-dir-size")?
-                .context("--prefix-cache-dir-size needs a unit (4GiB, 500MB)")?;
-            anyhow::ensure!(
-                !args.no_prefix_cache,
-                "--prefix-cache-dir needs the prefix cache; drop --no-prefix-cache"
-            );
-            Some(DiskTierConfig {
-                dir: dir.clone(),
-                max_bytes: max_bytes as u64,
-            })
+            let max_bytes = byte_size(&args.prefix_cache_dir_size, "--prefix-cache-dir-size")?.context("--prefix-cache-dir-size needs a unit (4GiB, 500MB)")?;
+            anyhow::ensure!(!args.no_prefix_cache, "--prefix-cache-dir needs the prefix cache; drop --no-prefix-cache");
+            Some(DiskTierConfig { dir: dir.clone(), max_bytes: max_bytes as u64 })
         }
         None => None,
     };
-    let engine = spawn_with_draft(
-        Arc::new(loaded.model),
-        loaded.draft.map(Arc::new),
-        tokenizer.clone(),
-        config,
-        disk,
-    )
-    .with_context(|| {
-        format!(
-            "prefix cache dir {}",
-            args.prefix_cache_dir
-                .as_deref()
-                .unwrap_or(std::path::Path::new(""))
-                .display()
-        )
-    })?;
-    let state = AppState {
-        engine,
-        tokenizer,
-        template: Arc::new(loaded.template),
-        model_id,
-        aliases,
-        responses: Default::default(),
-        grammar: Default::default(),
-        api_key: args.api_key.clone(),
-        metrics: Default::default(),
-        max_body_bytes,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let engine = spawn_with_draft(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, disk)
+        .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        eprintln!(
-            "reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})",
-            state.model_id,
-            listener.local_addr()?,
-            num_blocks,
-            args.kv.block_size,
-            kv_dtypes.name()
-        );
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
         let engine = state.engine.clone();
-        let served = axum::serve(listener, router(state))
-            .with_graceful_shutdown(stop_on_signal(engine.clone(), drain))
-            .await;
+        let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")

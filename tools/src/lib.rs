@@ -9,10 +9,7 @@ use reckon_engine::model::{LoadOptions, Model, Numerics};
 
 /// The numerics `RECKON_NUMERICS` asks for, else the CPU's default.
 pub fn numerics() -> Numerics {
-    match std::env::var("RECKON_NUMERICS")
-        .map(|v| v.to_ascii_lowercase())
-        .as_deref()
-    {
+    match std::env::var("RECKON_NUMERICS").map(|v| v.to_ascii_lowercase()).as_deref() {
         Ok("ggml") => Numerics::Ggml,
         Ok("packed") => Numerics::Packed,
         _ => Numerics::default_for_cpu(),
@@ -21,10 +18,7 @@ pub fn numerics() -> Numerics {
 
 /// Applies `RECKON_SIMD` and `RECKON_HUGE_PAGES`; call first.
 pub fn init_process() {
-    if let Some(level) = std::env::var("RECKON_SIMD")
-        .ok()
-        .and_then(|v| SimdLevel::from_name(&v))
-    {
+    if let Some(level) = std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)) {
         set_simd_cap(level);
     }
     if std::env::var("RECKON_HUGE_PAGES").is_ok_and(|v| v == "0") {
@@ -35,9 +29,5 @@ pub fn init_process() {
 /// Sets up the process and loads the model at `path` with `numerics()`.
 pub fn load_model(path: &str) -> Model {
     init_process();
-    Model::load_with(
-        GgufFile::open(path).expect("model file"),
-        LoadOptions::from(numerics()),
-    )
-    .expect("load")
+    Model::load_with(GgufFile::open(path).expect("model file"), LoadOptions::from(numerics())).expect("load")
 }

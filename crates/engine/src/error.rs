@@ -6,10 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot open model file {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Open { path: PathBuf, source: std::io::Error },
     #[error("invalid GGUF file: {0}")]
     Gguf(String),
     #[error("unsupported model: {0}")]

@@ -52,10 +52,7 @@ impl TokenizerEnv for Vocab {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         match std::str::from_utf8(s) {
-            Ok(text) => self
-                .tokenizer
-                .encode(text, false, false)
-                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Ok(text) => self.tokenizer.encode(text, false, false).unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }
@@ -73,9 +70,7 @@ impl GrammarCompiler {
     /// `logits_len`: the model's output size.
     pub fn new(tokenizer: Arc<Tokenizer>, logits_len: usize) -> Result<Self, String> {
         let n = tokenizer.vocab_size();
-        let eos = tokenizer
-            .eos_id()
-            .ok_or("the tokenizer has no end-of-sequence token; constrained decoding needs one")?;
+        let eos = tokenizer.eos_id().ok_or("the tokenizer has no end-of-sequence token; constrained decoding needs one")?;
         let words: Vec<Vec<u8>> = (0..n as u32)
             .map(|id| {
                 if tokenizer.is_control(id) {
@@ -93,18 +88,13 @@ impl GrammarCompiler {
         let env: TokEnv = Arc::new(Vocab { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(GrammarCompiler {
-            factory,
-            logits_len,
-        })
+        Ok(GrammarCompiler { factory, logits_len })
     }
 
     /// A fresh constraint for one request; an error says what is wrong with the grammar.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint, String> {
         let top = match grammar {
-            Grammar::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(with_json_options(schema))
-            }
+            Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(with_json_options(schema)),
             Grammar::Lark(source) => TopLevelGrammar::from_lark(source.clone()),
         };
         let parser = self.factory.create_parser(top).map_err(|e| e.to_string())?;
@@ -112,10 +102,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Constraint {
-            matcher,
-            logits_len: self.logits_len,
-        })
+        Ok(Constraint { matcher, logits_len: self.logits_len })
     }
 }
 
@@ -137,10 +124,7 @@ impl Constraint {
     /// the grammar is complete).
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         debug_assert_eq!(logits.len(), self.logits_len);
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| e.to_string())?;
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
         // the tokens past the tokenizer's vocabulary (padding rows of the output matrix) are never allowed
         let n = allowed.len().min(logits.len());
         logits[n..].fill(f32::NEG_INFINITY);

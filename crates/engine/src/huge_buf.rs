@@ -42,11 +42,7 @@ impl<T: Zeroable> HugeBuf<T> {
         let bytes = len.saturating_mul(std::mem::size_of::<T>());
         // SAFETY: all-zero bytes are a valid T (`Zeroable`).
         let zero: T = unsafe { std::mem::zeroed() };
-        let heap = |len| HugeBuf {
-            store: Store::Heap(vec![zero; len]),
-            len,
-            _elem: PhantomData,
-        };
+        let heap = |len| HugeBuf { store: Store::Heap(vec![zero; len]), len, _elem: PhantomData };
         if bytes < Self::MIN_HUGE_BYTES || !huge_pages_wanted() {
             return heap(len);
         }
@@ -56,11 +52,7 @@ impl<T: Zeroable> HugeBuf<T> {
                 #[cfg(target_os = "linux")]
                 // Advice only: an error (THP compiled out) leaves ordinary pages.
                 let _ = map.advise(memmap2::Advice::HugePage);
-                HugeBuf {
-                    store: Store::Map(map),
-                    len,
-                    _elem: PhantomData,
-                }
+                HugeBuf { store: Store::Map(map), len, _elem: PhantomData }
             }
             Err(_) => heap(len),
         }
@@ -85,9 +77,7 @@ impl<T: Zeroable> Deref for HugeBuf<T> {
         match &self.store {
             // SAFETY: the map holds `len * size_of::<T>()` initialised bytes, aligned for T (page
             // alignment), zero bytes are a valid T (`Zeroable`), and the map lives as long as `self`.
-            Store::Map(m) => unsafe {
-                std::slice::from_raw_parts(m.as_ptr() as *const T, self.len)
-            },
+            Store::Map(m) => unsafe { std::slice::from_raw_parts(m.as_ptr() as *const T, self.len) },
             Store::Heap(v) => v,
         }
     }
@@ -97,9 +87,7 @@ impl<T: Zeroable> DerefMut for HugeBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         match &mut self.store {
             // SAFETY: as in `deref`, and `&mut self` makes this the only reference.
-            Store::Map(m) => unsafe {
-                std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut T, self.len)
-            },
+            Store::Map(m) => unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr() as *mut T, self.len) },
             Store::Heap(v) => v,
         }
     }
@@ -118,10 +106,7 @@ mod tests {
             if len > 1 {
                 b[0] = 1.5;
                 b[len - 1] = 2.5;
-                assert_eq!(
-                    (b[0], b[1], b[len - 1]),
-                    (1.5, if len == 2 { 2.5 } else { 0.0 }, 2.5)
-                );
+                assert_eq!((b[0], b[1], b[len - 1]), (1.5, if len == 2 { 2.5 } else { 0.0 }, 2.5));
             }
         }
     }

@@ -87,11 +87,7 @@ impl Pool {
                     .expect("cannot spawn a pool worker thread")
             })
             .collect();
-        Pool {
-            shared,
-            workers,
-            running: Mutex::new(()),
-        }
+        Pool { shared, workers, running: Mutex::new(()) }
     }
 
     pub fn threads(&self) -> usize {
@@ -133,8 +129,7 @@ impl Pool {
         // SAFETY: every worker finished the previous epoch (pending was 0 when the last run returned), so
         // none reads `job` now; the closure outlives this call, which waits for all workers below.
         unsafe {
-            let job: Job =
-                std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f);
+            let job: Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f);
             *s.job.get() = Some(job);
         }
         s.n_parts.store(n_parts, Ordering::Relaxed);
@@ -155,10 +150,7 @@ impl Pool {
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
         }
-        assert!(
-            !s.panicked.load(Ordering::Relaxed),
-            "a thread-pool part panicked"
-        );
+        assert!(!s.panicked.load(Ordering::Relaxed), "a thread-pool part panicked");
     }
 }
 
@@ -166,11 +158,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         {
-            let _g = self
-                .shared
-                .sleepers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let _g = self.shared.sleepers.lock().unwrap_or_else(|e| e.into_inner());
             self.shared.wake.notify_all();
         }
         for w in self.workers.drain(..) {
@@ -250,13 +238,7 @@ pub fn current() -> &'static Pool {
         // SAFETY: `install` keeps the pool borrowed (alive) while the pointer is set.
         return unsafe { &*installed };
     }
-    GLOBAL.get_or_init(|| {
-        Pool::new(
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-        )
-    })
+    GLOBAL.get_or_init(|| Pool::new(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)))
 }
 
 #[cfg(test)]
@@ -319,9 +301,7 @@ mod tests {
     #[test]
     fn a_panicking_part_is_reported_and_the_pool_survives() {
         let pool = Pool::new(2);
-        let r = catch_unwind(AssertUnwindSafe(|| {
-            pool.run(8, &|p| assert!(p != 5, "part 5"))
-        }));
+        let r = catch_unwind(AssertUnwindSafe(|| pool.run(8, &|p| assert!(p != 5, "part 5"))));
         assert!(r.is_err());
         let count = AtomicU64::new(0);
         pool.run(8, &|_| {

@@ -10,22 +10,13 @@ pub const DEFAULT_MODEL: &str = "smollm2-135m";
 pub const KNOWN_MODELS: [(&str, &str); 4] = [
     ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
-    (
-        "qwen2.5-coder-0.5b",
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    ),
-    (
-        "qwen2.5-coder-1.5b",
-        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    ),
+    ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
 ];
 
 /// The path of a known model's file in `dir`, whether or not it has been fetched.
 pub fn known_model_path(dir: &Path, name: &str) -> Option<PathBuf> {
-    KNOWN_MODELS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, f)| dir.join(f))
+    KNOWN_MODELS.iter().find(|(n, _)| *n == name).map(|(_, f)| dir.join(f))
 }
 
 /// Resolves `-m`: an existing path, or the short name of a model fetched into `dir`.
@@ -51,10 +42,7 @@ pub fn resolve_model(dir: &Path, spec: &str) -> Result<PathBuf> {
         path: path.to_path_buf(),
         source: std::io::Error::new(
             std::io::ErrorKind::NotFound,
-            format!(
-                "no such file, and not a known model name ({})",
-                names.join(", ")
-            ),
+            format!("no such file, and not a known model name ({})", names.join(", ")),
         ),
     })
 }

@@ -43,10 +43,7 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            ..Self::default()
-        }
+        SamplingParams { temperature: 0.0, ..Self::default() }
     }
 }
 
@@ -83,11 +80,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler {
-            params,
-            rng,
-            probs: Vec::new(),
-        }
+        Sampler { params, rng, probs: Vec::new() }
     }
 
     /// Picks the next token. `history` holds the tokens so far (prompt and output), for penalties.
@@ -111,72 +104,26 @@ impl Sampler {
             // (l - max) / T: never above 0, so a tiny temperature underflows to 0 rather than overflowing.
             let max = max_logit(logits);
             self.probs.clear();
-            self.probs
-                .extend(logits.iter().map(|&l| (l - max) / p.temperature));
+            self.probs.extend(logits.iter().map(|&l| (l - max) / p.temperature));
             crate::kernels::ggml::math::soft_max(&mut self.probs, 0);
-            return draw(
-                self.rng.next_f64(),
-                self.probs
-                    .iter()
-                    .enumerate()
-                    .map(|(id, &q)| (id as u32, q as f64)),
-            );
+            return draw(self.rng.next_f64(), self.probs.iter().enumerate().map(|(id, &q)| (id as u32, q as f64)));
         };
         let probs = softmax(&cands, p.temperature);
-        draw(
-            self.rng.next_f64(),
-            cands.iter().zip(probs).map(|(&(id, _), q)| (id, q)),
-        )
+        draw(self.rng.next_f64(), cands.iter().zip(probs).map(|(&(id, _), q)| (id, q)))
     }
 }
 
 impl Sampler {
     /// Speculative verification of `guess` (a proposer's point-mass guess) against this row: `None` keeps
-    /// it, `Some(token)` rejects it for `token`. Greedy: kept iff it is the argmax, else the argmax. With
-    /// temperature: kept with probability p(guess) under the distribution `sample` draws from, else a
-    /// token drawn from that distribution without `guess` (Leviathan et al.'s residual for a point-mass
-    /// proposal), so the token that results has exactly `sample`'s distribution.
-    pub fn accept_or_resample(
-        &mut self,
-        logits: &[f32],
-        history: &[u32],
-        guess: u32,
-    ) -> Option<u32> {
-        let p = &self.params;
-        let mut l = logits.to_vec();
-        apply_penalties(&mut l, history, p);
-        if p.temperature == 0.0 {
-            let best = argmax(&l);
-            return (best != guess).then_some(best);
-        }
-        let dist: Vec<(u32, f64)> = match candidates(&l, p) {
-            Some(cands) => cands
-                .iter()
-                .map(|c| c.0)
-                .zip(softmax(&cands, p.temperature))
-                .collect(),
-            None => {
-                let max = max_logit(&l);
-                self.probs.clear();
-                self.probs
-                    .extend(l.iter().map(|&x| (x - max) / p.temperature));
-                crate::kernels::ggml::math::soft_max(&mut self.probs, 0);
-                self.probs
-                    .iter()
-                    .enumerate()
-                    .map(|(id, &q)| (id as u32, q as f64))
-                    .collect()
-            }
-        };
-        let p_guess = dist.iter().find(|d| d.0 == guess).map_or(0.0, |d| d.1);
-        if self.rng.next_f64() < p_guess {
-            return None;
-        }
-        let rest = 1.0 - p_guess;
-        Some(draw(
-            self.rng.next_f64() * rest,
-            dist.into_iter().filter(|d| d.0 != guess),
-        ))
+    /// it, `Some(token)` rejects it for `token`. The row's token is drawn exactly as `sample` draws it
+    /// (one random number, the one decoding without guesses would use at this position), and the guess
+    /// is kept iff it is that token. For a point-mass proposal this is Leviathan et al.'s rule: the guess
+    /// is kept with probability p(guess), and a rejection yields a token from p without the guess,
+    /// renormalized. And since every position consumes what it would without speculation, a seeded
+    /// request gives the same tokens with and without it.
+    pub fn accept_or_resample(&mut self, logits: &[f32], history: &[u32], guess: u32) -> Option<u32> {
+        let token = self.sample(logits, history);
+        (token != guess).then_some(token)
     }
 }
 
@@ -208,11 +155,7 @@ fn candidates(logits: &[f32], p: &SamplingParams) -> Option<Vec<(u32, f32)>> {
     }
     // Descending by logit, ties by id: a total order, so the result never depends on sort internals.
     let order = |a: &(u32, f32, f32), b: &(u32, f32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let mut all: Vec<(u32, f32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &l)| (i as u32, l, 0.0))
-        .collect();
+    let mut all: Vec<(u32, f32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l, 0.0)).collect();
     if top_k < n {
         all.select_nth_unstable_by(top_k, order);
         all.truncate(top_k);
@@ -232,10 +175,7 @@ fn candidates(logits: &[f32], p: &SamplingParams) -> Option<Vec<(u32, f32)>> {
         let mut decided = head == all.len();
         if p.top_p < 1.0 {
             let mut cum = 0.0;
-            if let Some(i) = (0..head).position(|i| {
-                cum += q(i);
-                cum >= p.top_p as f64
-            }) {
+            if let Some(i) = (0..head).position(|i| { cum += q(i); cum >= p.top_p as f64 }) {
                 keep = i + 1;
                 decided = true;
             }
@@ -308,22 +248,13 @@ fn largest_lanes(logits: &[f32], index: bool) -> (f32, u32) {
             *m = if v > *m { v } else { *m };
         }
     }
-    let max = lanes
-        .iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let max = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     if !index {
         return (max, 0);
     }
     for (k, c) in logits.chunks(LANES).enumerate() {
         if c.iter().fold(false, |hit, &v| hit | (v == max)) {
-            return (
-                max,
-                (k * LANES
-                    + c.iter()
-                        .position(|&v| v == max)
-                        .expect("the chunk holds it")) as u32,
-            );
+            return (max, (k * LANES + c.iter().position(|&v| v == max).expect("the chunk holds it")) as u32);
         }
     }
     (max, 0)
@@ -331,10 +262,7 @@ fn largest_lanes(logits: &[f32], index: bool) -> (f32, u32) {
 
 fn softmax(cands: &[(u32, f32)], temperature: f32) -> Vec<f64> {
     let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let exps: Vec<f64> = cands
-        .iter()
-        .map(|&(_, l)| ((l as f64 - max) / temperature as f64).exp())
-        .collect();
+    let exps: Vec<f64> = cands.iter().map(|&(_, l)| ((l as f64 - max) / temperature as f64).exp()).collect();
     let sum: f64 = exps.iter().sum();
     exps.into_iter().map(|e| e / sum).collect()
 }
@@ -343,25 +271,13 @@ fn apply_penalties(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
     if !has_penalties(p) {
         return;
     }
-    let window = if p.penalty_last_n == 0 {
-        history
-    } else {
-        &history[history.len().saturating_sub(p.penalty_last_n)..]
-    };
+    let window = if p.penalty_last_n == 0 { history } else { &history[history.len().saturating_sub(p.penalty_last_n)..] };
     let mut counts: HashMap<u32, u32> = HashMap::new();
-    window
-        .iter()
-        .for_each(|&t| *counts.entry(t).or_default() += 1);
+    window.iter().for_each(|&t| *counts.entry(t).or_default() += 1);
     for (&tok, &count) in &counts {
-        let Some(l) = logits.get_mut(tok as usize) else {
-            continue;
-        };
+        let Some(l) = logits.get_mut(tok as usize) else { continue };
         if p.repetition_penalty != 1.0 {
-            *l = if *l > 0.0 {
-                *l / p.repetition_penalty
-            } else {
-                *l * p.repetition_penalty
-            };
+            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
         }
         *l -= p.presence_penalty + p.frequency_penalty * count as f32;
     }

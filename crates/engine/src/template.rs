@@ -42,11 +42,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage {
-            role: role.to_string(),
-            content: content.to_string(),
-            ..Default::default()
-        }
+        ChatMessage { role: role.to_string(), content: content.to_string(), ..Default::default() }
     }
 }
 
@@ -63,9 +59,7 @@ impl ChatTemplate {
     pub fn from_gguf(file: &GgufFile, bos_token: &str, eos_token: &str) -> Result<Self> {
         let source = match file.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
             Some(s) => s.to_string(),
-            None if file.get_str("general.architecture").ok() == Some("gemma3") => {
-                GEMMA_FALLBACK.to_string()
-            }
+            None if file.get_str("general.architecture").ok() == Some("gemma3") => GEMMA_FALLBACK.to_string(),
             None => CHATML_FALLBACK.to_string(),
         };
         Self::new(source, bos_token, eos_token)
@@ -75,41 +69,24 @@ impl ChatTemplate {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<Value, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_function("strftime_now", |fmt: String| -> String {
-            strftime_now(&fmt)
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
         // Python's json.dumps, as the templates were written against: keys in their given order, ", " and
         // ": " separators, non-ASCII unescaped. (minijinja's own tojson is compact and HTML-escapes.)
-        env.add_filter(
-            "tojson",
-            |v: Value,
-             kwargs: minijinja::value::Kwargs|
-             -> std::result::Result<Value, minijinja::Error> {
-                let indent: Option<usize> = kwargs.get("indent")?;
-                let _: Option<bool> = kwargs.get("ensure_ascii")?;
-                kwargs.assert_all_used()?;
-                let json = serde_json::to_value(&v).map_err(|e| {
-                    minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string())
-                })?;
-                let mut out = String::new();
-                python_json(&json, indent, 0, &mut out);
-                Ok(Value::from_safe_string(out))
-            },
-        );
+        env.add_filter("tojson", |v: Value, kwargs: minijinja::value::Kwargs| -> std::result::Result<Value, minijinja::Error> {
+            let indent: Option<usize> = kwargs.get("indent")?;
+            let _: Option<bool> = kwargs.get("ensure_ascii")?;
+            kwargs.assert_all_used()?;
+            let json = serde_json::to_value(&v).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+            let mut out = String::new();
+            python_json(&json, indent, 0, &mut out);
+            Ok(Value::from_safe_string(out))
+        });
         env.add_template_owned("chat", source.clone())
             .map_err(|e| Error::Template(format!("cannot parse the model's chat template: {e}")))?;
-        Ok(ChatTemplate {
-            env,
-            bos_token: bos_token.to_string(),
-            eos_token: eos_token.to_string(),
-            source,
-        })
+        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string(), source })
     }
 
     /// Renders a conversation; with `add_generation_prompt` the text ends where the assistant's reply begins.
@@ -119,12 +96,7 @@ impl ChatTemplate {
 
     /// `render` with tool definitions (`[{"type": "function", "function": {"name", "description",
     /// "parameters"}}]`), which the template places itself; none given, `tools` is undefined.
-    pub fn render_with_tools(
-        &self,
-        messages: &[ChatMessage],
-        tools: &[serde_json::Value],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
+    pub fn render_with_tools(&self, messages: &[ChatMessage], tools: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
         let tmpl = self.env.get_template("chat").expect("added in new");
         let ctx = minijinja::context! {
             messages => messages,
@@ -133,8 +105,7 @@ impl ChatTemplate {
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
         };
-        tmpl.render(ctx)
-            .map_err(|e| Error::Template(format!("rendering failed: {e}")))
+        tmpl.render(ctx).map_err(|e| Error::Template(format!("rendering failed: {e}")))
     }
 
     /// Whether the model writes its reasoning in `<think>…</think>` (its template mentions the tag): the
@@ -193,24 +164,8 @@ fn python_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: 
 
 /// Today's date in the few strftime forms chat templates use (e.g. "%d %b %Y"), UTC.
 fn strftime_now(fmt: &str) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86_400)
-        .unwrap_or(0) as i64;
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() / 86_400).unwrap_or(0) as i64;
     let (y, m, d) = civil_from_days(days);
     fmt.replace("%Y", &y.to_string())
         .replace("%m", &format!("{m:02}"))
@@ -254,37 +209,19 @@ mod tests {
     #[test]
     fn gemma_fallback_renders_as_llama_cpp() {
         let t = ChatTemplate::new(GEMMA_FALLBACK.into(), "<bos>", "<eos>").unwrap();
-        let msgs = [
-            ChatMessage::new("system", "Be brief."),
-            ChatMessage::new("user", "Hi"),
-            ChatMessage::new("assistant", "Hello"),
-            ChatMessage::new("user", "Bye"),
-        ];
+        let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello"), ChatMessage::new("user", "Bye")];
         assert_eq!(
             t.render(&msgs, true).unwrap(),
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
         );
-        let msgs = [
-            ChatMessage::new("user", "  padded  "),
-            ChatMessage::new("assistant", " x "),
-        ];
-        assert_eq!(
-            t.render(&msgs, false).unwrap(),
-            "<start_of_turn>user\npadded<end_of_turn>\n<start_of_turn>model\nx<end_of_turn>\n"
-        );
+        let msgs = [ChatMessage::new("user", "  padded  "), ChatMessage::new("assistant", " x ")];
+        assert_eq!(t.render(&msgs, false).unwrap(), "<start_of_turn>user\npadded<end_of_turn>\n<start_of_turn>model\nx<end_of_turn>\n");
     }
 
     #[test]
     fn tojson_writes_as_python() {
-        let t = ChatTemplate::new(
-            "{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}".into(),
-            "",
-            "",
-        )
-        .unwrap();
-        let tools = [
-            serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [1, "é"]}}}),
-        ];
+        let t = ChatTemplate::new("{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}".into(), "", "").unwrap();
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [1, "é"]}}})];
         let out = t.render_with_tools(&[], &tools, false).unwrap();
         assert_eq!(
             out,
@@ -294,8 +231,7 @@ mod tests {
 
     #[test]
     fn raise_exception_becomes_an_error() {
-        let t =
-            ChatTemplate::new("{{ raise_exception('no system role') }}".into(), "", "").unwrap();
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), "", "").unwrap();
         let e = t.render(&[], false).unwrap_err().to_string();
         assert!(e.contains("no system role"), "{e}");
     }

@@ -5,14 +5,11 @@
 mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
-use reckon_engine::engine::{
-    spawn, spawn_with, spawn_with_draft, Completion, Detokenizer, EngineConfig, EngineHandle,
-    Event, Field, FinishReason, GenerateParams, RequestError, Usage,
-};
-use reckon_engine::gguf::GgufFile;
-use reckon_engine::kernels::ggml::GgmlType;
+use reckon_engine::engine::{spawn, spawn_with, spawn_with_draft, Completion, Detokenizer, EngineConfig, EngineHandle, Event, Field, FinishReason, GenerateParams, RequestError, Usage};
 use reckon_engine::kv::{DiskTierConfig, KvWindow};
+use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::Model;
+use reckon_engine::kernels::ggml::GgmlType;
 use reckon_engine::sampler::SamplingParams;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -30,28 +27,11 @@ impl Detokenizer for Names {
 }
 
 fn model() -> Arc<Model> {
-    Arc::new(
-        Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 11)).unwrap())
-            .unwrap(),
-    )
+    Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 11)).unwrap()).unwrap())
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig {
-        block_size: 4,
-        num_blocks,
-        max_batch_tokens,
-        max_running: 32,
-        max_waiting: 64,
-        max_model_len: 256,
-        prefix_caching: true,
-        max_prefill_tokens_while_decoding: usize::MAX,
-        rest_pool_between_steps: true,
-        kv_dtypes: Default::default(),
-        kv_window: None,
-        hybrid_kv: false,
-        spec: None,
-    }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false, spec: None }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -65,9 +45,7 @@ fn drain(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, 
     (ids, text, reason)
 }
 
-fn drain_usage(
-    rx: tokio::sync::mpsc::UnboundedReceiver<Event>,
-) -> (Vec<u32>, String, FinishReason, Usage) {
+fn drain_usage(rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<u32>, String, FinishReason, Usage) {
     let c = Completion::wait(rx).unwrap_or_else(|e| panic!("request failed: {e}"));
     assert_eq!(c.usage.completion_tokens, c.ids.len());
     (c.ids, c.text, c.reason, c.usage)
@@ -76,14 +54,9 @@ fn drain_usage(
 fn requests() -> Vec<GenerateParams> {
     (0..16u64)
         .map(|i| {
-            let mut r =
-                GenerateParams::greedy(prompt(i, 3 + (i as usize * 7) % 40), 12 + i as usize % 5);
+            let mut r = GenerateParams::greedy(prompt(i, 3 + (i as usize * 7) % 40), 12 + i as usize % 5);
             if i % 4 == 3 {
-                r.sampling = SamplingParams {
-                    temperature: 0.9,
-                    seed: 100 + i,
-                    ..SamplingParams::default()
-                };
+                r.sampling = SamplingParams { temperature: 0.9, seed: 100 + i, ..SamplingParams::default() };
             }
             r
         })
@@ -102,20 +75,14 @@ fn alone(model: &Arc<Model>) -> Vec<Vec<u32>> {
 }
 
 fn all_at_once(engine: &EngineHandle) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = requests()
-        .into_iter()
-        .map(|r| engine.submit(r).unwrap().1)
-        .collect();
+    let rxs: Vec<_> = requests().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
     rxs.into_iter().map(|rx| drain(rx).0).collect()
 }
 
 fn wait_idle(engine: &EngineHandle) {
     let s = engine.stats();
     for _ in 0..1000 {
-        if s.running.load(Ordering::Relaxed) == 0
-            && s.waiting.load(Ordering::Relaxed) == 0
-            && s.blocks_used.load(Ordering::Relaxed) == 0
-        {
+        if s.running.load(Ordering::Relaxed) == 0 && s.waiting.load(Ordering::Relaxed) == 0 && s.blocks_used.load(Ordering::Relaxed) == 0 {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -137,10 +104,7 @@ fn tokens_do_not_depend_on_batch_budget_or_preemption() {
     let engine = spawn(model.clone(), Arc::new(Names), config(24, 64));
     assert_eq!(all_at_once(&engine), reference, "under memory pressure");
     wait_idle(&engine);
-    assert!(
-        engine.stats().preemptions.load(Ordering::Relaxed) > 0,
-        "the small pool should have forced preemptions"
-    );
+    assert!(engine.stats().preemptions.load(Ordering::Relaxed) > 0, "the small pool should have forced preemptions");
 }
 
 /// Under a KV window, sequences several times longer than the pool run to their end, and their greedy
@@ -148,21 +112,8 @@ fn tokens_do_not_depend_on_batch_budget_or_preemption() {
 #[test]
 fn a_kv_window_runs_sequences_longer_than_the_pool_with_the_same_tokens() {
     let model = model();
-    let cfg = |blocks, budget| EngineConfig {
-        kv_window: Some(KvWindow {
-            window: 12,
-            sinks: 4,
-        }),
-        ..config(blocks, budget)
-    };
-    let reqs = || {
-        (0..4)
-            .map(|i| GenerateParams {
-                ignore_eos: true,
-                ..GenerateParams::greedy(prompt(40 + i, 30 + 9 * i as usize), 160)
-            })
-            .collect::<Vec<_>>()
-    };
+    let cfg = |blocks, budget| EngineConfig { kv_window: Some(KvWindow { window: 12, sinks: 4 }), ..config(blocks, budget) };
+    let reqs = || (0..4).map(|i| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(40 + i, 30 + 9 * i as usize), 160) }).collect::<Vec<_>>();
     // each alone in a pool of 16 blocks (64 positions), though each runs to 190..217 positions
     let alone: Vec<Vec<u32>> = reqs()
         .into_iter()
@@ -175,10 +126,7 @@ fn a_kv_window_runs_sequences_longer_than_the_pool_with_the_same_tokens() {
     for (blocks, budget) in [(64, 64), (64, 7), (24, 64)] {
         let engine = spawn(model.clone(), Arc::new(Names), cfg(blocks, budget));
         for round in ["cold", "with the sink blocks cached"] {
-            let rxs: Vec<_> = reqs()
-                .into_iter()
-                .map(|r| engine.submit(r).unwrap().1)
-                .collect();
+            let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
             let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
             assert_eq!(got, alone, "{blocks} blocks, step budget {budget}, {round}");
             wait_idle(&engine);
@@ -191,17 +139,8 @@ fn a_kv_window_runs_sequences_longer_than_the_pool_with_the_same_tokens() {
 /// alone, batched, in small chunks, preempted, and with their prefixes cached.
 #[test]
 fn sliding_layer_groups_give_the_tokens_of_one_group() {
-    let model = Arc::new(
-        Model::load(GgufFile::from_vec(tiny_model(&TinySpec::gemma3(), 11)).unwrap()).unwrap(),
-    );
-    let reqs = || {
-        (0..4)
-            .map(|i| GenerateParams {
-                ignore_eos: true,
-                ..GenerateParams::greedy(prompt(70 + i, 20 + 7 * i as usize), 40)
-            })
-            .collect::<Vec<_>>()
-    };
+    let model = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::gemma3(), 11)).unwrap()).unwrap());
+    let reqs = || (0..4).map(|i| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(70 + i, 20 + 7 * i as usize), 40) }).collect::<Vec<_>>();
     let one_group: Vec<Vec<u32>> = reqs()
         .into_iter()
         .map(|r| {
@@ -212,24 +151,11 @@ fn sliding_layer_groups_give_the_tokens_of_one_group() {
     assert!(one_group.iter().all(|t| t.len() == 40));
     // 100 blocks: all four at once do not fit (each holds 6 groups' blocks while it prefills)
     for (blocks, budget) in [(512, 64), (512, 5), (100, 64)] {
-        let engine = spawn(
-            model.clone(),
-            Arc::new(Names),
-            EngineConfig {
-                hybrid_kv: true,
-                ..config(blocks, budget)
-            },
-        );
+        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { hybrid_kv: true, ..config(blocks, budget) });
         for round in ["cold", "with prefixes cached"] {
-            let rxs: Vec<_> = reqs()
-                .into_iter()
-                .map(|r| engine.submit(r).unwrap().1)
-                .collect();
+            let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
             let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
-            assert_eq!(
-                got, one_group,
-                "{blocks} blocks, step budget {budget}, {round}"
-            );
+            assert_eq!(got, one_group, "{blocks} blocks, step budget {budget}, {round}");
             wait_idle(&engine);
         }
     }
@@ -243,77 +169,30 @@ fn ngram_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
     use reckon_engine::engine::spec::SpecConfig;
     let model = model();
     // prompts that repeat a phrase, as code edits and quotes do
-    let reqs = || {
-        (0..4)
-            .map(|i| {
-                let phrase = prompt(90 + i, 6 + i as usize);
-                let p: Vec<u32> = (0..5).flat_map(|_| phrase.iter().copied()).collect();
-                GenerateParams {
-                    ignore_eos: true,
-                    ..GenerateParams::greedy(p, 48)
-                }
-            })
-            .collect::<Vec<_>>()
-    };
-    let plain: Vec<Vec<u32>> = reqs()
-        .into_iter()
-        .map(|r| {
-            let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
-            drain(engine.submit(r).unwrap().1).0
-        })
-        .collect();
+    let reqs = || (0..4).map(|i| {
+        let phrase = prompt(90 + i, 6 + i as usize);
+        let p: Vec<u32> = (0..5).flat_map(|_| phrase.iter().copied()).collect();
+        GenerateParams { ignore_eos: true, ..GenerateParams::greedy(p, 48) }
+    }).collect::<Vec<_>>();
+    let plain: Vec<Vec<u32>> = reqs().into_iter().map(|r| {
+        let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
+        drain(engine.submit(r).unwrap().1).0
+    }).collect();
     let mut accepted = 0;
-    for (blocks, budget, auto) in [
-        (128, 64, false),
-        (128, 3, false),
-        (40, 64, false),
-        (128, 64, true),
-        (40, 3, true),
-    ] {
-        let spec = Some(SpecConfig {
-            k: 5,
-            min_n: 1,
-            max_n: 4,
-            auto,
-            draft: false,
-        });
-        let engine = spawn(
-            model.clone(),
-            Arc::new(Names),
-            EngineConfig {
-                spec,
-                ..config(blocks, budget)
-            },
-        );
-        let alone: Vec<Vec<u32>> = reqs()
-            .into_iter()
-            .map(|r| drain(engine.submit(r).unwrap().1).0)
-            .collect();
-        assert_eq!(
-            alone, plain,
-            "{blocks} blocks, step budget {budget}, auto {auto}: one at a time"
-        );
-        let rxs: Vec<_> = reqs()
-            .into_iter()
-            .map(|r| engine.submit(r).unwrap().1)
-            .collect();
+    for (blocks, budget, auto) in [(128, 64, false), (128, 3, false), (40, 64, false), (128, 64, true), (40, 3, true)] {
+        let spec = Some(SpecConfig { k: 5, min_n: 1, max_n: 4, auto, draft: false });
+        let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec, ..config(blocks, budget) });
+        let alone: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(engine.submit(r).unwrap().1).0).collect();
+        assert_eq!(alone, plain, "{blocks} blocks, step budget {budget}, auto {auto}: one at a time");
+        let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
         let batched: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
-        assert_eq!(
-            batched, plain,
-            "{blocks} blocks, step budget {budget}, auto {auto}: batched"
-        );
+        assert_eq!(batched, plain, "{blocks} blocks, step budget {budget}, auto {auto}: batched");
         wait_idle(&engine);
         let st = engine.stats();
         accepted += st.spec_accepted_tokens.load(Ordering::Relaxed);
-        assert!(
-            st.spec_draft_tokens.load(Ordering::Relaxed)
-                >= st.spec_accepted_tokens.load(Ordering::Relaxed)
-        );
+        assert!(st.spec_draft_tokens.load(Ordering::Relaxed) >= st.spec_accepted_tokens.load(Ordering::Relaxed));
     }
-    assert!(
-        accepted > 0,
-        "no guess was ever kept: the test did not speculate"
-    );
+    assert!(accepted > 0, "no guess was ever kept: the test did not speculate");
 }
 
 /// A draft model (the target itself, whose guesses are all kept, and another model of the same
@@ -324,78 +203,19 @@ fn ngram_speculation_gives_the_tokens_of_decoding_one_at_a_time() {
 fn a_draft_model_gives_the_tokens_of_decoding_one_at_a_time() {
     use reckon_engine::engine::spec::SpecConfig;
     let model = model();
-    let other = Arc::new(
-        Model::load(
-            GgufFile::from_vec(tiny_model(
-                &TinySpec {
-                    layers: 1,
-                    n_kv_heads: 1,
-                    ..TinySpec::llama(GgmlType::Q4_1)
-                },
-                12,
-            ))
-            .unwrap(),
-        )
-        .unwrap(),
-    );
-    let reqs = || {
-        (0..4)
-            .map(|i| GenerateParams {
-                ignore_eos: true,
-                ..GenerateParams::greedy(prompt(50 + i, 5 + 9 * i as usize), 40)
-            })
-            .collect::<Vec<_>>()
-    };
-    let plain: Vec<Vec<u32>> = reqs()
-        .into_iter()
-        .map(|r| {
-            drain(
-                spawn(model.clone(), Arc::new(Names), config(64, 64))
-                    .submit(r)
-                    .unwrap()
-                    .1,
-            )
-            .0
-        })
-        .collect();
+    let other = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec { layers: 1, n_kv_heads: 1, ..TinySpec::llama(GgmlType::Q4_1) }, 12)).unwrap()).unwrap());
+    let reqs = || (0..4).map(|i| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(50 + i, 5 + 9 * i as usize), 40) }).collect::<Vec<_>>();
+    let plain: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(r).unwrap().1).0).collect();
     for (name, draft) in [("itself", model.clone()), ("another model", other)] {
         let (mut drafted, mut accepted) = (0, 0);
-        for (blocks, budget, auto) in [
-            (128, 64, false),
-            (128, 3, false),
-            (40, 64, false),
-            (128, 64, true),
-            (40, 3, true),
-        ] {
-            let spec = Some(SpecConfig {
-                k: 4,
-                min_n: 1,
-                max_n: 4,
-                auto,
-                draft: true,
-            });
-            let engine = spawn_with_draft(
-                model.clone(),
-                Some(draft.clone()),
-                Arc::new(Names),
-                EngineConfig {
-                    spec,
-                    ..config(blocks, budget)
-                },
-                None,
-            )
-            .unwrap();
+        for (blocks, budget, auto) in [(128, 64, false), (128, 3, false), (40, 64, false), (128, 64, true), (40, 3, true)] {
+            let spec = Some(SpecConfig { k: 4, min_n: 1, max_n: 4, auto, draft: true });
+            let engine = spawn_with_draft(model.clone(), Some(draft.clone()), Arc::new(Names), EngineConfig { spec, ..config(blocks, budget) }, None).unwrap();
             let what = format!("draft: {name}, {blocks} blocks, step budget {budget}, auto {auto}");
-            let alone: Vec<Vec<u32>> = reqs()
-                .into_iter()
-                .map(|r| drain(engine.submit(r).unwrap().1).0)
-                .collect();
+            let alone: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(engine.submit(r).unwrap().1).0).collect();
             assert_eq!(alone, plain, "{what}: one at a time");
             // the same requests again, batched: their prompts hit the prefix cache
-            let rxs: Vec<_> = reqs()
-                .into_iter()
-                .map(|r| engine.submit(r).unwrap().1)
-                .collect();
+            let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
             let batched: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
             assert_eq!(batched, plain, "{what}: batched");
             wait_idle(&engine);
@@ -403,41 +223,54 @@ fn a_draft_model_gives_the_tokens_of_decoding_one_at_a_time() {
             drafted += st.spec_draft_tokens.load(Ordering::Relaxed);
             accepted += st.spec_accepted_tokens.load(Ordering::Relaxed);
             if blocks == 40 && !auto {
-                assert!(
-                    st.preemptions.load(Ordering::Relaxed) > 0,
-                    "{what}: the small pool should preempt"
-                );
+                assert!(st.preemptions.load(Ordering::Relaxed) > 0, "{what}: the small pool should preempt");
             }
         }
         assert!(drafted > 0, "draft {name}: nothing was guessed");
         if name == "itself" {
-            assert_eq!(
-                accepted, drafted,
-                "a model drafting for itself is always right"
-            );
+            assert_eq!(accepted, drafted, "a model drafting for itself is always right");
         } else {
-            assert!(
-                accepted < drafted,
-                "another model's guesses were all kept: the rejections went untested"
-            );
+            assert!(accepted < drafted, "another model's guesses were all kept: the rejections went untested");
         }
     }
     // a draft of another vocabulary is refused
     let mut spec = TinySpec::llama(GgmlType::Q4_1);
     spec.vocab += 1;
     let wrong = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&spec, 3)).unwrap()).unwrap());
-    let cfg = EngineConfig {
-        spec: Some(SpecConfig {
-            draft: true,
-            ..SpecConfig::default()
-        }),
-        ..config(64, 64)
-    };
+    let cfg = EngineConfig { spec: Some(SpecConfig { draft: true, ..SpecConfig::default() }), ..config(64, 64) };
     assert!(spawn_with_draft(model.clone(), Some(wrong), Arc::new(Names), cfg, None).is_err());
-    assert!(
-        spawn_with_draft(model, None, Arc::new(Names), cfg, None).is_err(),
-        "SpecConfig::draft without a draft model"
-    );
+    assert!(spawn_with_draft(model, None, Arc::new(Names), cfg, None).is_err(), "SpecConfig::draft without a draft model");
+}
+
+/// With temperature, verification draws each position's token with the random number decoding without
+/// guesses would use there, and keeps a guess iff it is that token: a seeded request gives the same
+/// tokens with the n-gram proposer, a draft model and the controller as without speculation.
+#[test]
+fn seeded_sampling_gives_the_same_tokens_with_and_without_speculation() {
+    use reckon_engine::engine::spec::SpecConfig;
+    let model = model();
+    let reqs = || {
+        (0..4u64)
+            .map(|i| {
+                let phrase = prompt(70 + i, 5);
+                let p: Vec<u32> = (0..4).flat_map(|_| phrase.iter().copied()).collect();
+                let sampling = SamplingParams { temperature: 0.3 + 0.3 * i as f32, seed: 40 + i, repetition_penalty: if i == 3 { 1.2 } else { 1.0 }, ..SamplingParams::default() };
+                GenerateParams { ignore_eos: true, sampling, ..GenerateParams::greedy(p, 32) }
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain: Vec<Vec<u32>> = reqs().into_iter().map(|r| drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(r).unwrap().1).0).collect();
+    let mut kept = 0;
+    for (draft, auto) in [(false, false), (true, false), (true, true)] {
+        let spec = Some(SpecConfig { k: 4, min_n: 1, max_n: 4, auto, draft });
+        let engine = spawn_with_draft(model.clone(), draft.then(|| model.clone()), Arc::new(Names), EngineConfig { spec, ..config(128, 64) }, None).unwrap();
+        let rxs: Vec<_> = reqs().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
+        let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
+        assert_eq!(got, plain, "draft model {draft}, auto {auto}");
+        wait_idle(&engine);
+        kept += engine.stats().spec_accepted_tokens.load(Ordering::Relaxed);
+    }
+    assert!(kept > 0, "no guess was kept: the test did not speculate");
 }
 
 /// A request's usage reports the guesses kept and rejected; a prediction alone turns speculation on.
@@ -446,22 +279,9 @@ fn usage_counts_kept_and_rejected_guesses() {
     let model = model();
     let engine = spawn(model.clone(), Arc::new(Names), config(64, 64));
     let p = prompt(7, 12);
-    let plain = drain(
-        engine
-            .submit(GenerateParams {
-                ignore_eos: true,
-                ..GenerateParams::greedy(p.clone(), 24)
-            })
-            .unwrap()
-            .1,
-    )
-    .0;
+    let plain = drain(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(p.clone(), 24) }).unwrap().1).0;
     // the client predicts the answer exactly: every guess is kept
-    let req = GenerateParams {
-        ignore_eos: true,
-        prediction: plain.clone(),
-        ..GenerateParams::greedy(p.clone(), 24)
-    };
+    let req = GenerateParams { ignore_eos: true, prediction: plain.clone(), ..GenerateParams::greedy(p.clone(), 24) };
     let (ids, _, _, usage) = drain_usage(engine.submit(req).unwrap().1);
     assert_eq!(ids, plain);
     assert!(usage.accepted_prediction_tokens >= 12, "{usage:?}");
@@ -469,15 +289,8 @@ fn usage_counts_kept_and_rejected_guesses() {
     assert_eq!(usage.completion_tokens, 24);
     // a wrong prediction (right about the first token, then off by one): guesses rejected, the same
     // answer
-    let wrong: Vec<u32> = [*p.last().unwrap(), plain[0]]
-        .into_iter()
-        .chain(plain[1..].iter().map(|t| (t + 1) % 96))
-        .collect();
-    let req = GenerateParams {
-        ignore_eos: true,
-        prediction: wrong,
-        ..GenerateParams::greedy(p, 24)
-    };
+    let wrong: Vec<u32> = [*p.last().unwrap(), plain[0]].into_iter().chain(plain[1..].iter().map(|t| (t + 1) % 96)).collect();
+    let req = GenerateParams { ignore_eos: true, prediction: wrong, ..GenerateParams::greedy(p, 24) };
     let (ids, _, _, usage) = drain_usage(engine.submit(req).unwrap().1);
     assert_eq!(ids, plain);
     assert!(usage.rejected_prediction_tokens > 0, "{usage:?}");
@@ -487,9 +300,7 @@ fn usage_counts_kept_and_rejected_guesses() {
 fn aborted_and_abandoned_requests_free_their_blocks() {
     let model = model();
     let engine = spawn(model, Arc::new(Names), config(64, 64));
-    let (id, mut rx) = engine
-        .submit(GenerateParams::greedy(prompt(1, 20), 200))
-        .unwrap();
+    let (id, mut rx) = engine.submit(GenerateParams::greedy(prompt(1, 20), 200)).unwrap();
     assert!(matches!(rx.blocking_recv(), Some(Event::Token { .. })));
     engine.abort(id);
     let mut reason = None;
@@ -500,104 +311,41 @@ fn aborted_and_abandoned_requests_free_their_blocks() {
     }
     assert_eq!(reason, Some(FinishReason::Abort));
     // a client that goes away without a word
-    let (_, rx) = engine
-        .submit(GenerateParams::greedy(prompt(2, 30), 200))
-        .unwrap();
+    let (_, rx) = engine.submit(GenerateParams::greedy(prompt(2, 30), 200)).unwrap();
     drop(rx);
-    let (ids, text, reason) = drain(
-        engine
-            .submit(GenerateParams::greedy(prompt(3, 5), 4))
-            .unwrap()
-            .1,
-    );
+    let (ids, text, reason) = drain(engine.submit(GenerateParams::greedy(prompt(3, 5), 4)).unwrap().1);
     assert_eq!((ids.len(), reason), (4, FinishReason::Length));
-    assert_eq!(
-        text,
-        ids.iter().map(|i| format!("<{i}>")).collect::<String>()
-    );
+    assert_eq!(text, ids.iter().map(|i| format!("<{i}>")).collect::<String>());
     wait_idle(&engine);
     assert_eq!(engine.stats().aborted_requests.load(Ordering::Relaxed), 2);
 }
 
 #[test]
 fn bad_requests_are_refused_with_a_reason() {
-    let engine = spawn(
-        model(),
-        Arc::new(Names),
-        EngineConfig {
-            max_waiting: 2,
-            ..config(64, 64)
-        },
-    );
-    let err = engine
-        .submit(GenerateParams::greedy(prompt(1, 300), 4))
-        .unwrap_err();
-    let invalid = |field, message: &str| RequestError::Invalid {
-        field,
-        message: message.into(),
-    };
-    assert_eq!(
-        err,
-        invalid(
-            Field::Prompt,
-            "this model's maximum context length is 256 tokens; the prompt has 300 tokens"
-        )
-    );
-    assert!(
-        matches!(engine.submit(GenerateParams::greedy(vec![500], 4)), Err(RequestError::Invalid { field: Field::Prompt, message }) if message.contains("outside the vocabulary"))
-    );
-    assert!(matches!(
-        engine.submit(GenerateParams::greedy(vec![], 4)),
-        Err(RequestError::Invalid {
-            field: Field::Prompt,
-            ..
-        })
-    ));
-    let bad = GenerateParams {
-        sampling: SamplingParams {
-            top_p: 0.0,
-            ..SamplingParams::default()
-        },
-        ..GenerateParams::greedy(vec![1], 4)
-    };
-    assert!(
-        matches!(engine.submit(bad), Err(RequestError::Invalid { field: Field::TopP, message }) if message.contains("top_p"))
-    );
-    assert_eq!(
-        engine
-            .submit(GenerateParams::greedy(vec![1], 0))
-            .unwrap_err(),
-        invalid(Field::MaxTokens, "max_tokens must be at least 1. Given: 0")
-    );
+    let engine = spawn(model(), Arc::new(Names), EngineConfig { max_waiting: 2, ..config(64, 64) });
+    let err = engine.submit(GenerateParams::greedy(prompt(1, 300), 4)).unwrap_err();
+    let invalid = |field, message: &str| RequestError::Invalid { field, message: message.into() };
+    assert_eq!(err, invalid(Field::Prompt, "this model's maximum context length is 256 tokens; the prompt has 300 tokens"));
+    assert!(matches!(engine.submit(GenerateParams::greedy(vec![500], 4)), Err(RequestError::Invalid { field: Field::Prompt, message }) if message.contains("outside the vocabulary")));
+    assert!(matches!(engine.submit(GenerateParams::greedy(vec![], 4)), Err(RequestError::Invalid { field: Field::Prompt, .. })));
+    let bad = GenerateParams { sampling: SamplingParams { top_p: 0.0, ..SamplingParams::default() }, ..GenerateParams::greedy(vec![1], 4) };
+    assert!(matches!(engine.submit(bad), Err(RequestError::Invalid { field: Field::TopP, message }) if message.contains("top_p")));
+    assert_eq!(engine.submit(GenerateParams::greedy(vec![1], 0)).unwrap_err(), invalid(Field::MaxTokens, "max_tokens must be at least 1. Given: 0"));
     // a prompt that fits the context (256) but not the whole KV pool (8 blocks of 4 tokens) is refused
     // up front, not failed after the stream has begun
     let small = spawn(model(), Arc::new(Names), config(8, 64));
-    let err = small
-        .submit(GenerateParams::greedy(prompt(2, 40), 4))
-        .unwrap_err();
-    assert_eq!(
-        err,
-        invalid(
-            Field::Prompt,
-            "the prompt has 40 tokens; the KV cache holds 32 tokens in all (raise --kv-memory)"
-        )
-    );
+    let err = small.submit(GenerateParams::greedy(prompt(2, 40), 4)).unwrap_err();
+    assert_eq!(err, invalid(Field::Prompt, "the prompt has 40 tokens; the KV cache holds 32 tokens in all (raise --kv-memory)"));
     // the waiting limit: the engine may take some off the queue quickly, so submit until refused
     let mut held = Vec::new();
-    let refused =
-        (0..200).find_map(
-            |i| match engine.submit(GenerateParams::greedy(prompt(i, 40), 100)) {
-                Ok(ok) => {
-                    held.push(ok);
-                    None
-                }
-                Err(e) => Some(e),
-            },
-        );
-    assert!(
-        matches!(refused, Some(RequestError::QueueFull { .. })),
-        "{refused:?}"
-    );
+    let refused = (0..200).find_map(|i| match engine.submit(GenerateParams::greedy(prompt(i, 40), 100)) {
+        Ok(ok) => {
+            held.push(ok);
+            None
+        }
+        Err(e) => Some(e),
+    });
+    assert!(matches!(refused, Some(RequestError::QueueFull { .. })), "{refused:?}");
 }
 
 /// Requests sharing a 37-token system prefix (9 blocks of 4 and one token), some repeated exactly, one
@@ -609,11 +357,7 @@ fn shared_prefix_requests() -> Vec<GenerateParams> {
             let tail = prompt(200 + i % 6, 1 + (i as usize * 5) % 13);
             let mut r = GenerateParams::greedy([system.clone(), tail].concat(), 10);
             if i == 4 || i == 9 {
-                r.sampling = SamplingParams {
-                    temperature: 0.9,
-                    seed: 5,
-                    ..SamplingParams::default()
-                };
+                r.sampling = SamplingParams { temperature: 0.9, seed: 5, ..SamplingParams::default() };
             }
             r
         })
@@ -623,21 +367,10 @@ fn shared_prefix_requests() -> Vec<GenerateParams> {
 #[test]
 fn a_prefix_cache_hit_gives_the_tokens_of_a_cold_prefill() {
     let model = model();
-    let cold = EngineConfig {
-        prefix_caching: false,
-        ..config(64, 64)
-    };
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
     let reference: Vec<Vec<u32>> = shared_prefix_requests()
         .into_iter()
-        .map(|r| {
-            drain(
-                spawn(model.clone(), Arc::new(Names), cold)
-                    .submit(r)
-                    .unwrap()
-                    .1,
-            )
-            .0
-        })
+        .map(|r| drain(spawn(model.clone(), Arc::new(Names), cold).submit(r).unwrap().1).0)
         .collect();
     // one after another (each later request hits the blocks of the earlier ones), with two step budgets
     for budget in [64, 7] {
@@ -649,24 +382,15 @@ fn a_prefix_cache_hit_gives_the_tokens_of_a_cold_prefill() {
             cached.push(usage.cached_tokens);
         }
         assert_eq!(cached[0], 0);
-        assert!(
-            cached[1..].iter().all(|&c| c >= 36),
-            "the system prompt's 9 blocks are reused: {cached:?}"
-        );
+        assert!(cached[1..].iter().all(|&c| c >= 36), "the system prompt's 9 blocks are reused: {cached:?}");
         wait_idle(&engine);
-        let hits = engine
-            .stats()
-            .prefix_cache_hit_tokens
-            .load(Ordering::Relaxed);
+        let hits = engine.stats().prefix_cache_hit_tokens.load(Ordering::Relaxed);
         assert_eq!(hits, cached.iter().sum::<usize>() as u64);
     }
     // all at once, under memory pressure (evictions and preemptions), after a warm-up
     let engine = spawn(model.clone(), Arc::new(Names), config(30, 64));
     drain(engine.submit(shared_prefix_requests().remove(0)).unwrap().1);
-    let rxs: Vec<_> = shared_prefix_requests()
-        .into_iter()
-        .map(|r| engine.submit(r).unwrap().1)
-        .collect();
+    let rxs: Vec<_> = shared_prefix_requests().into_iter().map(|r| engine.submit(r).unwrap().1).collect();
     let got: Vec<Vec<u32>> = rxs.into_iter().map(|rx| drain(rx).0).collect();
     assert_eq!(got, reference, "concurrent, with a small pool");
     wait_idle(&engine);
@@ -679,11 +403,7 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
 }
 
 fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "kvb"))
-        .collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "kvb")).collect();
     files.sort();
     files
 }
@@ -692,74 +412,33 @@ fn block_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
     let model = model();
     let dir = temp_dir("disk-restart");
-    let disk = Some(DiskTierConfig {
-        dir: dir.clone(),
-        max_bytes: 64 << 20,
-    });
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
     let first = shared_prefix_requests().remove(1);
-    let cold = EngineConfig {
-        prefix_caching: false,
-        ..config(64, 64)
-    };
-    let reference = drain(
-        spawn(model.clone(), Arc::new(Names), cold)
-            .submit(first.clone())
-            .unwrap()
-            .1,
-    )
-    .0;
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
+    let reference = drain(spawn(model.clone(), Arc::new(Names), cold).submit(first.clone()).unwrap().1).0;
     // first life: compute it, shut down (every cached block is written)
     let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
-    assert_eq!(
-        drain_usage(engine.submit(first.clone()).unwrap().1)
-            .3
-            .cached_tokens,
-        0
-    );
+    assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
     engine.shutdown(std::time::Duration::ZERO);
-    assert!(matches!(
-        engine.submit(first.clone()),
-        Err(RequestError::ShuttingDown)
-    ));
+    assert!(matches!(engine.submit(first.clone()), Err(RequestError::ShuttingDown)));
     let files = block_files(&dir);
-    assert!(
-        files.len() >= 9,
-        "the prompt's full blocks are on disk: {files:?}"
-    );
+    assert!(files.len() >= 9, "the prompt's full blocks are on disk: {files:?}");
     // second life: the same prompt is read back, not computed, and gives the same tokens
     let engine = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap();
     let (ids, _, _, usage) = drain_usage(engine.submit(first.clone()).unwrap().1);
     assert_eq!(ids, reference);
     assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
-    assert_eq!(
-        engine
-            .stats()
-            .prefix_cache_disk_hit_tokens
-            .load(Ordering::Relaxed),
-        usage.cached_tokens as u64
-    );
+    assert_eq!(engine.stats().prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), usage.cached_tokens as u64);
     engine.shutdown(std::time::Duration::ZERO);
     // a client that drops its engine handle at once still gets the disk read and every token
-    let rx = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone())
-        .unwrap()
-        .submit(first.clone())
-        .unwrap()
-        .1;
+    let rx = spawn_with(model.clone(), Arc::new(Names), config(64, 64), disk.clone()).unwrap().submit(first.clone()).unwrap().1;
     let (ids, _, reason, usage) = drain_usage(rx);
     assert_eq!((ids, reason), (reference.clone(), FinishReason::Length));
     assert!(usage.cached_tokens >= 36, "cached {}", usage.cached_tokens);
     // another model with the same directory finds nothing
-    let other = Arc::new(
-        Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 12)).unwrap())
-            .unwrap(),
-    );
+    let other = Arc::new(Model::load(GgufFile::from_vec(tiny_model(&TinySpec::llama(GgmlType::Q4_1), 12)).unwrap()).unwrap());
     let engine = spawn_with(other, Arc::new(Names), config(64, 64), disk.clone()).unwrap();
-    assert_eq!(
-        drain_usage(engine.submit(first.clone()).unwrap().1)
-            .3
-            .cached_tokens,
-        0
-    );
+    assert_eq!(drain_usage(engine.submit(first.clone()).unwrap().1).3.cached_tokens, 0);
     engine.shutdown(std::time::Duration::ZERO);
     // damaged files, every other one with a flipped data byte, the rest truncated: none is served and the
     // tokens stay right
@@ -789,32 +468,15 @@ fn the_disk_tier_survives_a_restart_and_ignores_bad_files() {
 fn blocks_evicted_from_memory_are_read_back_from_disk() {
     let model = model();
     let dir = temp_dir("disk-evict");
-    let disk = Some(DiskTierConfig {
-        dir: dir.clone(),
-        max_bytes: 64 << 20,
-    });
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
     let requests = shared_prefix_requests();
-    let cold = EngineConfig {
-        prefix_caching: false,
-        ..config(64, 64)
-    };
-    let reference = drain(
-        spawn(model.clone(), Arc::new(Names), cold)
-            .submit(requests[0].clone())
-            .unwrap()
-            .1,
-    )
-    .0;
+    let cold = EngineConfig { prefix_caching: false, ..config(64, 64) };
+    let reference = drain(spawn(model.clone(), Arc::new(Names), cold).submit(requests[0].clone()).unwrap().1).0;
     // 16 blocks of 4 tokens: other prompts push the first one's blocks out of memory
     let engine = spawn_with(model.clone(), Arc::new(Names), config(16, 64), disk).unwrap();
     drain(engine.submit(requests[0].clone()).unwrap().1);
     for seed in 0..4 {
-        drain(
-            engine
-                .submit(GenerateParams::greedy(prompt(900 + seed, 40), 4))
-                .unwrap()
-                .1,
-        );
+        drain(engine.submit(GenerateParams::greedy(prompt(900 + seed, 40), 4)).unwrap().1);
     }
     // the writer runs in the background: poke the engine (stats are published after each step) until it
     // has indexed the evicted blocks
@@ -831,10 +493,7 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
     assert_eq!(ids, reference);
     // 9 full blocks are on disk; a request restores at most half the pool (8 blocks)
     assert_eq!(usage.cached_tokens, 32, "{stats:?}");
-    assert_eq!(
-        stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed),
-        32
-    );
+    assert_eq!(stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), 32);
     engine.shutdown(std::time::Duration::ZERO);
     std::fs::remove_dir_all(&dir).unwrap();
 }

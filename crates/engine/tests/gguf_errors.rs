@@ -5,8 +5,8 @@ mod common;
 use common::{tiny_model, TinySpec};
 use reckon_engine::gguf::writer::GgufWriter;
 use reckon_engine::gguf::{GgufFile, Value};
-use reckon_engine::kernels::ggml::GgmlType;
 use reckon_engine::model::{LogitsWanted, Model, Numerics, Scratch, SeqInput};
+use reckon_engine::kernels::ggml::GgmlType;
 
 fn good() -> Vec<u8> {
     tiny_model(&TinySpec::llama(GgmlType::Q8_0), 1)
@@ -23,10 +23,7 @@ fn open_err(bytes: Vec<u8>) -> String {
 }
 
 fn assert_mentions(err: &str, needle: &str) {
-    assert!(
-        err.contains(needle),
-        "error {err:?} does not mention {needle:?}"
-    );
+    assert!(err.contains(needle), "error {err:?} does not mention {needle:?}");
 }
 
 #[test]
@@ -57,10 +54,7 @@ fn truncated_anywhere_is_an_error() {
     // Cut at many points: in the header, in metadata, in tensor infos and in the data.
     for cut in (0..b.len()).step_by(b.len() / 97 + 1) {
         let err = open_err(b[..cut].to_vec());
-        assert!(
-            err.contains("GGUF") || err.contains("truncated") || err.contains("past the end"),
-            "cut at {cut}: {err}"
-        );
+        assert!(err.contains("GGUF") || err.contains("truncated") || err.contains("past the end"), "cut at {cut}: {err}");
     }
 }
 
@@ -85,17 +79,8 @@ fn unsupported_tensor_type() {
     w.tensor("t", GgmlType::F32, &[4], vec![0; 16]);
     let mut b = w.to_bytes();
     // Patch the type id (the u32 after the tensor's single dimension) to 20 (IQ4_NL: not supported).
-    let needle = [
-        1u32.to_le_bytes().as_slice(),
-        4u64.to_le_bytes().as_slice(),
-        0u32.to_le_bytes().as_slice(),
-    ]
-    .concat();
-    let at = b
-        .windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .unwrap()
-        + 12;
+    let needle = [1u32.to_le_bytes().as_slice(), 4u64.to_le_bytes().as_slice(), 0u32.to_le_bytes().as_slice()].concat();
+    let at = b.windows(needle.len()).position(|w| w == needle.as_slice()).unwrap() + 12;
     b[at..at + 4].copy_from_slice(&20u32.to_le_bytes());
     assert_mentions(&open_err(b), "unsupported tensor type id 20");
 }
@@ -118,17 +103,8 @@ fn tensor_past_the_end_or_misaligned() {
     assert_mentions(&open_err(b[..b.len() - 100].to_vec()), "past the end");
     let mut b = b;
     // The tensor's offset is the last u64 of its info; make it 7 (not aligned to 32).
-    let needle = [
-        64u64.to_le_bytes().as_slice(),
-        0u32.to_le_bytes().as_slice(),
-        0u64.to_le_bytes().as_slice(),
-    ]
-    .concat();
-    let at = b
-        .windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .unwrap()
-        + 12;
+    let needle = [64u64.to_le_bytes().as_slice(), 0u32.to_le_bytes().as_slice(), 0u64.to_le_bytes().as_slice()].concat();
+    let at = b.windows(needle.len()).position(|w| w == needle.as_slice()).unwrap() + 12;
     b[at..at + 8].copy_from_slice(&7u64.to_le_bytes());
     assert_mentions(&open_err(b), "not aligned");
 }
@@ -143,21 +119,14 @@ fn row_length_must_fit_the_block_size() {
 /// Where `key`'s value starts in a GGUF image (after its length-prefixed name and its u32 type).
 fn value_pos(b: &[u8], key: &str) -> usize {
     let needle = [&(key.len() as u64).to_le_bytes()[..], key.as_bytes()].concat();
-    b.windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .expect("key in the file")
-        + needle.len()
-        + 4
+    b.windows(needle.len()).position(|w| w == needle.as_slice()).expect("key in the file") + needle.len() + 4
 }
 
 /// Where tensor `name`'s info continues after its name: n_dims (u32), dims (u64 each), type (u32),
 /// offset (u64).
 fn tensor_info_pos(b: &[u8], name: &str) -> usize {
     let needle = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
-    b.windows(needle.len())
-        .position(|w| w == needle.as_slice())
-        .expect("tensor in the file")
-        + needle.len()
+    b.windows(needle.len()).position(|w| w == needle.as_slice()).expect("tensor in the file") + needle.len()
 }
 
 /// One random mutation of a valid image `base` and a description of it. Kinds: bit flips or byte
@@ -165,11 +134,7 @@ fn tensor_info_pos(b: &[u8], name: &str) -> usize {
 /// u32/u64 of the header set to a boundary value, a truncation, a hyper-parameter set to a random value
 /// (f32 ones to NaN, ±inf, 0 or random bits), and a tensor's type, shape or offset changed to another
 /// plausible one (a valid type id, transposed or resized dims, another aligned offset).
-fn mutate(
-    base: &[u8],
-    header: &reckon_engine::gguf::Header,
-    rng: &mut common::TestRng,
-) -> (Vec<u8>, String) {
+fn mutate(base: &[u8], header: &reckon_engine::gguf::Header, rng: &mut common::TestRng) -> (Vec<u8>, String) {
     let mut b = base.to_vec();
     let header_len = header.data_offset as usize;
     let pick = |rng: &mut common::TestRng, n: usize| (rng.next() % n as u64) as usize;
@@ -184,11 +149,7 @@ fn mutate(
             (b, format!("bits flipped at {at:?}"))
         }
         1 | 2 => {
-            let len = if rng.next() % 2 == 0 {
-                b.len()
-            } else {
-                header_len
-            };
+            let len = if rng.next() % 2 == 0 { b.len() } else { header_len };
             let mut at = Vec::new();
             for _ in 0..1 + pick(rng, 8) {
                 let i = pick(rng, len);
@@ -218,21 +179,12 @@ fn mutate(
             let at = value_pos(&b, key);
             let desc = match value {
                 Value::U32(_) => {
-                    let v = [0, 1, 2, 3, 4, 8, 16, 17, 32, 64, 96, 255, 1 << 20, u32::MAX]
-                        [pick(rng, 14)];
+                    let v = [0, 1, 2, 3, 4, 8, 16, 17, 32, 64, 96, 255, 1 << 20, u32::MAX][pick(rng, 14)];
                     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
                     format!("{key} = {v}")
                 }
                 Value::F32(_) => {
-                    let v = [
-                        f32::NAN,
-                        f32::INFINITY,
-                        f32::NEG_INFINITY,
-                        0.0,
-                        -1.0,
-                        1e30,
-                        f32::from_bits(rng.next() as u32),
-                    ][pick(rng, 7)];
+                    let v = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -1.0, 1e30, f32::from_bits(rng.next() as u32)][pick(rng, 7)];
                     b[at..at + 4].copy_from_slice(&v.to_le_bytes());
                     format!("{key} = {v}")
                 }
@@ -286,35 +238,15 @@ enum Outcome {
 }
 
 fn load_and_run(bytes: Vec<u8>, numerics: Numerics) -> Outcome {
-    let Ok(file) = GgufFile::from_vec(bytes) else {
-        return Outcome::Error;
-    };
-    let Ok(model) = Model::load_with(file, numerics) else {
-        return Outcome::Error;
-    };
+    let Ok(file) = GgufFile::from_vec(bytes) else { return Outcome::Error };
+    let Ok(model) = Model::load_with(file, numerics) else { return Outcome::Error };
     let vocab = model.config.vocab_size;
-    let tokens: Vec<u32> = [0, 1, 5, 42, vocab - 1]
-        .iter()
-        .map(|&t| (t % vocab) as u32)
-        .collect();
+    let tokens: Vec<u32> = [0, 1, 5, 42, vocab - 1].iter().map(|&t| (t % vocab) as u32).collect();
     let table: Vec<u32> = (0..4).collect();
     let (mut kv, mut s) = (model.new_kv(4, 4), Scratch::default());
-    let prefill = SeqInput {
-        tokens: &tokens,
-        start_pos: 0,
-        block_tables: std::slice::from_ref(&table),
-        logits: LogitsWanted::All,
-    };
-    assert_eq!(
-        model.forward(&[prefill], &mut kv, &mut s).len(),
-        tokens.len() * vocab
-    );
-    let decode = SeqInput {
-        tokens: &tokens[1..2],
-        start_pos: tokens.len(),
-        block_tables: std::slice::from_ref(&table),
-        logits: LogitsWanted::Last,
-    };
+    let prefill = SeqInput { tokens: &tokens, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+    assert_eq!(model.forward(&[prefill], &mut kv, &mut s).len(), tokens.len() * vocab);
+    let decode = SeqInput { tokens: &tokens[1..2], start_pos: tokens.len(), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::Last };
     assert_eq!(model.forward(&[decode], &mut kv, &mut s).len(), vocab);
     Outcome::Ran
 }
@@ -328,19 +260,10 @@ fn random_damage_anywhere_errs_or_loads_a_model_that_runs() {
     use std::sync::{mpsc, Arc, Mutex};
     // Half the cases load packed numerics: AVX-512 kernels, AVX2 ones, or (neither) ggml's again.
     use reckon_engine::kernels::cpu::SimdLevel;
-    if !common::simd_or_skip(
-        SimdLevel::Avx512,
-        "damaged weights through the AVX-512 kernels",
-    ) {
-        common::simd_or_skip(
-            SimdLevel::Avx2,
-            "damaged weights through the packed kernels",
-        );
+    if !common::simd_or_skip(SimdLevel::Avx512, "damaged weights through the AVX-512 kernels") {
+        common::simd_or_skip(SimdLevel::Avx2, "damaged weights through the packed kernels");
     }
-    let cases: usize = std::env::var("RECKON_GGUF_FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
+    let cases: usize = std::env::var("RECKON_GGUF_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1500);
     let current = Arc::new(Mutex::new(String::from("starting")));
     let (done, finished) = mpsc::channel();
     let worker = {
@@ -351,44 +274,23 @@ fn random_damage_anywhere_errs_or_loads_a_model_that_runs() {
             // split over a pool waits for its workers to be scheduled, dozens of times per case. Every
             // 8th case uses the default pool, so the split paths see damaged models too.
             let serial = reckon_engine::pool::Pool::new(1);
-            for (spec_name, spec, seed) in [
-                ("llama Q4_1", TinySpec::llama(GgmlType::Q4_1), 71),
-                ("gemma3", TinySpec::gemma3(), 72),
-            ] {
+            for (spec_name, spec, seed) in [("llama Q4_1", TinySpec::llama(GgmlType::Q4_1), 71), ("gemma3", TinySpec::gemma3(), 72)] {
                 let base = tiny_model(&spec, seed);
                 let header = GgufFile::from_vec(base.clone()).unwrap().header().clone();
-                let last_end = header
-                    .tensors
-                    .iter()
-                    .map(|t| t.file_offset + t.num_bytes)
-                    .max()
-                    .unwrap();
+                let last_end = header.tensors.iter().map(|t| t.file_offset + t.num_bytes).max().unwrap();
                 assert_eq!(last_end, base.len() as u64, "the last tensor ends the file");
                 let (mut ran, mut errors, mut slowest) = (0, 0, (0.0f64, String::new()));
                 for case in 0..cases as u64 {
                     let mut rng = common::TestRng(seed * 1_000_003 + case);
                     let (bytes, what) = mutate(&base, &header, &mut rng);
                     let truncated = bytes.len() < base.len();
-                    let numerics = if case % 2 == 0 {
-                        Numerics::Packed
-                    } else {
-                        Numerics::Ggml
-                    };
+                    let numerics = if case % 2 == 0 { Numerics::Packed } else { Numerics::Ggml };
                     let pooled = case % 8 == 7;
                     let threads = if pooled { "default pool" } else { "1 thread" };
-                    let label = format!(
-                        "{spec_name}, case {case} (seed {}): {what}, {numerics:?}, {threads}",
-                        seed * 1_000_003 + case
-                    );
+                    let label = format!("{spec_name}, case {case} (seed {}): {what}, {numerics:?}, {threads}", seed * 1_000_003 + case);
                     *current.lock().unwrap() = label.clone();
                     let start = std::time::Instant::now();
-                    let run = || {
-                        if pooled {
-                            load_and_run(bytes, numerics)
-                        } else {
-                            serial.install(|| load_and_run(bytes, numerics))
-                        }
-                    };
+                    let run = || if pooled { load_and_run(bytes, numerics) } else { serial.install(|| load_and_run(bytes, numerics)) };
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
                         .unwrap_or_else(|_| panic!("{label}: panicked (see the message above)"));
                     let secs = start.elapsed().as_secs_f64();
@@ -403,11 +305,7 @@ fn random_damage_anywhere_errs_or_loads_a_model_that_runs() {
                         }
                     }
                 }
-                summary.push(format!(
-                    "{spec_name}: {ran} loaded and ran, {errors} errors; slowest {:.1} ms ({})",
-                    slowest.0 * 1e3,
-                    slowest.1
-                ));
+                summary.push(format!("{spec_name}: {ran} loaded and ran, {errors} errors; slowest {:.1} ms ({})", slowest.0 * 1e3, slowest.1));
                 assert!(ran > cases / 5 && errors > cases / 5, "{spec_name}: the mutations should both break and spare the file ({ran} ran, {errors} errors)");
             }
             let _ = done.send(());
@@ -417,10 +315,7 @@ fn random_damage_anywhere_errs_or_loads_a_model_that_runs() {
     // A hang shows as no end within the limit (the whole run takes a few seconds).
     let limit = std::time::Duration::from_secs(60 + cases as u64 / 10);
     match finished.recv_timeout(limit) {
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!(
-            "no end after {limit:?}: hung on {}",
-            current.lock().unwrap()
-        ),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no end after {limit:?}: hung on {}", current.lock().unwrap()),
         _ => match worker.join() {
             Ok(summary) => summary.iter().for_each(|l| eprintln!("{l}")),
             Err(e) => std::panic::resume_unwind(e),

@@ -18,13 +18,13 @@
 mod common;
 
 use common::{open_real_model as open, parity_fixture as fixture};
-use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, GenerateParams};
 use reckon_engine::model::{Model, Numerics};
 use reckon_engine::sampler::argmax;
+use reckon_engine::engine::{spawn, EngineConfig, EngineHandle, Event, GenerateParams};
+use std::sync::Arc;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
 use serde_json::Value;
-use std::sync::Arc;
 
 /// What a numerics must show against the fixtures.
 struct Criteria {
@@ -40,20 +40,8 @@ struct Criteria {
 }
 
 /// ggml numerics: bit-identical logits, so every token and every recorded gap.
-const GGML: Criteria = Criteria {
-    min_greedy_match: 64,
-    near_tie: 0.0,
-    min_top1_agreement: 1.0,
-    max_disagreement_gap: f64::INFINITY,
-    same_gaps: true,
-};
-const PACKED: Criteria = Criteria {
-    min_greedy_match: 64,
-    near_tie: 0.5,
-    min_top1_agreement: 0.93,
-    max_disagreement_gap: 0.75,
-    same_gaps: false,
-};
+const GGML: Criteria = Criteria { min_greedy_match: 64, near_tie: 0.0, min_top1_agreement: 1.0, max_disagreement_gap: f64::INFINITY, same_gaps: true };
+const PACKED: Criteria = Criteria { min_greedy_match: 64, near_tie: 0.5, min_top1_agreement: 0.93, max_disagreement_gap: 0.75, same_gaps: false };
 
 /// Gaps are recorded rounded to 4 decimals; ours are computed in f32 (from log-probabilities through the
 /// engine, or from the logits).
@@ -72,11 +60,7 @@ fn top2_gap(logits: &[f32]) -> f64 {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
 /// The chat prompts of the fixture script, to check our template renders llama.cpp-side Jinja's text.
@@ -93,20 +77,13 @@ fn chat_messages(case: &str) -> Vec<ChatMessage> {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `n` greedy tokens through the engine (the serving path), going on past end-of-generation tokens as
 /// the fixtures do, each with its top-1/top-2 gap (from the two top log-probabilities).
 fn greedy(engine: &EngineHandle, prompt: &[u32], n: usize) -> Vec<(u32, f64)> {
-    let params = GenerateParams {
-        ignore_eos: true,
-        logprobs: Some(2),
-        ..GenerateParams::greedy(prompt.to_vec(), n)
-    };
+    let params = GenerateParams { ignore_eos: true, logprobs: Some(2), ..GenerateParams::greedy(prompt.to_vec(), n) };
     let mut events = engine.submit(params).expect("valid request").1;
     let mut out = Vec::with_capacity(n);
     while let Some(event) = events.blocking_recv() {
@@ -124,12 +101,7 @@ fn greedy(engine: &EngineHandle, prompt: &[u32], n: usize) -> Vec<(u32, f64)> {
 
 fn check_model(name: &str, numerics: Numerics) {
     let Some(file) = open(name) else { return };
-    if numerics == Numerics::Packed
-        && !common::simd_or_skip(
-            reckon_engine::kernels::cpu::SimdLevel::Avx2,
-            "packed parity",
-        )
-    {
+    if numerics == Numerics::Packed && !common::simd_or_skip(reckon_engine::kernels::cpu::SimdLevel::Avx2, "packed parity") {
         return;
     }
     let crit = match numerics {
@@ -137,32 +109,17 @@ fn check_model(name: &str, numerics: Numerics) {
         Numerics::Packed => PACKED,
     };
     let fx = fixture(name);
-    assert_eq!(
-        sha256_hex(file.raw()),
-        fx["model_sha256"]
-            .as_str()
-            .expect("fixtures name their model's sha256"),
-        "{name}: the model file is not the one the fixture was recorded with"
-    );
+    assert_eq!(sha256_hex(file.raw()), fx["model_sha256"].as_str().expect("fixtures name their model's sha256"), "{name}: the model file is not the one the fixture was recorded with");
     let tok = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
-    let template =
-        ChatTemplate::from_gguf(&file, &text(tok.bos_id()), &text(tok.eos_id())).unwrap();
+    let template = ChatTemplate::from_gguf(&file, &text(tok.bos_id()), &text(tok.eos_id())).unwrap();
     let model = Model::load_with(file, numerics).unwrap();
     if model.numerics() != numerics {
-        eprintln!(
-            "note: {name}: no {} kernels on this CPU, nothing to check",
-            numerics.name()
-        );
+        eprintln!("note: {name}: no {} kernels on this CPU, nothing to check", numerics.name());
         return;
     }
     let model = Arc::new(model);
-    let config = EngineConfig {
-        max_model_len: 4096,
-        num_blocks: 4096 / 16 + 1,
-        max_running: 1,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { max_model_len: 4096, num_blocks: 4096 / 16 + 1, max_running: 1, ..EngineConfig::default() };
     let engine = spawn(model.clone(), tok.clone(), config);
     let mut report = Vec::new();
     let mut failures = Vec::new();
@@ -170,119 +127,52 @@ fn check_model(name: &str, numerics: Numerics) {
         let cname = case["name"].as_str().unwrap();
         let ptext = case["text"].as_str().unwrap();
         if case["chat"].as_bool().unwrap() {
-            assert_eq!(
-                template.render(&chat_messages(cname), true).unwrap(),
-                ptext,
-                "{name}/{cname}: template"
-            );
+            assert_eq!(template.render(&chat_messages(cname), true).unwrap(), ptext, "{name}/{cname}: template");
         }
         let prompt = ids(&case["tokens"]);
-        assert_eq!(
-            tok.encode(ptext, true, true).unwrap(),
-            prompt,
-            "{name}/{cname}: tokenization"
-        );
+        assert_eq!(tok.encode(ptext, true, true).unwrap(), prompt, "{name}/{cname}: tokenization");
         let want = ids(&case["greedy"]);
-        let (got, got_gaps): (Vec<u32>, Vec<f64>) =
-            greedy(&engine, &prompt, want.len()).into_iter().unzip();
+        let (got, got_gaps): (Vec<u32>, Vec<f64>) = greedy(&engine, &prompt, want.len()).into_iter().unzip();
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
         if crit.same_gaps {
-            let want_gaps = case["greedy_top2_gap"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|g| g.as_f64().unwrap());
-            let off: Vec<String> = got_gaps
-                .iter()
-                .zip(want_gaps)
-                .enumerate()
-                .take(same)
-                .filter(|(_, (a, b))| (*a - b).abs() > GAP_TOLERANCE)
-                .map(|(i, (a, b))| format!("{i}: {a:.5} vs {b:.4}"))
-                .collect();
+            let want_gaps = case["greedy_top2_gap"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap());
+            let off: Vec<String> = got_gaps.iter().zip(want_gaps).enumerate().take(same).filter(|(_, (a, b))| (*a - b).abs() > GAP_TOLERANCE).map(|(i, (a, b))| format!("{i}: {a:.5} vs {b:.4}")).collect();
             if !off.is_empty() {
-                failures.push(format!(
-                    "{cname}: top-2 gaps differ from llama.cpp's at steps {off:?}"
-                ));
+                failures.push(format!("{cname}: top-2 gaps differ from llama.cpp's at steps {off:?}"));
             }
         }
         report.push(format!("{cname}: {same}/{}", want.len()));
         if same < want.len() {
             let gap = case["greedy_top2_gap"][same].as_f64().unwrap();
-            report.push(format!(
-                "  diverges at {same}: ours {} vs llama.cpp {} (llama.cpp top-2 gap {gap:.4})",
-                got[same], want[same]
-            ));
+            report.push(format!("  diverges at {same}: ours {} vs llama.cpp {} (llama.cpp top-2 gap {gap:.4})", got[same], want[same]));
             if same < crit.min_greedy_match && gap >= crit.near_tie {
-                failures.push(format!(
-                    "{cname}: only {same} greedy tokens match (llama.cpp gap {gap:.4})"
-                ));
+                failures.push(format!("{cname}: only {same} greedy tokens match (llama.cpp gap {gap:.4})"));
             }
         }
     }
     let tf = &fx["teacher_forced"];
     let tokens = ids(&tf["tokens"]);
     let want = ids(&tf["argmax"]);
-    let (mut got, mut got_gaps) = (
-        Vec::with_capacity(tokens.len()),
-        Vec::with_capacity(tokens.len()),
-    );
+    let (mut got, mut got_gaps) = (Vec::with_capacity(tokens.len()), Vec::with_capacity(tokens.len()));
     model.for_each_logits(&tokens, 512, |logits| {
         got.push(argmax(logits));
         got_gaps.push(top2_gap(logits));
     });
     if crit.same_gaps {
-        let off: Vec<String> = got_gaps
-            .iter()
-            .enumerate()
-            .filter(|&(i, g)| (g - tf["top2_gap"][i].as_f64().unwrap()).abs() > GAP_TOLERANCE)
-            .map(|(i, g)| format!("{i}: {g:.5}"))
-            .take(10)
-            .collect();
-        assert!(
-            off.is_empty(),
-            "{name}: teacher-forced top-2 gaps differ from llama.cpp's at {off:?}"
-        );
-        report.push(format!(
-            "teacher-forced top-2 gaps equal llama.cpp's at all {} positions",
-            got_gaps.len()
-        ));
+        let off: Vec<String> = got_gaps.iter().enumerate().filter(|&(i, g)| (g - tf["top2_gap"][i].as_f64().unwrap()).abs() > GAP_TOLERANCE).map(|(i, g)| format!("{i}: {g:.5}")).take(10).collect();
+        assert!(off.is_empty(), "{name}: teacher-forced top-2 gaps differ from llama.cpp's at {off:?}");
+        report.push(format!("teacher-forced top-2 gaps equal llama.cpp's at all {} positions", got_gaps.len()));
     }
     let agree = got.iter().zip(&want).filter(|(a, b)| a == b).count();
     let rate = agree as f64 / want.len() as f64;
     let gap_at = |i: usize| tf["top2_gap"][i].as_f64().unwrap();
-    let disagree: Vec<usize> = got
-        .iter()
-        .zip(&want)
-        .enumerate()
-        .filter(|(_, (a, b))| a != b)
-        .map(|(i, _)| i)
-        .collect();
-    let gaps: Vec<String> = disagree
-        .iter()
-        .map(|&i| format!("{i}:{:.3}", gap_at(i)))
-        .collect();
+    let disagree: Vec<usize> = got.iter().zip(&want).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+    let gaps: Vec<String> = disagree.iter().map(|&i| format!("{i}:{:.3}", gap_at(i))).collect();
     report.push(format!("teacher-forced top-1 agreement {agree}/{} = {:.2}%; disagreements (position:llama.cpp gap) {gaps:?}", want.len(), rate * 100.0));
-    eprintln!(
-        "{name}, {} numerics:\n  {}",
-        numerics.name(),
-        report.join("\n  ")
-    );
-    assert!(
-        rate >= crit.min_top1_agreement,
-        "{name}: top-1 agreement {rate:.4} < {}",
-        crit.min_top1_agreement
-    );
-    let confident: Vec<&String> = disagree
-        .iter()
-        .zip(&gaps)
-        .filter(|(&i, _)| gap_at(i) >= crit.max_disagreement_gap)
-        .map(|(_, g)| g)
-        .collect();
-    assert!(
-        confident.is_empty(),
-        "{name}: disagrees where llama.cpp is decided: {confident:?}"
-    );
+    eprintln!("{name}, {} numerics:\n  {}", numerics.name(), report.join("\n  "));
+    assert!(rate >= crit.min_top1_agreement, "{name}: top-1 agreement {rate:.4} < {}", crit.min_top1_agreement);
+    let confident: Vec<&String> = disagree.iter().zip(&gaps).filter(|(&i, _)| gap_at(i) >= crit.max_disagreement_gap).map(|(_, g)| g).collect();
+    assert!(confident.is_empty(), "{name}: disagrees where llama.cpp is decided: {confident:?}");
     assert!(failures.is_empty(), "{name}: {failures:?}");
 }
 

@@ -19,12 +19,7 @@ const NEW_TOKENS: usize = 16;
 /// The parity fixture's ~2,000-token text (real prose, the model's own tokenization).
 fn text_tokens(name: &str) -> Vec<u32> {
     let fx = parity_fixture(name);
-    fx["teacher_forced"]["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_u64().unwrap() as u32)
-        .collect()
+    fx["teacher_forced"]["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect()
 }
 
 /// Token ids and cached prompt tokens of one greedy request.
@@ -45,14 +40,7 @@ fn check_model_with(name: &str, kv: &str, kv_window: Option<KvWindow>, want_cach
 
 /// `prefix_len` tokens shared (403: 25 blocks and 3 tokens), three continuations, and exact repeats; the
 /// reference is a cold prefill with one KV group.
-fn check_prompts(
-    name: &str,
-    kv: &str,
-    kv_window: Option<KvWindow>,
-    hybrid_kv: bool,
-    prefix_len: usize,
-    want_cached: &[usize],
-) {
+fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: bool, prefix_len: usize, want_cached: &[usize]) {
     let Some(file) = open(name) else { return };
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
@@ -67,63 +55,24 @@ fn check_prompts(
     ];
     // (a hybrid layout's blocks are pages of fewer layers: more of them)
     let num_blocks = if hybrid_kv { 1024 } else { 128 };
-    let config = EngineConfig {
-        block_size: 16,
-        num_blocks,
-        max_batch_tokens: 512,
-        max_running: 8,
-        max_waiting: 16,
-        max_model_len: 2048,
-        prefix_caching: true,
-        max_prefill_tokens_while_decoding: usize::MAX,
-        rest_pool_between_steps: true,
-        kv_dtypes: KvDtypes::parse(kv).unwrap(),
-        kv_window,
-        hybrid_kv,
-        spec: None,
-    };
-    let cold = spawn(
-        model.clone(),
-        tokenizer.clone(),
-        EngineConfig {
-            prefix_caching: false,
-            hybrid_kv: false,
-            num_blocks: 128,
-            ..config
-        },
-    );
+    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, hybrid_kv, spec: None };
+    let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, hybrid_kv: false, num_blocks: 128, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
     let mut cached = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let (ids, c) = run(&warm, p);
-        assert_eq!(
-            ids, reference[i],
-            "{name} {kv}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill"
-        );
+        assert_eq!(ids, reference[i], "{name} {kv}: prompt {i} after a cache hit of {c} tokens differs from a cold prefill");
         cached.push(c);
     }
     assert_eq!(cached, want_cached, "{name}: cached tokens per request");
     // concurrently, with small prefill chunks (hits land in the middle of other sequences' steps)
-    let busy = spawn(
-        model,
-        tokenizer,
-        EngineConfig {
-            max_batch_tokens: 48,
-            ..config
-        },
-    );
+    let busy = spawn(model, tokenizer, EngineConfig { max_batch_tokens: 48, ..config });
     let got: Vec<Vec<u32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|p| s.spawn(|| run(&busy, p).0))
-            .collect();
+        let handles: Vec<_> = prompts.iter().map(|p| s.spawn(|| run(&busy, p).0)).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(
-        got, reference,
-        "{name} {kv}: concurrent requests with shared blocks"
-    );
+    assert_eq!(got, reference, "{name} {kv}: concurrent requests with shared blocks");
     eprintln!("{name} ({kv} KV, window {kv_window:?}): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
 }
 
@@ -132,28 +81,12 @@ fn check_prompts(
 /// the tokens are still those of a cold prefill, alone or concurrent.
 #[test]
 fn windowed_cache_hits_match_cold_prefill_smollm2() {
-    check_model_with(
-        "smollm2-135m",
-        "f16",
-        Some(KvWindow {
-            window: 128,
-            sinks: 4,
-        }),
-        &[0, 16, 16, 16, 16],
-    );
+    check_model_with("smollm2-135m", "f16", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
 }
 
 #[test]
 fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
-    check_model_with(
-        "qwen2.5-coder-0.5b",
-        "q8_0",
-        Some(KvWindow {
-            window: 128,
-            sinks: 4,
-        }),
-        &[0, 16, 16, 16, 16],
-    );
+    check_model_with("qwen2.5-coder-0.5b", "q8_0", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
 }
 
 /// Gemma-3's sliding layers in block tables of their own that release what leaves their 512 tokens
@@ -161,26 +94,12 @@ fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
 /// hit needs their last 512 positions only. Same tokens as a cold prefill with every block kept.
 #[test]
 fn hybrid_kv_cache_hits_match_cold_prefill_gemma3() {
-    check_prompts(
-        "gemma3-270m",
-        "f16",
-        None,
-        true,
-        1003,
-        &[0, 992, 992, 1024, 992],
-    );
+    check_prompts("gemma3-270m", "f16", None, true, 1003, &[0, 992, 992, 1024, 992]);
 }
 
 #[test]
 fn hybrid_kv_cache_hits_match_cold_prefill_gemma3_q8_0() {
-    check_prompts(
-        "gemma3-270m",
-        "q8_0",
-        None,
-        true,
-        1003,
-        &[0, 992, 992, 1024, 992],
-    );
+    check_prompts("gemma3-270m", "q8_0", None, true, 1003, &[0, 992, 992, 1024, 992]);
 }
 
 #[test]

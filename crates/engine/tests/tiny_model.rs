@@ -6,8 +6,8 @@ mod common;
 
 use common::{tiny_model, TestRng, TinySpec};
 use reckon_engine::gguf::GgufFile;
-use reckon_engine::kernels::ggml::GgmlType;
 use reckon_engine::model::{LogitsWanted, Model, Numerics, Scratch, SeqInput};
+use reckon_engine::kernels::ggml::GgmlType;
 
 fn load(spec: &TinySpec, seed: u64) -> Model {
     Model::load(GgufFile::from_vec(tiny_model(spec, seed)).unwrap()).unwrap()
@@ -15,14 +15,8 @@ fn load(spec: &TinySpec, seed: u64) -> Model {
 
 /// The same model once per numerics this CPU runs (packed falls back to ggml without its kernels).
 fn load_each(spec: &TinySpec, seed: u64) -> Vec<Model> {
-    common::simd_or_skip(
-        reckon_engine::kernels::cpu::SimdLevel::Avx2,
-        "the packed numerics' half of the tiny-model checks",
-    );
-    let mut models: Vec<Model> = [Numerics::Packed, Numerics::Ggml]
-        .into_iter()
-        .map(|n| Model::load_with(GgufFile::from_vec(tiny_model(spec, seed)).unwrap(), n).unwrap())
-        .collect();
+    common::simd_or_skip(reckon_engine::kernels::cpu::SimdLevel::Avx2, "the packed numerics' half of the tiny-model checks");
+    let mut models: Vec<Model> = [Numerics::Packed, Numerics::Ggml].into_iter().map(|n| Model::load_with(GgufFile::from_vec(tiny_model(spec, seed)).unwrap(), n).unwrap()).collect();
     models.dedup_by_key(|m| m.numerics());
     models
 }
@@ -34,9 +28,7 @@ fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
 
 /// Block tables for `n` sequences laid out in disjoint, interleaved blocks (seq i gets blocks i, i+n, …).
 fn tables(n: usize, blocks_each: usize) -> Vec<Vec<u32>> {
-    (0..n)
-        .map(|i| (0..blocks_each).map(|b| (b * n + i) as u32).collect())
-        .collect()
+    (0..n).map(|i| (0..blocks_each).map(|b| (b * n + i) as u32).collect()).collect()
 }
 
 /// Runs each sequence alone, one prefill: the reference every batched run must equal bit for bit.
@@ -44,32 +36,14 @@ fn single_run_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
     let mut kv = model.new_kv(4, 64);
     let table: Vec<u32> = (0..64).collect();
     let mut s = Scratch::default();
-    let input = SeqInput {
-        tokens: prompt,
-        start_pos: 0,
-        block_tables: std::slice::from_ref(&table),
-        logits: LogitsWanted::All,
-    };
+    let input = SeqInput { tokens: prompt, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
     model.forward(&[input], &mut kv, &mut s).to_vec()
 }
 
 /// The three architectures, plus llama with K-quant matrices (rows of 256).
 fn all_archs() -> Vec<TinySpec> {
-    let k = |t| TinySpec {
-        d_model: 256,
-        ffn: 256,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 64,
-        ..TinySpec::llama(t)
-    };
-    vec![
-        TinySpec::llama(GgmlType::Q4_1),
-        TinySpec::qwen2(),
-        TinySpec::gemma3(),
-        k(GgmlType::Q4_K),
-        k(GgmlType::Q6_K),
-    ]
+    let k = |t| TinySpec { d_model: 256, ffn: 256, n_heads: 4, n_kv_heads: 2, head_dim: 64, ..TinySpec::llama(t) };
+    vec![TinySpec::llama(GgmlType::Q4_1), TinySpec::qwen2(), TinySpec::gemma3(), k(GgmlType::Q4_K), k(GgmlType::Q6_K)]
 }
 
 #[test]
@@ -81,18 +55,8 @@ fn logits_have_the_requested_rows() {
         let (a, b) = (tokens(1, 5, spec.vocab), tokens(2, 3, spec.vocab));
         let mut s = Scratch::default();
         let seqs = [
-            SeqInput {
-                tokens: &a,
-                start_pos: 0,
-                block_tables: std::slice::from_ref(&t[0]),
-                logits: LogitsWanted::All,
-            },
-            SeqInput {
-                tokens: &b,
-                start_pos: 0,
-                block_tables: std::slice::from_ref(&t[1]),
-                logits: LogitsWanted::Last,
-            },
+            SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
+            SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::Last },
         ];
         let logits = model.forward(&seqs, &mut kv, &mut s);
         assert_eq!(logits.len(), (5 + 1) * spec.vocab, "{}", spec.arch);
@@ -110,14 +74,7 @@ fn every_weight_type_runs_end_to_end() {
     }
     for t in [Q4_K, Q5_K, Q6_K] {
         // K-quants need rows of 256.
-        let spec = TinySpec {
-            d_model: 256,
-            ffn: 256,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 64,
-            ..TinySpec::llama(t)
-        };
+        let spec = TinySpec { d_model: 256, ffn: 256, n_heads: 4, n_kv_heads: 2, head_dim: 64, ..TinySpec::llama(t) };
         let model = load(&spec, 4);
         let logits = single_run_logits(&model, &tokens(4, 6, 96));
         assert!(logits.iter().all(|v| v.is_finite()), "{t:?}");
@@ -128,34 +85,14 @@ fn every_weight_type_runs_end_to_end() {
 fn batch_of_n_sequences_equals_n_single_runs() {
     for spec in all_archs() {
         for model in load_each(&spec, 5) {
-            let prompts: Vec<Vec<u32>> = (0..4)
-                .map(|i| tokens(10 + i, 3 + 5 * i as usize, spec.vocab))
-                .collect();
+            let prompts: Vec<Vec<u32>> = (0..4).map(|i| tokens(10 + i, 3 + 5 * i as usize, spec.vocab)).collect();
             let t = tables(prompts.len(), 16);
             let mut kv = model.new_kv(4, 64);
             let mut s = Scratch::default();
-            let seqs: Vec<SeqInput> = prompts
-                .iter()
-                .zip(&t)
-                .map(|(p, bt)| SeqInput {
-                    tokens: p,
-                    start_pos: 0,
-                    block_tables: std::slice::from_ref(bt),
-                    logits: LogitsWanted::All,
-                })
-                .collect();
+            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_tables: std::slice::from_ref(bt), logits: LogitsWanted::All }).collect();
             let batched = model.forward(&seqs, &mut kv, &mut s).to_vec();
-            let singles: Vec<f32> = prompts
-                .iter()
-                .flat_map(|p| single_run_logits(&model, p))
-                .collect();
-            assert_eq!(
-                batched,
-                singles,
-                "{} ({}): batched logits differ from single runs",
-                spec.arch,
-                model.numerics().name()
-            );
+            let singles: Vec<f32> = prompts.iter().flat_map(|p| single_run_logits(&model, p)).collect();
+            assert_eq!(batched, singles, "{} ({}): batched logits differ from single runs", spec.arch, model.numerics().name());
         }
     }
 }
@@ -173,71 +110,20 @@ fn mixed_prefill_chunks_and_decodes_equal_a_single_prefill() {
             let mut s = Scratch::default();
             // Step 1: A's first 11 tokens with B's first 7. Step 2: A's last token (a "decode") with B's next 9.
             // Step 3: B's last 4 alone.
-            let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| {
-                model.forward(seqs, kv, s).to_vec()
-            };
-            let out1 = step(
-                &mut kv,
-                &mut s,
-                &[
-                    SeqInput {
-                        tokens: &a[..11],
-                        start_pos: 0,
-                        block_tables: std::slice::from_ref(&t[0]),
-                        logits: LogitsWanted::All,
-                    },
-                    SeqInput {
-                        tokens: &b[..7],
-                        start_pos: 0,
-                        block_tables: std::slice::from_ref(&t[1]),
-                        logits: LogitsWanted::All,
-                    },
-                ],
-            );
-            let out2 = step(
-                &mut kv,
-                &mut s,
-                &[
-                    SeqInput {
-                        tokens: &b[7..16],
-                        start_pos: 7,
-                        block_tables: std::slice::from_ref(&t[1]),
-                        logits: LogitsWanted::All,
-                    },
-                    SeqInput {
-                        tokens: &a[11..],
-                        start_pos: 11,
-                        block_tables: std::slice::from_ref(&t[0]),
-                        logits: LogitsWanted::Last,
-                    },
-                ],
-            );
-            let out3 = step(
-                &mut kv,
-                &mut s,
-                &[SeqInput {
-                    tokens: &b[16..],
-                    start_pos: 16,
-                    block_tables: std::slice::from_ref(&t[1]),
-                    logits: LogitsWanted::All,
-                }],
-            );
+            let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| model.forward(seqs, kv, s).to_vec();
+            let out1 = step(&mut kv, &mut s, &[
+                SeqInput { tokens: &a[..11], start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
+                SeqInput { tokens: &b[..7], start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
+            ]);
+            let out2 = step(&mut kv, &mut s, &[
+                SeqInput { tokens: &b[7..16], start_pos: 7, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
+                SeqInput { tokens: &a[11..], start_pos: 11, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::Last },
+            ]);
+            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All }]);
             let got_a: Vec<f32> = [&out1[..11 * v], &out2[9 * v..]].concat();
             let got_b: Vec<f32> = [&out1[11 * v..], &out2[..9 * v], &out3[..]].concat();
-            assert_eq!(
-                got_a,
-                ref_a,
-                "{} ({}): sequence A",
-                spec.arch,
-                model.numerics().name()
-            );
-            assert_eq!(
-                got_b,
-                ref_b,
-                "{} ({}): sequence B",
-                spec.arch,
-                model.numerics().name()
-            );
+            assert_eq!(got_a, ref_a, "{} ({}): sequence A", spec.arch, model.numerics().name());
+            assert_eq!(got_b, ref_b, "{} ({}): sequence B", spec.arch, model.numerics().name());
         }
     }
 }
@@ -251,13 +137,7 @@ fn one_thread_equals_two_threads() {
                 let pool = reckon_engine::pool::Pool::new(threads);
                 pool.install(|| single_run_logits(&model, &prompt))
             };
-            assert_eq!(
-                run(1),
-                run(2),
-                "{} ({})",
-                spec.arch,
-                model.numerics().name()
-            );
+            assert_eq!(run(1), run(2), "{} ({})", spec.arch, model.numerics().name());
         }
     }
 }
@@ -269,29 +149,12 @@ fn sliding_window_layers_forget_old_tokens() {
     // window covers everything: their outputs must differ past the window and agree inside it.
     let spec = TinySpec::gemma3();
     let windowed = load(&spec, 8);
-    let wide = load(
-        &TinySpec {
-            sliding_window: 1024,
-            ..TinySpec::gemma3()
-        },
-        8,
-    );
+    let wide = load(&TinySpec { sliding_window: 1024, ..TinySpec::gemma3() }, 8);
     let prompt = tokens(40, 12, spec.vocab);
-    let (a, b) = (
-        single_run_logits(&windowed, &prompt),
-        single_run_logits(&wide, &prompt),
-    );
+    let (a, b) = (single_run_logits(&windowed, &prompt), single_run_logits(&wide, &prompt));
     let v = spec.vocab;
-    assert_eq!(
-        a[..8 * v],
-        b[..8 * v],
-        "positions inside the window must agree"
-    );
-    assert_ne!(
-        a[8 * v..],
-        b[8 * v..],
-        "positions past the window must differ"
-    );
+    assert_eq!(a[..8 * v], b[..8 * v], "positions inside the window must agree");
+    assert_ne!(a[8 * v..], b[8 * v..], "positions past the window must differ");
 }
 
 /// The engine validates requests before they reach the model, so the model only asserts its inputs; a
@@ -302,23 +165,11 @@ fn bad_batches_stop_at_a_check() {
     let table = [0u32, 1];
     let too_long = tokens(1, 9, 96);
     let bad_block = [7u32];
-    let batches: [(&[u32], &[u32]); 3] =
-        [(&too_long, &table), (&[500], &table), (&[1], &bad_block)];
+    let batches: [(&[u32], &[u32]); 3] = [(&too_long, &table), (&[500], &table), (&[1], &bad_block)];
     for (toks, blocks) in batches {
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let (mut kv, mut s) = (model.new_kv(4, 2), Scratch::default());
-            model
-                .forward(
-                    &[SeqInput {
-                        tokens: toks,
-                        start_pos: 0,
-                        block_tables: &[blocks.to_vec()],
-                        logits: LogitsWanted::Last,
-                    }],
-                    &mut kv,
-                    &mut s,
-                )
-                .to_vec()
+            model.forward(&[SeqInput { tokens: toks, start_pos: 0, block_tables: &[blocks.to_vec()], logits: LogitsWanted::Last }], &mut kv, &mut s).to_vec()
         }));
         assert!(step.is_err(), "tokens {toks:?} with blocks {blocks:?} ran");
     }
@@ -332,133 +183,56 @@ fn bad_batches_stop_at_a_check() {
 fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
     use reckon_engine::kv::{KvDtypes, KvWindow};
     // f16 in blocks of 4 (the sinks are block 0); q8_0 keys and values in blocks of 16
-    let cases = [
-        (
-            KvDtypes::F16,
-            KvWindow {
-                window: 8,
-                sinks: 2,
-            },
-            4,
-            40,
-        ),
-        (
-            KvDtypes::parse("q8_0").unwrap(),
-            KvWindow {
-                window: 40,
-                sinks: 4,
-            },
-            16,
-            160,
-        ),
-    ];
+    let cases = [(KvDtypes::F16, KvWindow { window: 8, sinks: 2 }, 4, 40), (KvDtypes::parse("q8_0").unwrap(), KvWindow { window: 40, sinks: 4 }, 16, 160)];
     for spec in all_archs() {
         for model in load_each(&spec, 5) {
-            for &(dtypes, w, bs, n) in &cases {
-                if dtypes.check_shape(model.config.head_dim, bs).is_err() {
-                    continue;
-                }
-                let (layers, kv_dim, vocab) =
-                    (model.config.n_layers, model.config.kv_dim(), spec.vocab);
-                let toks = tokens(3, n, vocab);
-                let table: Vec<u32> = (0..(n / bs) as u32).rev().collect();
-                let mut s = Scratch::default();
-                let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-                let input = SeqInput {
-                    tokens: &toks,
-                    start_pos: 0,
-                    block_tables: std::slice::from_ref(&table),
-                    logits: LogitsWanted::All,
-                };
-                let whole = model
-                    .forward_windowed(&[input], Some(w), &mut kv, &mut s)
-                    .to_vec();
-                // garbage keys that score high against some query: ±large (a tiny random model's attention is
-                // so peaked that small garbage gets no weight at all)
-                let garbage = |sign: f32| -> Vec<f32> {
-                    (0..kv_dim)
-                        .map(|i| sign * (((i * 7919) % 13) as f32 - 6.0) * 300.0)
-                        .collect()
-                };
-                let spoil_with =
-                    |kv: &mut reckon_engine::kv::KvStorage, block: usize, sign: f32| {
-                        let g = garbage(sign);
-                        for l in 0..layers {
-                            for slot in 0..bs {
-                                kv.write(l, table[block] as usize * bs + slot, &g, &g);
-                            }
-                        }
-                    };
-                let spoil = |kv: &mut reckon_engine::kv::KvStorage, block: usize| {
-                    spoil_with(kv, block, 1.0)
-                };
-                let mut kv_steps = model.new_kv_with(dtypes, bs, n / bs);
-                let mut steps = Vec::new();
-                for pos in 0..n {
-                    w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
-                    let input = SeqInput {
-                        tokens: &toks[pos..pos + 1],
-                        start_pos: pos,
-                        block_tables: std::slice::from_ref(&table),
-                        logits: LogitsWanted::All,
-                    };
-                    steps.extend_from_slice(model.forward_windowed(
-                        &[input],
-                        Some(w),
-                        &mut kv_steps,
-                        &mut s,
-                    ));
-                }
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert!(
-                    bits(&whole) == bits(&steps),
-                    "{:?} {}: skipped blocks were read, or chunking changed the result",
-                    spec.arch,
-                    model.numerics().name()
-                );
-                let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-                let full = model
-                    .forward(
-                        &[SeqInput {
-                            tokens: &toks,
-                            start_pos: 0,
-                            block_tables: std::slice::from_ref(&table),
-                            logits: LogitsWanted::All,
-                        }],
-                        &mut kv,
-                        &mut s,
-                    )
-                    .to_vec();
-                let first_gap = (0..n).find(|&p| !w.gap(p, bs).is_empty()).unwrap();
-                assert_eq!(first_gap, w.window + w.sink_end(bs) + bs - 1);
-                assert!(bits(&whole[..first_gap * vocab]) == bits(&full[..first_gap * vocab]));
-                assert!(
-                    whole[first_gap * vocab..] != full[first_gap * vocab..],
-                    "the window changed nothing"
-                );
-                // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
-                let last = SeqInput {
-                    tokens: &toks[n - 1..],
-                    start_pos: n - 1,
-                    block_tables: std::slice::from_ref(&table),
-                    logits: LogitsWanted::All,
-                };
-                assert!(
-                    bits(model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s))
-                        == bits(&whole[(n - 1) * vocab..])
-                );
-                let changed = [1.0, -1.0].iter().any(|&sign| {
-                    spoil_with(&mut kv_steps, 0, sign);
-                    model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)[..]
-                        != whole[(n - 1) * vocab..]
-                });
-                assert!(
-                    changed,
-                    "{} {} {dtypes:?}: the sinks were not read",
-                    spec.arch,
-                    model.numerics().name()
-                );
+          for &(dtypes, w, bs, n) in &cases {
+            if dtypes.check_shape(model.config.head_dim, bs).is_err() {
+                continue;
             }
+            let (layers, kv_dim, vocab) = (model.config.n_layers, model.config.kv_dim(), spec.vocab);
+            let toks = tokens(3, n, vocab);
+            let table: Vec<u32> = (0..(n / bs) as u32).rev().collect();
+            let mut s = Scratch::default();
+            let mut kv = model.new_kv_with(dtypes, bs, n / bs);
+            let input = SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+            let whole = model.forward_windowed(&[input], Some(w), &mut kv, &mut s).to_vec();
+            // garbage keys that score high against some query: ±large (a tiny random model's attention is
+            // so peaked that small garbage gets no weight at all)
+            let garbage = |sign: f32| -> Vec<f32> { (0..kv_dim).map(|i| sign * (((i * 7919) % 13) as f32 - 6.0) * 300.0).collect() };
+            let spoil_with = |kv: &mut reckon_engine::kv::KvStorage, block: usize, sign: f32| {
+                let g = garbage(sign);
+                for l in 0..layers {
+                    for slot in 0..bs {
+                        kv.write(l, table[block] as usize * bs + slot, &g, &g);
+                    }
+                }
+            };
+            let spoil = |kv: &mut reckon_engine::kv::KvStorage, block: usize| spoil_with(kv, block, 1.0);
+            let mut kv_steps = model.new_kv_with(dtypes, bs, n / bs);
+            let mut steps = Vec::new();
+            for pos in 0..n {
+                w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
+                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+                steps.extend_from_slice(model.forward_windowed(&[input], Some(w), &mut kv_steps, &mut s));
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&whole) == bits(&steps), "{:?} {}: skipped blocks were read, or chunking changed the result", spec.arch, model.numerics().name());
+            let mut kv = model.new_kv_with(dtypes, bs, n / bs);
+            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All }], &mut kv, &mut s).to_vec();
+            let first_gap = (0..n).find(|&p| !w.gap(p, bs).is_empty()).unwrap();
+            assert_eq!(first_gap, w.window + w.sink_end(bs) + bs - 1);
+            assert!(bits(&whole[..first_gap * vocab]) == bits(&full[..first_gap * vocab]));
+            assert!(whole[first_gap * vocab..] != full[first_gap * vocab..], "the window changed nothing");
+            // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
+            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+            assert!(bits(model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
+            let changed = [1.0, -1.0].iter().any(|&sign| {
+                spoil_with(&mut kv_steps, 0, sign);
+                model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)[..] != whole[(n - 1) * vocab..]
+            });
+            assert!(changed, "{} {} {dtypes:?}: the sinks were not read", spec.arch, model.numerics().name());
+          }
         }
     }
 }

@@ -26,11 +26,7 @@ fn fixture(name: &str) -> Value {
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("id list")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
 }
 
 /// Loads the tokenizer of a known model (registry name), or None (with a note) when the model file is
@@ -40,10 +36,7 @@ fn load(name: &str) -> Option<Tokenizer> {
     let start = Instant::now();
     let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    eprintln!(
-        "{name}: tokenizer built in {ms:.1} ms ({} tokens)",
-        tok.vocab_size()
-    );
+    eprintln!("{name}: tokenizer built in {ms:.1} ms ({} tokens)", tok.vocab_size());
     Some(tok)
 }
 
@@ -63,18 +56,14 @@ fn check_against_fixture(name: &str) {
         let parse_special = case["parse_special"].as_bool().unwrap();
         let want = ids_of(&case["ids"]);
         let start = Instant::now();
-        let got = tok
-            .encode(text, add_special, parse_special)
-            .expect("encode");
+        let got = tok.encode(text, add_special, parse_special).expect("encode");
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if want.len() > longest.0 {
             longest = (want.len(), ms);
         }
         let label = format!("{text:?} add_special={add_special} parse_special={parse_special}");
         if got != want {
-            failures.push(format!(
-                "ids differ for {label}\n  llama.cpp: {want:?}\n  reckon:    {got:?}"
-            ));
+            failures.push(format!("ids differ for {label}\n  llama.cpp: {want:?}\n  reckon:    {got:?}"));
             continue;
         }
         for (render, key) in [(false, "detok"), (true, "detok_special")] {
@@ -88,29 +77,14 @@ fn check_against_fixture(name: &str) {
             let mut streamed: String = want.iter().map(|&id| dec.push(id)).collect();
             streamed += &dec.finish();
             if streamed != decoded {
-                failures.push(format!(
-                    "incremental decode differs for {label}: {streamed:?} vs {decoded:?}"
-                ));
+                failures.push(format!("incremental decode differs for {label}: {streamed:?} vs {decoded:?}"));
             }
         }
     }
-    eprintln!(
-        "{name}: longest case ({} tokens) encoded in {:.2} ms",
-        longest.0, longest.1
-    );
-    assert!(
-        longest.1 < 500.0,
-        "encoding {} tokens took {:.0} ms",
-        longest.0,
-        longest.1
-    );
+    eprintln!("{name}: longest case ({} tokens) encoded in {:.2} ms", longest.0, longest.1);
+    assert!(longest.1 < 500.0, "encoding {} tokens took {:.0} ms", longest.0, longest.1);
     let shown: Vec<&str> = failures.iter().take(20).map(String::as_str).collect();
-    assert!(
-        failures.is_empty(),
-        "{} mismatches with llama.cpp:\n{}",
-        failures.len(),
-        shown.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches with llama.cpp:\n{}", failures.len(), shown.join("\n"));
 }
 
 #[test]
@@ -130,22 +104,15 @@ fn tokenizer_gemma3_matches_llama_cpp() {
 
 #[test]
 fn tokenizer_smollm2_known_sentence() {
-    let Some(tok) = load("smollm2-135m") else {
-        return;
-    };
+    let Some(tok) = load("smollm2-135m") else { return };
     let start = Instant::now();
-    let ids = tok
-        .encode("Hello, world! The quick brown fox.", true, true)
-        .unwrap();
+    let ids = tok.encode("Hello, world! The quick brown fox.", true, true).unwrap();
     eprintln!("first encode {:?}", start.elapsed());
     let start = Instant::now();
     tok.encode("café", true, true).unwrap();
     eprintln!("first non-ascii encode {:?}", start.elapsed());
     assert_eq!(ids, [19556, 28, 905, 17, 378, 2365, 6354, 16438, 30]);
-    assert_eq!(
-        tok.decode(&ids, false),
-        "Hello, world! The quick brown fox."
-    );
+    assert_eq!(tok.decode(&ids, false), "Hello, world! The quick brown fox.");
     assert_eq!(tok.token_id("<|im_end|>"), Some(2));
     assert!(tok.is_eog(2));
 }
@@ -158,52 +125,11 @@ fn tokenizer_smollm2_known_sentence() {
 /// `parse_special = false` must leave as text), and arbitrary chars (controls, private use, unassigned).
 fn random_text() -> impl Strategy<Value = String> {
     let re = |r: &str| proptest::string::string_regex(r).expect("regex");
-    let multibyte = [
-        "é",
-        "ü",
-        "ß",
-        "ñ",
-        "日本語",
-        "中文",
-        "русский",
-        "العربية",
-        "हिन्दी",
-        "한국어",
-        "e\u{301}",
-        "\u{301}",
-        "ﬁ",
-        "Å",
-        "ｶﾀｶﾅ",
-    ];
-    let emoji = [
-        "🍕",
-        "👍🏽",
-        "👨\u{200d}👩\u{200d}👧",
-        "🇫🇷",
-        "❤\u{fe0f}",
-        "🦀",
-        "\u{200b}",
-        "\u{feff}",
-    ];
+    let multibyte = ["é", "ü", "ß", "ñ", "日本語", "中文", "русский", "العربية", "हिन्दी", "한국어", "e\u{301}", "\u{301}", "ﬁ", "Å", "ｶﾀｶﾅ"];
+    let emoji = ["🍕", "👍🏽", "👨\u{200d}👩\u{200d}👧", "🇫🇷", "❤\u{fe0f}", "🦀", "\u{200b}", "\u{feff}"];
     let specials = [
-        "<|im_start|>",
-        "<|im_end|>",
-        "<|endoftext|>",
-        "<|fim_prefix|>",
-        "<start_of_turn>",
-        "<end_of_turn>",
-        "<bos>",
-        "<eos>",
-        "<pad>",
-        "<unk>",
-        "<mask>",
-        "<s>",
-        "</s>",
-        "<0x41>",
-        "<0xE6>",
-        "[INST]",
-        "<start_of_image>",
-        "<unused0>",
+        "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|fim_prefix|>", "<start_of_turn>", "<end_of_turn>", "<bos>",
+        "<eos>", "<pad>", "<unk>", "<mask>", "<s>", "</s>", "<0x41>", "<0xE6>", "[INST]", "<start_of_image>", "<unused0>",
     ];
     let piece = prop_oneof![
         3 => re("[a-zA-Z]{1,10}"),
@@ -233,13 +159,7 @@ fn expected_decode(tok: &Tokenizer, text: &str) -> String {
     match tok.model_name() {
         "llama" => text.replace('\u{2581}', " "),
         _ => {
-            let kept: Vec<u8> = text
-                .bytes()
-                .filter(|&b| {
-                    tok.token_id(&common::gpt2_byte_char(b).to_string())
-                        .is_some()
-                })
-                .collect();
+            let kept: Vec<u8> = text.bytes().filter(|&b| tok.token_id(&common::gpt2_byte_char(b).to_string()).is_some()).collect();
             String::from_utf8_lossy(&kept).into_owned()
         }
     }
@@ -251,9 +171,7 @@ fn byte_tokens(tok: &Tokenizer) -> usize {
     (0..=255u8)
         .filter(|&b| match tok.model_name() {
             "llama" => tok.token_id(&format!("<0x{b:02X}>")).is_some(),
-            _ => tok
-                .token_id(&common::gpt2_byte_char(b).to_string())
-                .is_some(),
+            _ => tok.token_id(&common::gpt2_byte_char(b).to_string()).is_some(),
         })
         .count()
 }
@@ -261,28 +179,12 @@ fn byte_tokens(tok: &Tokenizer) -> usize {
 fn check_round_trips(name: &str, cases: u32) {
     let Some(tok) = load(name) else { return };
     // What `expected_decode` says of the vocabularies, checked: only SmolLM2 lacks byte tokens.
-    let want_bytes = if name == "smollm2-135m" {
-        256 - 21
-    } else {
-        256
-    };
-    assert_eq!(
-        byte_tokens(&tok),
-        want_bytes,
-        "{name}: byte values with a token"
-    );
+    let want_bytes = if name == "smollm2-135m" { 256 - 21 } else { 256 };
+    assert_eq!(byte_tokens(&tok), want_bytes, "{name}: byte values with a token");
     let base = Config::default();
     let config = Config {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-            base.cases
-        } else {
-            cases
-        },
-        rng_seed: if base.rng_seed == RngSeed::Random {
-            RngSeed::Fixed(0x70c)
-        } else {
-            base.rng_seed
-        },
+        cases: if std::env::var_os("PROPTEST_CASES").is_some() { base.cases } else { cases },
+        rng_seed: if base.rng_seed == RngSeed::Random { RngSeed::Fixed(0x70c) } else { base.rng_seed },
         failure_persistence: None,
         ..base
     };
@@ -294,24 +196,10 @@ fn check_round_trips(name: &str, cases: u32) {
         // token) is added and renders as nothing unless specials are rendered.
         let plain = tok.encode(&text, false, false).expect("encode");
         prop_assert_eq!(tok.decode(&plain, false), want.clone(), "ids {:?}", plain);
-        prop_assert_eq!(
-            tok.decode(&plain, true),
-            want.clone(),
-            "ids {:?} (rendering specials)",
-            plain
-        );
+        prop_assert_eq!(tok.decode(&plain, true), want.clone(), "ids {:?} (rendering specials)", plain);
         let with_bos = tok.encode(&text, true, false).expect("encode");
-        prop_assert_eq!(
-            tok.decode(&with_bos, false),
-            want.clone(),
-            "ids {:?} (with BOS)",
-            with_bos
-        );
-        let bos: Vec<u32> = tok
-            .bos_id()
-            .filter(|_| tok.adds_bos())
-            .into_iter()
-            .collect();
+        prop_assert_eq!(tok.decode(&with_bos, false), want.clone(), "ids {:?} (with BOS)", with_bos);
+        let bos: Vec<u32> = tok.bos_id().filter(|_| tok.adds_bos()).into_iter().collect();
         prop_assert_eq!(&with_bos[..bos.len()], &bos[..]);
         prop_assert_eq!(&with_bos[bos.len()..], &plain[..]);
         // Streaming gives the same text.

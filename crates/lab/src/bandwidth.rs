@@ -40,6 +40,7 @@ fn pass(threads: usize, bufs: &mut [(Vec<u64>, Vec<u64>)], copy: bool) -> f64 {
     moved as f64 / secs / 1e9
 }
 
+
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Bandwidth {
     pub threads: usize,
@@ -51,16 +52,10 @@ pub struct Bandwidth {
 pub fn measure(threads: usize) -> Bandwidth {
     let threads = threads.max(1);
     let words = BYTES / 8;
-    let mut bufs: Vec<(Vec<u64>, Vec<u64>)> = (0..threads)
-        .map(|i| (vec![i as u64 + 1; words], vec![0; words]))
-        .collect();
+    let mut bufs: Vec<(Vec<u64>, Vec<u64>)> = (0..threads).map(|i| (vec![i as u64 + 1; words], vec![0; words])).collect();
     pass(threads, &mut bufs, false); // fault the pages in
     pass(threads, &mut bufs, true);
     let read_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, false)).collect());
     let copy_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, true)).collect());
-    Bandwidth {
-        threads,
-        read_gb_s,
-        copy_gb_s,
-    }
+    Bandwidth { threads, read_gb_s, copy_gb_s }
 }

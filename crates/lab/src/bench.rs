@@ -11,9 +11,7 @@
 
 use crate::stats::{summarize, Summary};
 use crate::LabError;
-use reckon_engine::engine::{
-    spawn, Completion, Detokenizer, EngineConfig, EngineHandle, GenerateParams,
-};
+use reckon_engine::engine::{spawn, Completion, Detokenizer, EngineConfig, EngineHandle, GenerateParams};
 use reckon_engine::kv::{KvDtypes, KvWindow};
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
@@ -74,22 +72,8 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
-    fn new(
-        model: &str,
-        numerics: &'static str,
-        spec: &BenchSpec,
-        n_prompt: usize,
-        n_gen: usize,
-        samples: Vec<f64>,
-    ) -> Self {
-        let Summary {
-            median, min, max, ..
-        } = summarize(&samples).unwrap_or(Summary {
-            median: 0.0,
-            min: 0.0,
-            max: 0.0,
-            n: 0,
-        });
+    fn new(model: &str, numerics: &'static str, spec: &BenchSpec, n_prompt: usize, n_gen: usize, samples: Vec<f64>) -> Self {
+        let Summary { median, min, max, .. } = summarize(&samples).unwrap_or(Summary { median: 0.0, min: 0.0, max: 0.0, n: 0 });
         BenchResult {
             model: model.to_string(),
             numerics,
@@ -111,23 +95,13 @@ impl BenchResult {
 
     /// "pp512", "tg128", with "@ d4096" when there is a depth (llama-bench's test names).
     pub fn test_name(&self) -> String {
-        let base = if self.n_gen == 0 {
-            format!("pp{}", self.n_prompt)
-        } else {
-            format!("tg{}", self.n_gen)
-        };
-        if self.n_depth > 0 {
-            format!("{base} @ d{}", self.n_depth)
-        } else {
-            base
-        }
+        let base = if self.n_gen == 0 { format!("pp{}", self.n_prompt) } else { format!("tg{}", self.n_gen) };
+        if self.n_depth > 0 { format!("{base} @ d{}", self.n_depth) } else { base }
     }
 }
 
 pub(crate) fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
-    (0..n)
-        .map(|_| (rng.next_u64() % vocab as u64) as u32)
-        .collect()
+    (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
 /// Benchmarks never read the text.
@@ -143,11 +117,7 @@ impl Detokenizer for NoText {
 }
 
 /// Runs the pp test (if n_prompt > 0) and the tg test (if n_gen > 0).
-pub fn run(
-    model: Arc<Model>,
-    model_name: &str,
-    spec: &BenchSpec,
-) -> Result<Vec<BenchResult>, LabError> {
+pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<BenchResult>, LabError> {
     let (vocab, numerics) = (model.config.vocab_size, model.numerics().name());
     let mut rng = Rng::new(1234);
     let depth = random_tokens(&mut rng, spec.n_depth, vocab);
@@ -168,16 +138,10 @@ pub fn run(
     };
     let engine = spawn(model.clone(), Arc::new(NoText), config);
     let generate = |prompt: Vec<u32>, n: usize| -> Result<(Completion, Vec<Instant>), LabError> {
-        let params = GenerateParams {
-            ignore_eos: true,
-            ..GenerateParams::greedy(prompt, n)
-        };
-        let (_, events) = engine
-            .submit(params)
-            .map_err(|e| LabError::Request(e.to_string()))?;
+        let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
+        let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
         let mut arrivals = Vec::with_capacity(n);
-        let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now()))
-            .map_err(LabError::Request)?;
+        let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
         Ok((done, arrivals))
     };
     if !depth.is_empty() {
@@ -186,30 +150,15 @@ pub fn run(
     let mut results = Vec::new();
     if spec.n_prompt > 0 {
         let samples = timed_reps(spec.reps, || {
-            let prompt = [
-                depth.as_slice(),
-                &random_tokens(&mut rng, spec.n_prompt, vocab),
-            ]
-            .concat();
+            let prompt = [depth.as_slice(), &random_tokens(&mut rng, spec.n_prompt, vocab)].concat();
             let (done, _) = generate(prompt, 1)?;
             Ok(spec.n_prompt as f64 / done.timings.time_to_first_token.as_secs_f64())
         })?;
-        results.push(BenchResult::new(
-            model_name,
-            numerics,
-            spec,
-            spec.n_prompt,
-            0,
-            samples,
-        ));
+        results.push(BenchResult::new(model_name, numerics, spec, spec.n_prompt, 0, samples));
     }
     if spec.n_gen > 0 {
         // Depth 0 still needs one token in the cache to decode after.
-        let start = if depth.is_empty() {
-            vec![1]
-        } else {
-            depth.clone()
-        };
+        let start = if depth.is_empty() { vec![1] } else { depth.clone() };
         let samples = timed_reps(spec.reps, || {
             let (_, arrivals) = generate(start.clone(), spec.n_gen + 1)?;
             let decode = arrivals[spec.n_gen].duration_since(arrivals[0]);
@@ -218,9 +167,7 @@ pub fn run(
         let mut r = BenchResult::new(model_name, numerics, spec, 0, spec.n_gen, samples);
         // the depth, and on average half the generated tokens besides (under a window, what it keeps)
         let attended = spec.n_depth + spec.n_gen / 2;
-        let attended = spec.kv_window.map_or(attended, |w| {
-            attended.min(w.held_blocks(attended, BLOCK_SIZE) * BLOCK_SIZE)
-        });
+        let attended = spec.kv_window.map_or(attended, |w| attended.min(w.held_blocks(attended, BLOCK_SIZE) * BLOCK_SIZE));
         r.bytes_per_token = Some(model.decode_bytes_per_token(attended, spec.kv_dtypes));
         results.push(r);
     }
@@ -230,11 +177,7 @@ pub fn run(
         for r in results.iter_mut() {
             if let Some(bytes) = r.bytes_per_token {
                 let bound = bw.read_gb_s * 1e9 / bytes as f64;
-                (r.read_gb_s, r.bound_tokens_per_s, r.fraction_of_bound) = (
-                    Some(bw.read_gb_s),
-                    Some(bound),
-                    Some(r.tokens_per_s_median / bound),
-                );
+                (r.read_gb_s, r.bound_tokens_per_s, r.fraction_of_bound) = (Some(bw.read_gb_s), Some(bound), Some(r.tokens_per_s_median / bound));
             }
         }
     }
@@ -242,10 +185,7 @@ pub fn run(
 }
 
 /// One warm-up run, then `reps` timed ones.
-fn timed_reps(
-    reps: usize,
-    mut f: impl FnMut() -> Result<f64, LabError>,
-) -> Result<Vec<f64>, LabError> {
+fn timed_reps(reps: usize, mut f: impl FnMut() -> Result<f64, LabError>) -> Result<Vec<f64>, LabError> {
     f()?;
     (0..reps.max(1)).map(|_| f()).collect()
 }

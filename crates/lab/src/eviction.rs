@@ -70,104 +70,39 @@ pub struct FluencyRecord {
     pub perplexity: f64,
 }
 
-const NAMES: &[&str] = &[
-    "Alice", "Bruno", "Chen", "Dalia", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jules", "Kemal",
-    "Lena",
-];
+const NAMES: &[&str] = &["Alice", "Bruno", "Chen", "Dalia", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jules", "Kemal", "Lena"];
 const SUBJECTS: &[&str] = &[
-    "The old bridge",
-    "A small bakery",
-    "The river",
-    "Our neighbour",
-    "The morning train",
-    "A quiet library",
-    "The harbour",
-    "The village school",
-    "A red bicycle",
-    "The town council",
-    "The museum",
-    "A stray cat",
-    "The football club",
-    "The market square",
-    "The lighthouse",
-    "A travelling circus",
+    "The old bridge", "A small bakery", "The river", "Our neighbour", "The morning train", "A quiet library", "The harbour", "The village school",
+    "A red bicycle", "The town council", "The museum", "A stray cat", "The football club", "The market square", "The lighthouse", "A travelling circus",
 ];
 const VERBS: &[&str] = &[
-    "was repainted",
-    "opened early",
-    "flooded again",
-    "hosted a small fair",
-    "ran late",
-    "closed for repairs",
-    "welcomed many visitors",
-    "was mentioned in the paper",
-    "changed its opening hours",
-    "raised money for charity",
-    "was covered in snow",
-    "got a new sign",
+    "was repainted", "opened early", "flooded again", "hosted a small fair", "ran late", "closed for repairs", "welcomed many visitors",
+    "was mentioned in the paper", "changed its opening hours", "raised money for charity", "was covered in snow", "got a new sign",
 ];
-const WHEN: &[&str] = &[
-    "last spring",
-    "on Tuesday",
-    "in the autumn",
-    "after the storm",
-    "every weekend",
-    "during the holidays",
-    "before dawn",
-    "in March",
-    "that evening",
-    "for a week",
-];
+const WHEN: &[&str] = &["last spring", "on Tuesday", "in the autumn", "after the storm", "every weekend", "during the holidays", "before dawn", "in March", "that evening", "for a week"];
 
 /// A needle: the name asked for, its number, and the byte offset of its sentence in the haystack.
 pub type Needle = (String, String, usize);
 
 /// A seeded haystack of about `length` tokens with `needles` facts at evenly spaced depths.
-pub fn haystack(
-    tok: &Tokenizer,
-    length: usize,
-    needles: usize,
-    seed: u64,
-) -> reckon_engine::Result<(String, Vec<Needle>)> {
+pub fn haystack(tok: &Tokenizer, length: usize, needles: usize, seed: u64) -> reckon_engine::Result<(String, Vec<Needle>)> {
     let mut rng = Rng::new(seed);
     let pick = |rng: &mut Rng, xs: &[&'static str]| xs[(rng.next_u64() % xs.len() as u64) as usize];
-    let facts: Vec<(String, String)> = (0..needles)
-        .map(|i| {
-            (
-                NAMES[i % NAMES.len()].to_string(),
-                format!("{}", 10_000 + rng.next_u64() % 90_000),
-            )
-        })
-        .collect();
-    let fact_text =
-        |(name, number): &(String, String)| format!(" The secret number for {name} is {number}.");
-    let fact_tokens: usize = facts
-        .iter()
-        .map(|f| {
-            tok.encode(&fact_text(f), false, false)
-                .map(|t| t.len())
-                .unwrap_or(0)
-        })
-        .sum();
+    let facts: Vec<(String, String)> = (0..needles).map(|i| (NAMES[i % NAMES.len()].to_string(), format!("{}", 10_000 + rng.next_u64() % 90_000))).collect();
+    let fact_text = |(name, number): &(String, String)| format!(" The secret number for {name} is {number}.");
+    let fact_tokens: usize = facts.iter().map(|f| tok.encode(&fact_text(f), false, false).map(|t| t.len()).unwrap_or(0)).sum();
     let mut sentences: Vec<String> = Vec::new();
     let mut filler = String::new();
     while tok.encode(&filler, false, false)?.len() + fact_tokens < length {
         for _ in 0..16 {
-            let s = format!(
-                " {} {} {}.",
-                pick(&mut rng, SUBJECTS),
-                pick(&mut rng, VERBS),
-                pick(&mut rng, WHEN)
-            );
+            let s = format!(" {} {} {}.", pick(&mut rng, SUBJECTS), pick(&mut rng, VERBS), pick(&mut rng, WHEN));
             filler.push_str(&s);
             sentences.push(s);
         }
     }
     let mut text = String::new();
     let mut placed = Vec::new();
-    let at: Vec<usize> = (0..needles)
-        .map(|i| ((2 * i + 1) * sentences.len()) / (2 * needles))
-        .collect();
+    let at: Vec<usize> = (0..needles).map(|i| ((2 * i + 1) * sentences.len()) / (2 * needles)).collect();
     for (j, s) in sentences.iter().enumerate() {
         for (i, _) in at.iter().enumerate().filter(|(_, &a)| a == j) {
             placed.push((facts[i].0.clone(), facts[i].1.clone(), text.len()));
@@ -175,13 +110,7 @@ pub fn haystack(
         }
         text.push_str(s);
     }
-    Ok((
-        text.trim_start().to_string(),
-        placed
-            .into_iter()
-            .map(|(n, x, b)| (n, x, b.saturating_sub(1)))
-            .collect(),
-    ))
+    Ok((text.trim_start().to_string(), placed.into_iter().map(|(n, x, b)| (n, x, b.saturating_sub(1))).collect()))
 }
 
 fn question(name: &str) -> String {
@@ -189,17 +118,9 @@ fn question(name: &str) -> String {
 }
 
 /// Runs every arm over every length; `on_record` sees each answer.
-pub fn recall(
-    model: &Arc<Model>,
-    tok: &Arc<Tokenizer>,
-    template: &ChatTemplate,
-    spec: &EvictionSpec,
-    mut on_record: impl FnMut(&RecallRecord),
-) -> Result<Vec<RecallRecord>, LabError> {
+pub fn recall(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate, spec: &EvictionSpec, mut on_record: impl FnMut(&RecallRecord)) -> Result<Vec<RecallRecord>, LabError> {
     let longest = spec.lengths.iter().copied().max().unwrap_or(0) + 256 + spec.max_tokens;
-    let arms: Vec<Option<usize>> = std::iter::once(None)
-        .chain(spec.windows.iter().map(|&w| Some(w)))
-        .collect();
+    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
     let mut out = Vec::new();
     for &length in &spec.lengths {
         let (hay, placed) = haystack(tok, length, spec.needles, spec.seed)?;
@@ -213,26 +134,17 @@ pub fn recall(
                 max_model_len: longest,
                 prefix_caching: true,
                 kv_dtypes: spec.kv_dtypes,
-                kv_window: arm.map(|window| KvWindow {
-                    window,
-                    sinks: spec.sinks,
-                }),
+                kv_window: arm.map(|window| KvWindow { window, sinks: spec.sinks }),
                 ..EngineConfig::default()
             };
             let engine = spawn(model.clone(), tok.clone(), config);
             let head = template_head(tok, template)?;
             for (i, (name, number, byte)) in placed.iter().enumerate() {
                 let user = format!("{hay}{}", question(name));
-                let prompt = tok.encode(
-                    &template.render(&[ChatMessage::new("user", &user)], true)?,
-                    true,
-                    true,
-                )?;
+                let prompt = tok.encode(&template.render(&[ChatMessage::new("user", &user)], true)?, true, true)?;
                 // the needle's position: the template's head, then the haystack before it
                 let needle_pos = head + tok.encode(&hay[..*byte], false, false)?.len();
-                let (_, events) = engine
-                    .submit(GenerateParams::greedy(prompt.clone(), spec.max_tokens))
-                    .map_err(|e| LabError::Request(e.to_string()))?;
+                let (_, events) = engine.submit(GenerateParams::greedy(prompt.clone(), spec.max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
                 let done = Completion::wait(events).map_err(LabError::Request)?;
                 let r = RecallRecord {
                     kv_dtype: spec.kv_dtypes.name(),
@@ -265,26 +177,13 @@ fn template_head(tok: &Tokenizer, template: &ChatTemplate) -> reckon_engine::Res
 
 /// Teacher-forces `tokens` through full KV and each window, with its sinks and without; scores the
 /// positions past the largest window (and its sink blocks).
-pub fn fluency(
-    model: &Model,
-    tokens: &[u32],
-    windows: &[usize],
-    sinks: usize,
-) -> Vec<FluencyRecord> {
-    let from = windows
-        .iter()
-        .map(|&w| KvWindow { window: w, sinks }.sink_end(BLOCK_SIZE) + w + BLOCK_SIZE)
-        .max()
-        .unwrap_or(0)
-        .min(tokens.len().saturating_sub(1));
+pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize) -> Vec<FluencyRecord> {
+    let from = windows.iter().map(|&w| KvWindow { window: w, sinks }.sink_end(BLOCK_SIZE) + w + BLOCK_SIZE).max().unwrap_or(0).min(tokens.len().saturating_sub(1));
     let mut arms: Vec<Option<KvWindow>> = vec![None];
     for &w in windows {
         arms.push(Some(KvWindow { window: w, sinks }));
         if sinks > 0 {
-            arms.push(Some(KvWindow {
-                window: w,
-                sinks: 0,
-            }));
+            arms.push(Some(KvWindow { window: w, sinks: 0 }));
         }
     }
     arms.into_iter()
@@ -298,14 +197,7 @@ pub fn fluency(
                 pos += 1;
             });
             let mean = sum / n.max(1) as f64;
-            FluencyRecord {
-                window: arm.map(|w| w.window),
-                sinks: arm.map_or(0, |w| w.sinks),
-                from,
-                tokens: tokens.len(),
-                mean_nll: mean,
-                perplexity: mean.exp(),
-            }
+            FluencyRecord { window: arm.map(|w| w.window), sinks: arm.map_or(0, |w| w.sinks), from, tokens: tokens.len(), mean_nll: mean, perplexity: mean.exp() }
         })
         .collect()
 }
@@ -319,31 +211,12 @@ fn arm_name(window: Option<usize>, sinks: usize) -> String {
 
 /// The recall table (k of n per length and arm), the KV memory a sequence holds, where each window's
 /// recall collapses, and the fluency table.
-pub fn markdown(
-    model: &Model,
-    spec: &EvictionSpec,
-    records: &[RecallRecord],
-    fluency: &[FluencyRecord],
-) -> String {
+pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fluency: &[FluencyRecord]) -> String {
     let mut out = String::new();
-    let arms: Vec<Option<usize>> = std::iter::once(None)
-        .chain(spec.windows.iter().map(|&w| Some(w)))
-        .collect();
-    let bpt = spec
-        .kv_dtypes
-        .bytes_per_token(model.config.n_layers, model.config.kv_dim());
-    let recalled = |arm: Option<usize>, length: usize| {
-        records
-            .iter()
-            .filter(|r| r.window == arm && r.length == length && r.correct)
-            .count()
-    };
-    let prompt_len = |length: usize| {
-        records
-            .iter()
-            .find(|r| r.length == length)
-            .map_or(length, |r| r.prompt_tokens)
-    };
+    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
+    let bpt = spec.kv_dtypes.bytes_per_token(model.config.n_layers, model.config.kv_dim());
+    let recalled = |arm: Option<usize>, length: usize| records.iter().filter(|r| r.window == arm && r.length == length && r.correct).count();
+    let prompt_len = |length: usize| records.iter().find(|r| r.length == length).map_or(length, |r| r.prompt_tokens);
     let _ = writeln!(out, "Needle recall: {} needles per haystack, greedy, exact number in the reply; KV memory one sequence holds at the end of its prompt ({}).\n", spec.needles, spec.kv_dtypes.name());
     let _ = write!(out, "| arm |");
     for &l in &spec.lengths {
@@ -360,30 +233,16 @@ pub fn markdown(
             let len = prompt_len(l);
             let held = match arm {
                 None => len.div_ceil(BLOCK_SIZE),
-                Some(w) => KvWindow {
-                    window: w,
-                    sinks: spec.sinks,
-                }
-                .held_blocks(len, BLOCK_SIZE),
+                Some(w) => KvWindow { window: w, sinks: spec.sinks }.held_blocks(len, BLOCK_SIZE),
             } * BLOCK_SIZE;
-            let _ = write!(
-                out,
-                " {}/{} ({:.1} MiB) |",
-                recalled(arm, l),
-                spec.needles,
-                (held * bpt) as f64 / (1 << 20) as f64
-            );
+            let _ = write!(out, " {}/{} ({:.1} MiB) |", recalled(arm, l), spec.needles, (held * bpt) as f64 / (1 << 20) as f64);
         }
         out.push('\n');
     }
     out.push('\n');
     for &w in &spec.windows {
         let full_ok = |l: usize| recalled(None, l);
-        match spec
-            .lengths
-            .iter()
-            .find(|&&l| recalled(Some(w), l) < full_ok(l))
-        {
+        match spec.lengths.iter().find(|&&l| recalled(Some(w), l) < full_ok(l)) {
             Some(&l) => {
                 let _ = writeln!(
                     out,
@@ -397,24 +256,12 @@ pub fn markdown(
                 );
             }
             None => {
-                let _ = writeln!(
-                    out,
-                    "- window {w}: recall equals full KV's at every length measured."
-                );
+                let _ = writeln!(out, "- window {w}: recall equals full KV's at every length measured.");
             }
         }
     }
-    let within = records
-        .iter()
-        .filter(|r| r.window.is_some_and(|w| r.distance_from_end + 8 <= w))
-        .collect::<Vec<_>>();
-    let outside = records
-        .iter()
-        .filter(|r| {
-            r.window
-                .is_some_and(|w| r.distance_from_end > w + BLOCK_SIZE)
-        })
-        .collect::<Vec<_>>();
+    let within = records.iter().filter(|r| r.window.is_some_and(|w| r.distance_from_end + 8 <= w)).collect::<Vec<_>>();
+    let outside = records.iter().filter(|r| r.window.is_some_and(|w| r.distance_from_end > w + BLOCK_SIZE)).collect::<Vec<_>>();
     let _ = writeln!(
         out,
         "- under a window, needles inside it: {}/{} recalled; needles behind it: {}/{}.",
@@ -428,25 +275,14 @@ pub fn markdown(
         let _ = writeln!(out, "\nFluency past the window: teacher-forced text of {} tokens, positions {}..{} scored (every window has dropped tokens there).\n", f.tokens, f.from, f.tokens);
         let _ = writeln!(out, "| arm | mean NLL | perplexity |\n|---|---|---|");
         for f in fluency {
-            let _ = writeln!(
-                out,
-                "| {} | {:.4} | {:.3} |",
-                arm_name(f.window, f.sinks),
-                f.mean_nll,
-                f.perplexity
-            );
+            let _ = writeln!(out, "| {} | {:.4} | {:.3} |", arm_name(f.window, f.sinks), f.mean_nll, f.perplexity);
         }
     }
     out
 }
 
 /// Recall (k of n) against prompt length, one line per arm, as an SVG.
-pub fn plot(
-    spec: &EvictionSpec,
-    records: &[RecallRecord],
-    title: &str,
-    path: &std::path::Path,
-) -> Result<(), LabError> {
+pub fn plot(spec: &EvictionSpec, records: &[RecallRecord], title: &str, path: &std::path::Path) -> Result<(), LabError> {
     use plotters::prelude::*;
     let err = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
     let root = SVGBackend::new(path, (800, 450)).into_drawing_area();
@@ -459,59 +295,25 @@ pub fn plot(
         .y_label_area_size(45)
         .build_cartesian_2d(0.0..xmax, 0.0..spec.needles as f64 + 0.5)
         .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("prompt tokens")
-        .y_desc("needles recalled")
-        .draw()
-        .map_err(|e| err(&e))?;
+    chart.configure_mesh().x_desc("prompt tokens").y_desc("needles recalled").draw().map_err(|e| err(&e))?;
     let colors = [BLACK, RED, BLUE, GREEN, MAGENTA, CYAN];
-    let arms: Vec<Option<usize>> = std::iter::once(None)
-        .chain(spec.windows.iter().map(|&w| Some(w)))
-        .collect();
+    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
     for (i, &arm) in arms.iter().enumerate() {
         let color = colors[i % colors.len()];
         let pts: Vec<(f64, f64)> = spec
             .lengths
             .iter()
             .filter_map(|&l| {
-                let sel: Vec<&RecallRecord> = records
-                    .iter()
-                    .filter(|r| r.window == arm && r.length == l)
-                    .collect();
-                (!sel.is_empty()).then(|| {
-                    (
-                        sel[0].prompt_tokens as f64,
-                        sel.iter().filter(|r| r.correct).count() as f64,
-                    )
-                })
+                let sel: Vec<&RecallRecord> = records.iter().filter(|r| r.window == arm && r.length == l).collect();
+                (!sel.is_empty()).then(|| (sel[0].prompt_tokens as f64, sel.iter().filter(|r| r.correct).count() as f64))
             })
             .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(arm_name(arm, spec.sinks))
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-            .map_err(|e| err(&e))?;
+        chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2))).map_err(|e| err(&e))?.label(arm_name(arm, spec.sinks)).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| err(&e))?;
         if let Some(w) = arm {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(w as f64, 0.0), (w as f64, spec.needles as f64 + 0.5)],
-                    4,
-                    4,
-                    color.stroke_width(1),
-                ))
-                .map_err(|e| err(&e))?;
+            chart.draw_series(DashedLineSeries::new([(w as f64, 0.0), (w as f64, spec.needles as f64 + 0.5)], 4, 4, color.stroke_width(1))).map_err(|e| err(&e))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(|e| err(&e))?;
+    chart.configure_series_labels().position(SeriesLabelPosition::LowerLeft).border_style(BLACK).background_style(WHITE).draw().map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))
 }

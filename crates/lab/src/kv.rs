@@ -77,11 +77,7 @@ pub fn kv_bytes_per_token(model: &Model, dtypes: KvDtypes) -> usize {
 }
 
 /// Runs the speed passes; `record` sees each measurement as it is made.
-pub fn speed(
-    model: &Arc<Model>,
-    spec: &KvQuantSpec,
-    record: impl FnMut(&SpeedRecord),
-) -> Result<Vec<SpeedRecord>, LabError> {
+pub fn speed(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
     speed_with(model, spec, record, None)
 }
 
@@ -94,12 +90,7 @@ pub type ExternalPass<'a> = &'a mut dyn FnMut(usize) -> Result<Vec<SpeedRecord>,
 pub const LLAMACPP: &str = "llama.cpp ";
 
 /// `speed` with `external`'s pass after reckon's on even passes and before it on odd ones.
-pub fn speed_with(
-    model: &Arc<Model>,
-    spec: &KvQuantSpec,
-    record: impl FnMut(&SpeedRecord),
-    mut external: Option<ExternalPass>,
-) -> Result<Vec<SpeedRecord>, LabError> {
+pub fn speed_with(model: &Arc<Model>, spec: &KvQuantSpec, record: impl FnMut(&SpeedRecord), mut external: Option<ExternalPass>) -> Result<Vec<SpeedRecord>, LabError> {
     let mut runner = SpeedRunner::new(model, spec)?;
     // (both reckon's measurements and the external pass report through it)
     let record = std::cell::RefCell::new(record);
@@ -158,43 +149,21 @@ impl SpeedRunner {
             kv_dtypes,
             ..EngineConfig::default()
         };
-        let engines: Vec<EngineHandle> = spec
-            .dtypes
-            .iter()
-            .map(|&d| spawn(model.clone(), Arc::new(NoText), config(d)))
-            .collect();
-        let mut runner = SpeedRunner {
-            spec: spec.clone(),
-            engines,
-            context,
-            vocab,
-            rng,
-        };
+        let engines: Vec<EngineHandle> = spec.dtypes.iter().map(|&d| spawn(model.clone(), Arc::new(NoText), config(d))).collect();
+        let mut runner = SpeedRunner { spec: spec.clone(), engines, context, vocab, rng };
         for i in 0..runner.engines.len() {
             generate(&runner.engines[i], runner.context.clone(), 2)?;
-            let prompt = [
-                runner.context.as_slice(),
-                &random_tokens(&mut runner.rng, spec.n_prompt.max(1), vocab),
-            ]
-            .concat();
+            let prompt = [runner.context.as_slice(), &random_tokens(&mut runner.rng, spec.n_prompt.max(1), vocab)].concat();
             generate(&runner.engines[i], prompt, 1)?;
         }
         Ok(runner)
     }
 
     /// One pass: every depth, every arm (reversed on odd passes).
-    pub fn pass(
-        &mut self,
-        pass: usize,
-        mut record: impl FnMut(&SpeedRecord),
-    ) -> Result<Vec<SpeedRecord>, LabError> {
+    pub fn pass(&mut self, pass: usize, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
         let mut out = Vec::new();
         for depth in self.spec.depths.clone() {
-            let arms: Vec<usize> = if pass % 2 == 0 {
-                (0..self.engines.len()).collect()
-            } else {
-                (0..self.engines.len()).rev().collect()
-            };
+            let arms: Vec<usize> = if pass % 2 == 0 { (0..self.engines.len()).collect() } else { (0..self.engines.len()).rev().collect() };
             for arm in arms {
                 out.extend(self.measure(pass, arm, depth, false, &mut record)?);
             }
@@ -203,66 +172,29 @@ impl SpeedRunner {
     }
 
     /// The first arm at the first depth once more, as the drift check.
-    pub fn drift_check(
-        &mut self,
-        pass: usize,
-        mut record: impl FnMut(&SpeedRecord),
-    ) -> Result<Vec<SpeedRecord>, LabError> {
+    pub fn drift_check(&mut self, pass: usize, mut record: impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
         match self.spec.depths.first() {
             Some(&depth) => self.measure(pass, 0, depth, true, &mut record),
             None => Ok(Vec::new()),
         }
     }
 
-    fn measure(
-        &mut self,
-        pass: usize,
-        arm: usize,
-        depth: usize,
-        drift_check: bool,
-        record: &mut impl FnMut(&SpeedRecord),
-    ) -> Result<Vec<SpeedRecord>, LabError> {
+    fn measure(&mut self, pass: usize, arm: usize, depth: usize, drift_check: bool, record: &mut impl FnMut(&SpeedRecord)) -> Result<Vec<SpeedRecord>, LabError> {
         let (engine, name, spec) = (&self.engines[arm], self.spec.dtypes[arm].name(), &self.spec);
         let mut out = Vec::new();
-        let start = if depth == 0 {
-            vec![1]
-        } else {
-            self.context[..depth].to_vec()
-        };
+        let start = if depth == 0 { vec![1] } else { self.context[..depth].to_vec() };
         if spec.n_gen > 0 {
             let (_, arrivals) = generate(engine, start.clone(), spec.n_gen + 1)?;
-            let secs = arrivals[spec.n_gen]
-                .duration_since(arrivals[0])
-                .as_secs_f64();
-            let r = SpeedRecord {
-                pass,
-                kv_dtype: name.clone(),
-                depth,
-                test: "tg",
-                tokens: spec.n_gen,
-                tokens_per_s: spec.n_gen as f64 / secs,
-                drift_check,
-            };
+            let secs = arrivals[spec.n_gen].duration_since(arrivals[0]).as_secs_f64();
+            let r = SpeedRecord { pass, kv_dtype: name.clone(), depth, test: "tg", tokens: spec.n_gen, tokens_per_s: spec.n_gen as f64 / secs, drift_check };
             record(&r);
             out.push(r);
         }
         if spec.n_prompt > 0 {
-            let prompt = [
-                &self.context[..depth],
-                &random_tokens(&mut self.rng, spec.n_prompt, self.vocab),
-            ]
-            .concat();
+            let prompt = [&self.context[..depth], &random_tokens(&mut self.rng, spec.n_prompt, self.vocab)].concat();
             let (done, _) = generate(engine, prompt, 1)?;
             let secs = done.timings.time_to_first_token.as_secs_f64();
-            let r = SpeedRecord {
-                pass,
-                kv_dtype: name,
-                depth,
-                test: "pp",
-                tokens: spec.n_prompt,
-                tokens_per_s: spec.n_prompt as f64 / secs,
-                drift_check,
-            };
+            let r = SpeedRecord { pass, kv_dtype: name, depth, test: "pp", tokens: spec.n_prompt, tokens_per_s: spec.n_prompt as f64 / secs, drift_check };
             record(&r);
             out.push(r);
         }
@@ -271,50 +203,27 @@ impl SpeedRunner {
 }
 
 /// A greedy generation of `n` tokens and each token's arrival.
-fn generate(
-    engine: &EngineHandle,
-    prompt: Vec<u32>,
-    n: usize,
-) -> Result<(Completion, Vec<Instant>), LabError> {
-    let params = GenerateParams {
-        ignore_eos: true,
-        ..GenerateParams::greedy(prompt, n)
-    };
-    let (_, events) = engine
-        .submit(params)
-        .map_err(|e| LabError::Request(e.to_string()))?;
+fn generate(engine: &EngineHandle, prompt: Vec<u32>, n: usize) -> Result<(Completion, Vec<Instant>), LabError> {
+    let params = GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt, n) };
+    let (_, events) = engine.submit(params).map_err(|e| LabError::Request(e.to_string()))?;
     let mut arrivals = Vec::with_capacity(n);
-    let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now()))
-        .map_err(LabError::Request)?;
+    let done = Completion::wait_with(events, |_, _| arrivals.push(Instant::now())).map_err(LabError::Request)?;
     Ok((done, arrivals))
 }
 
 /// Teacher-forces `tokens` through every arm in lockstep and compares each with the first.
-pub fn quality(
-    model: &Model,
-    tokens: &[u32],
-    chunk: usize,
-    dtypes: &[KvDtypes],
-) -> Vec<QualityRecord> {
+pub fn quality(model: &Model, tokens: &[u32], chunk: usize, dtypes: &[KvDtypes]) -> Vec<QualityRecord> {
     let vocab = model.config.vocab_size;
     let blocks = tokens.len().div_ceil(BLOCK_SIZE).max(1);
     let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut arms: Vec<(reckon_engine::kv::KvStorage, Scratch)> = dtypes
-        .iter()
-        .map(|&d| (model.new_kv_with(d, BLOCK_SIZE, blocks), Scratch::default()))
-        .collect();
+    let mut arms: Vec<(reckon_engine::kv::KvStorage, Scratch)> = dtypes.iter().map(|&d| (model.new_kv_with(d, BLOCK_SIZE, blocks), Scratch::default())).collect();
     // per arm: top-1 agreements, KL sum, KL max, agreements at clear positions
     let mut stats = vec![(0usize, 0.0f64, 0.0f64, 0usize); dtypes.len()];
     let mut clear = 0;
     let mut base: Vec<f32> = Vec::new();
     let mut base_lp = vec![0f64; vocab];
     for (i, part) in tokens.chunks(chunk.max(1)).enumerate() {
-        let input = SeqInput {
-            tokens: part,
-            start_pos: i * chunk.max(1),
-            block_tables: std::slice::from_ref(&table),
-            logits: LogitsWanted::All,
-        };
+        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
         for (a, (kv, scratch)) in arms.iter_mut().enumerate() {
             let logits = model.forward(std::slice::from_ref(&input), kv, scratch);
             if a == 0 {
@@ -325,12 +234,7 @@ pub fn quality(
             for (row, b) in logits.chunks_exact(vocab).zip(base.chunks_exact(vocab)) {
                 log_softmax(b, &mut base_lp);
                 let top_b = argmax(b);
-                let second = b
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, _)| i != top_b)
-                    .map(|(_, &x)| x)
-                    .fold(f32::NEG_INFINITY, f32::max);
+                let second = b.iter().enumerate().filter(|&(i, _)| i != top_b).map(|(_, &x)| x).fold(f32::NEG_INFINITY, f32::max);
                 let is_clear = b[top_b] - second >= CLEAR_GAP;
                 clear += usize::from(is_clear && a == 1);
                 let kl = kl_from(&base_lp, row);
@@ -348,11 +252,7 @@ pub fn quality(
         .zip(&stats)
         .enumerate()
         .map(|(a, (d, &(agree, kl_sum, kl_max, clear_agree)))| {
-            let (agree, clear_agree) = if a == 0 {
-                (tokens.len(), clear)
-            } else {
-                (agree, clear_agree)
-            };
+            let (agree, clear_agree) = if a == 0 { (tokens.len(), clear) } else { (agree, clear_agree) };
             QualityRecord {
                 kv_dtype: d.name(),
                 positions: tokens.len(),
@@ -368,26 +268,13 @@ pub fn quality(
 }
 
 fn argmax(row: &[f32]) -> usize {
-    row.iter()
-        .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
-            if x > best.1 {
-                (i, x)
-            } else {
-                best
-            }
-        })
-        .0
+    row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0
 }
 
 /// ln Σ exp(logits), in f64 (a row's log-normalizer).
 pub(crate) fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    max + row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
+    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
 fn log_softmax(row: &[f32], out: &mut [f64]) {
@@ -400,12 +287,7 @@ fn log_softmax(row: &[f32], out: &mut [f64]) {
 /// KL(p ‖ q) with p given as log-probabilities and q as logits.
 fn kl_from(log_p: &[f64], q_logits: &[f32]) -> f64 {
     let lse = log_sum_exp(q_logits);
-    log_p
-        .iter()
-        .zip(q_logits)
-        .map(|(&lp, &x)| lp.exp() * (lp - (x as f64 - lse)))
-        .sum::<f64>()
-        .max(0.0)
+    log_p.iter().zip(q_logits).map(|(&lp, &x)| lp.exp() * (lp - (x as f64 - lse))).sum::<f64>().max(0.0)
 }
 
 /// One (dtype, depth, test) over the passes.
@@ -424,45 +306,18 @@ pub struct SpeedRow {
 /// `"avx2 f16"`).
 pub fn speed_rows(records: &[SpeedRecord], arms: &[String], depths: &[usize]) -> Vec<SpeedRow> {
     let mut rows = Vec::new();
-    fn timed<'a>(
-        records: &'a [SpeedRecord],
-        d: &'a str,
-        depth: usize,
-        test: &'a str,
-    ) -> impl Iterator<Item = &'a SpeedRecord> {
-        records.iter().filter(move |r| {
-            !r.drift_check && r.kv_dtype == d && r.depth == depth && r.test == test
-        })
+    fn timed<'a>(records: &'a [SpeedRecord], d: &'a str, depth: usize, test: &'a str) -> impl Iterator<Item = &'a SpeedRecord> {
+        records.iter().filter(move |r| !r.drift_check && r.kv_dtype == d && r.depth == depth && r.test == test)
     }
-    let base_of = |name: &str| -> String {
-        arms.iter()
-            .find(|a| implementation(a) == implementation(name))
-            .cloned()
-            .unwrap_or_default()
-    };
+    let base_of = |name: &str| -> String { arms.iter().find(|a| implementation(a) == implementation(name)).cloned().unwrap_or_default() };
     for test in ["tg", "pp"] {
         for &depth in depths {
             for name in arms {
                 let base = base_of(name);
-                let speeds: Vec<f64> = timed(records, name, depth, test)
-                    .map(|r| r.tokens_per_s)
-                    .collect();
-                let ratios: Vec<f64> = timed(records, name, depth, test)
-                    .filter_map(|r| {
-                        timed(records, &base, depth, test)
-                            .find(|b| b.pass == r.pass)
-                            .map(|b| r.tokens_per_s / b.tokens_per_s)
-                    })
-                    .collect();
-                if let (Some(tokens_per_s), Some(ratio)) = (summarize(&speeds), summarize(&ratios))
-                {
-                    rows.push(SpeedRow {
-                        kv_dtype: name.clone(),
-                        depth,
-                        test,
-                        tokens_per_s,
-                        ratio,
-                    });
+                let speeds: Vec<f64> = timed(records, name, depth, test).map(|r| r.tokens_per_s).collect();
+                let ratios: Vec<f64> = timed(records, name, depth, test).filter_map(|r| timed(records, &base, depth, test).find(|b| b.pass == r.pass).map(|b| r.tokens_per_s / b.tokens_per_s)).collect();
+                if let (Some(tokens_per_s), Some(ratio)) = (summarize(&speeds), summarize(&ratios)) {
+                    rows.push(SpeedRow { kv_dtype: name.clone(), depth, test, tokens_per_s, ratio });
                 }
             }
         }
@@ -479,10 +334,7 @@ pub fn implementation(name: &str) -> &str {
 /// The key and value dtypes an arm's name stands for: `q8_0`, `q8_0,q4_0`, or an external arm such as
 /// `"llama.cpp q8_0,f16"` / `"llama.cpp q4_0 fa"` (flash attention on).
 pub fn arm_dtypes(name: &str) -> Option<(KvDtype, KvDtype)> {
-    let spec = name
-        .split_once(' ')
-        .map_or(name, |(_, arm)| arm)
-        .trim_end_matches(" fa");
+    let spec = name.split_once(' ').map_or(name, |(_, arm)| arm).trim_end_matches(" fa");
     match spec.split_once(',') {
         Some((k, v)) => Some((KvDtype::from_name(k)?, KvDtype::from_name(v)?)),
         None => KvDtype::from_name(spec).map(|d| (d, d)),
@@ -496,23 +348,9 @@ pub fn best_over_external(rows: &[SpeedRow]) -> Vec<(&'static str, usize, String
     let mut keys: Vec<(&'static str, usize)> = rows.iter().map(|r| (r.test, r.depth)).collect();
     keys.dedup();
     for (test, depth) in keys {
-        let best = |implementation_: &str| {
-            rows.iter()
-                .filter(|r| {
-                    r.test == test
-                        && r.depth == depth
-                        && implementation(&r.kv_dtype) == implementation_
-                })
-                .max_by(|a, b| a.tokens_per_s.median.total_cmp(&b.tokens_per_s.median))
-        };
+        let best = |implementation_: &str| rows.iter().filter(|r| r.test == test && r.depth == depth && implementation(&r.kv_dtype) == implementation_).max_by(|a, b| a.tokens_per_s.median.total_cmp(&b.tokens_per_s.median));
         if let (Some(ours), Some(theirs)) = (best(""), best(LLAMACPP.trim_end())) {
-            out.push((
-                test,
-                depth,
-                ours.kv_dtype.clone(),
-                theirs.kv_dtype.clone(),
-                ours.tokens_per_s.median / theirs.tokens_per_s.median,
-            ));
+            out.push((test, depth, ours.kv_dtype.clone(), theirs.kv_dtype.clone(), ours.tokens_per_s.median / theirs.tokens_per_s.median));
         }
     }
     out
@@ -521,33 +359,16 @@ pub fn best_over_external(rows: &[SpeedRow]) -> Vec<(&'static str, usize, String
 /// The drift check: the first arm's first-depth decode (or prefill) speed at the end over its first pass.
 pub fn drift(records: &[SpeedRecord]) -> Option<f64> {
     let last = records.iter().rfind(|r| r.drift_check)?;
-    let first = records.iter().find(|r| {
-        !r.drift_check
-            && r.pass == 0
-            && r.kv_dtype == last.kv_dtype
-            && r.depth == last.depth
-            && r.test == last.test
-    })?;
+    let first = records.iter().find(|r| !r.drift_check && r.pass == 0 && r.kv_dtype == last.kv_dtype && r.depth == last.depth && r.test == last.test)?;
     Some(last.tokens_per_s / first.tokens_per_s - 1.0)
 }
 
 /// The leg's markdown: speed table (with $ per million tokens at `price_per_hour`, and with a measured
 /// `bandwidth` each decode's bound and the fraction reached), KV memory, quality.
-pub fn markdown(
-    model: &Model,
-    rows: &[SpeedRow],
-    quality: &[QualityRecord],
-    drift: Option<f64>,
-    price_per_hour: Option<f64>,
-    bandwidth: Option<&crate::bandwidth::Bandwidth>,
-) -> String {
+pub fn markdown(model: &Model, rows: &[SpeedRow], quality: &[QualityRecord], drift: Option<f64>, price_per_hour: Option<f64>, bandwidth: Option<&crate::bandwidth::Bandwidth>) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let price = |tps: f64| {
-        price_per_hour
-            .map(|p| format!(" | ${:.3}", p / (tps * 3600.0) * 1e6))
-            .unwrap_or_default()
-    };
+    let price = |tps: f64| price_per_hour.map(|p| format!(" | ${:.3}", p / (tps * 3600.0) * 1e6)).unwrap_or_default();
     let mut head = String::from("| test | depth | KV | tok/s median (min-max) | ms per token | vs its implementation's first arm, median (min-max) | KV MiB at depth");
     let mut rule = String::from("|---|---|---|---|---|---|---");
     if price_per_hour.is_some() {
@@ -555,10 +376,7 @@ pub fn markdown(
         rule += "|---";
     }
     if let Some(bw) = bandwidth {
-        head += &format!(
-            " | MB read per token | bound at {:.1} GB/s | of bound",
-            bw.read_gb_s
-        );
+        head += &format!(" | MB read per token | bound at {:.1} GB/s | of bound", bw.read_gb_s);
         rule += "|---|---|---";
     }
     let _ = writeln!(out, "{head} |\n{rule}|");
@@ -572,11 +390,7 @@ pub fn markdown(
             Some(bw) if r.test == "tg" => {
                 let bytes = model.decode_bytes_per_token(r.depth, d) as f64;
                 let b = bw.read_gb_s * 1e9 / bytes;
-                format!(
-                    " | {:.1} | {b:.1} | {:.0}%",
-                    bytes / 1e6,
-                    100.0 * t.median / b
-                )
+                format!(" | {:.1} | {b:.1} | {:.0}%", bytes / 1e6, 100.0 * t.median / b)
             }
             Some(_) => " | | |".to_string(),
             None => String::new(),
@@ -584,16 +398,8 @@ pub fn markdown(
         let _ = writeln!(out, "| {} | {} | {} | {:.1} ({:.1}-{:.1}) | {:.2} | {:.2}x ({:.2}-{:.2}) | {:.1}{}{bound} |", r.test, r.depth, r.kv_dtype, t.median, t.min, t.max, 1000.0 / t.median, q.median, q.min, q.max, mib, price(t.median));
     }
     if let Some(d) = drift {
-        let flag = if d.abs() > 0.05 {
-            " — over 5%: the host changed speed during the run; treat absolute figures with care"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            out,
-            "\nDrift check (first arm repeated at the end): {:+.1}%{flag}",
-            100.0 * d
-        );
+        let flag = if d.abs() > 0.05 { " — over 5%: the host changed speed during the run; treat absolute figures with care" } else { "" };
+        let _ = writeln!(out, "\nDrift check (first arm repeated at the end): {:+.1}%{flag}", 100.0 * d);
     }
     if !quality.is_empty() {
         let _ = writeln!(out, "\n| KV | bytes/token | teacher-forced top-1 = first arm's | same, where its top-2 gap ≥ {CLEAR_GAP} | mean KL | max KL |");
@@ -626,33 +432,18 @@ pub fn plot(rows: &[SpeedRow], title: &str, path: &std::path::Path) -> Result<()
     let err = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
     let root = SVGBackend::new(path, (1100, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root
-        .titled(title, ("sans-serif", 18))
-        .map_err(|e| err(&e))?;
+    let root = root.titled(title, ("sans-serif", 18)).map_err(|e| err(&e))?;
     let (left, right) = root.split_horizontally(550);
     let colors = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
-    for (area, test, caption) in [
-        (&left, "tg", "decode tok/s (median) vs depth"),
-        (&right, "pp", "prefill tok/s at depth (median)"),
-    ] {
+    for (area, test, caption) in [(&left, "tg", "decode tok/s (median) vs depth"), (&right, "pp", "prefill tok/s at depth (median)")] {
         let sel: Vec<&SpeedRow> = rows.iter().filter(|r| r.test == test).collect();
         if sel.is_empty() {
             continue;
         }
         let xmax = sel.iter().map(|r| r.depth).max().unwrap_or(1).max(1) as f64 * 1.05;
         let ymax = sel.iter().map(|r| r.tokens_per_s.max).fold(1.0, f64::max) * 1.1;
-        let mut chart = ChartBuilder::on(area)
-            .caption(caption, ("sans-serif", 15))
-            .margin(12)
-            .x_label_area_size(35)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
-            .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("context depth (tokens)")
-            .draw()
-            .map_err(|e| err(&e))?;
+        let mut chart = ChartBuilder::on(area).caption(caption, ("sans-serif", 15)).margin(12).x_label_area_size(35).y_label_area_size(55).build_cartesian_2d(0.0..xmax, 0.0..ymax).map_err(|e| err(&e))?;
+        chart.configure_mesh().x_desc("context depth (tokens)").draw().map_err(|e| err(&e))?;
         // each dtype once, in the arms' order (rows come depth by depth)
         let mut names: Vec<&str> = Vec::new();
         for r in &sel {
@@ -662,24 +453,10 @@ pub fn plot(rows: &[SpeedRow], title: &str, path: &std::path::Path) -> Result<()
         }
         for (i, name) in names.iter().enumerate() {
             let color = colors[i % colors.len()];
-            let pts: Vec<(f64, f64)> = sel
-                .iter()
-                .filter(|r| r.kv_dtype == *name)
-                .map(|r| (r.depth as f64, r.tokens_per_s.median))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| err(&e))?
-                .label(*name)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+            let pts: Vec<(f64, f64)> = sel.iter().filter(|r| r.kv_dtype == *name).map(|r| (r.depth as f64, r.tokens_per_s.median)).collect();
+            chart.draw_series(LineSeries::new(pts, color.stroke_width(2))).map_err(|e| err(&e))?.label(*name).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerLeft)
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()
-            .map_err(|e| err(&e))?;
+        chart.configure_series_labels().position(SeriesLabelPosition::LowerLeft).border_style(BLACK).background_style(WHITE).draw().map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }
@@ -700,147 +477,39 @@ mod tests {
 
     #[test]
     fn llama_cpp_rows_are_compared_with_llama_cpp_f16() {
-        let rec = |pass, d: &str, tps| SpeedRecord {
-            pass,
-            kv_dtype: d.into(),
-            depth: 4096,
-            test: "tg",
-            tokens: 64,
-            tokens_per_s: tps,
-            drift_check: false,
-        };
-        let records = vec![
-            rec(0, "f16", 100.0),
-            rec(0, "q8_0", 140.0),
-            rec(0, "llama.cpp f16", 50.0),
-            rec(0, "llama.cpp q8_0 fa", 40.0),
-            rec(0, "llama.cpp q8_0,f16", 60.0),
-        ];
-        let arms: Vec<String> = [
-            "f16",
-            "q8_0",
-            "llama.cpp f16",
-            "llama.cpp q8_0 fa",
-            "llama.cpp q8_0,f16",
-        ]
-        .map(String::from)
-        .to_vec();
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 4096, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 140.0), rec(0, "llama.cpp f16", 50.0), rec(0, "llama.cpp q8_0 fa", 40.0), rec(0, "llama.cpp q8_0,f16", 60.0)];
+        let arms: Vec<String> = ["f16", "q8_0", "llama.cpp f16", "llama.cpp q8_0 fa", "llama.cpp q8_0,f16"].map(String::from).to_vec();
         let rows = speed_rows(&records, &arms, &[4096]);
-        let ratio = |name: &str| {
-            rows.iter()
-                .find(|r| r.kv_dtype == name)
-                .unwrap()
-                .ratio
-                .median
-        };
-        assert_eq!(
-            (
-                ratio("q8_0"),
-                ratio("llama.cpp q8_0 fa"),
-                ratio("llama.cpp q8_0,f16")
-            ),
-            (1.4, 0.8, 1.2)
-        );
+        let ratio = |name: &str| rows.iter().find(|r| r.kv_dtype == name).unwrap().ratio.median;
+        assert_eq!((ratio("q8_0"), ratio("llama.cpp q8_0 fa"), ratio("llama.cpp q8_0,f16")), (1.4, 0.8, 1.2));
         let best = best_over_external(&rows);
-        assert_eq!(
-            best,
-            vec![(
-                "tg",
-                4096,
-                "q8_0".to_string(),
-                "llama.cpp q8_0,f16".to_string(),
-                140.0 / 60.0
-            )]
-        );
-        assert_eq!(
-            arm_dtypes("llama.cpp q8_0,f16"),
-            Some((KvDtype::Q8_0, KvDtype::F16))
-        );
-        assert_eq!(
-            arm_dtypes("llama.cpp q4_0 fa"),
-            Some((KvDtype::Q4_0, KvDtype::Q4_0))
-        );
-        assert_eq!(
-            arm_dtypes("q8_0,q4_0"),
-            Some((KvDtype::Q8_0, KvDtype::Q4_0))
-        );
+        assert_eq!(best, vec![("tg", 4096, "q8_0".to_string(), "llama.cpp q8_0,f16".to_string(), 140.0 / 60.0)]);
+        assert_eq!(arm_dtypes("llama.cpp q8_0,f16"), Some((KvDtype::Q8_0, KvDtype::F16)));
+        assert_eq!(arm_dtypes("llama.cpp q4_0 fa"), Some((KvDtype::Q4_0, KvDtype::Q4_0)));
+        assert_eq!(arm_dtypes("q8_0,q4_0"), Some((KvDtype::Q8_0, KvDtype::Q4_0)));
     }
 
     #[test]
     fn a_second_simd_level_is_compared_with_its_own_f16() {
-        let rec = |pass, d: &str, tps| SpeedRecord {
-            pass,
-            kv_dtype: d.into(),
-            depth: 4096,
-            test: "tg",
-            tokens: 64,
-            tokens_per_s: tps,
-            drift_check: false,
-        };
-        let records = vec![
-            rec(0, "f16", 100.0),
-            rec(0, "q8_0", 130.0),
-            rec(0, "avx2 f16", 80.0),
-            rec(0, "avx2 q8_0", 120.0),
-            rec(0, "llama.cpp f16", 50.0),
-        ];
-        let arms: Vec<String> = ["f16", "q8_0", "avx2 f16", "avx2 q8_0", "llama.cpp f16"]
-            .map(String::from)
-            .to_vec();
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 4096, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 130.0), rec(0, "avx2 f16", 80.0), rec(0, "avx2 q8_0", 120.0), rec(0, "llama.cpp f16", 50.0)];
+        let arms: Vec<String> = ["f16", "q8_0", "avx2 f16", "avx2 q8_0", "llama.cpp f16"].map(String::from).to_vec();
         let rows = speed_rows(&records, &arms, &[4096]);
-        let ratio = |name: &str| {
-            rows.iter()
-                .find(|r| r.kv_dtype == name)
-                .unwrap()
-                .ratio
-                .median
-        };
+        let ratio = |name: &str| rows.iter().find(|r| r.kv_dtype == name).unwrap().ratio.median;
         assert_eq!((ratio("q8_0"), ratio("avx2 q8_0")), (1.3, 1.5));
-        assert_eq!(
-            best_over_external(&rows),
-            vec![(
-                "tg",
-                4096,
-                "q8_0".to_string(),
-                "llama.cpp f16".to_string(),
-                130.0 / 50.0
-            )]
-        );
-        assert_eq!(
-            arm_dtypes("avx2 q8_0"),
-            Some((KvDtype::Q8_0, KvDtype::Q8_0))
-        );
+        assert_eq!(best_over_external(&rows), vec![("tg", 4096, "q8_0".to_string(), "llama.cpp f16".to_string(), 130.0 / 50.0)]);
+        assert_eq!(arm_dtypes("avx2 q8_0"), Some((KvDtype::Q8_0, KvDtype::Q8_0)));
     }
 
     #[test]
     fn rows_pair_each_pass_with_the_baseline() {
-        let rec = |pass, d: &str, tps| SpeedRecord {
-            pass,
-            kv_dtype: d.into(),
-            depth: 1024,
-            test: "tg",
-            tokens: 64,
-            tokens_per_s: tps,
-            drift_check: false,
-        };
-        let records = vec![
-            rec(0, "f16", 100.0),
-            rec(0, "q8_0", 150.0),
-            rec(1, "q8_0", 120.0),
-            rec(1, "f16", 100.0),
-            SpeedRecord {
-                drift_check: true,
-                pass: 2,
-                ..rec(2, "f16", 90.0)
-            },
-        ];
+        let rec = |pass, d: &str, tps| SpeedRecord { pass, kv_dtype: d.into(), depth: 1024, test: "tg", tokens: 64, tokens_per_s: tps, drift_check: false };
+        let records = vec![rec(0, "f16", 100.0), rec(0, "q8_0", 150.0), rec(1, "q8_0", 120.0), rec(1, "f16", 100.0), SpeedRecord { drift_check: true, pass: 2, ..rec(2, "f16", 90.0) }];
         let arms = ["f16".to_string(), "q8_0".to_string()];
         let rows = speed_rows(&records, &arms, &[1024]);
         assert_eq!(rows.len(), 2);
-        assert_eq!(
-            (rows[1].ratio.median, rows[1].ratio.min, rows[1].ratio.max),
-            (1.35, 1.2, 1.5)
-        );
+        assert_eq!((rows[1].ratio.median, rows[1].ratio.min, rows[1].ratio.max), (1.35, 1.2, 1.5));
         assert_eq!(rows[0].tokens_per_s.n, 2, "the drift check is not a pass");
         assert!((drift(&records).unwrap() + 0.1).abs() < 1e-12);
     }

@@ -55,17 +55,9 @@ fn read_leg(root: &Path, d: &Path) -> Result<Option<Leg>, LabError> {
     let command_txt = std::fs::read_to_string(&command_file)?;
     let mut lines = command_txt.lines();
     let command = lines.next().unwrap_or("").trim().to_string();
-    let stamp = lines
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_string)
-        .collect();
+    let stamp = lines.filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
     let words: Vec<&str> = command.split_whitespace().collect();
-    let kind = words
-        .iter()
-        .position(|w| *w == "lab")
-        .and_then(|i| words.get(i + 1))
-        .map_or("bench", |w| w)
-        .to_string();
+    let kind = words.iter().position(|w| *w == "lab").and_then(|i| words.get(i + 1)).map_or("bench", |w| w).to_string();
     let mut plots: Vec<(String, String)> = Vec::new();
     for e in std::fs::read_dir(d)?.flatten() {
         let p = e.path();
@@ -74,26 +66,12 @@ fn read_leg(root: &Path, d: &Path) -> Result<Option<Leg>, LabError> {
         }
     }
     plots.sort();
-    let name = d
-        .strip_prefix(root)
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| ".".into());
-    Ok(Some(Leg {
-        name,
-        kind,
-        command,
-        stamp,
-        table: std::fs::read_to_string(&table_file)?,
-        plots,
-    }))
+    let name = d.strip_prefix(root).ok().map(|p| p.to_string_lossy().into_owned()).filter(|s| !s.is_empty()).unwrap_or_else(|| ".".into());
+    Ok(Some(Leg { name, kind, command, stamp, table: std::fs::read_to_string(&table_file)?, plots }))
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// The distinct stamp lines of the legs (machines, commits, ISAs), in order of first appearance.
@@ -109,20 +87,12 @@ fn machines(legs: &[Leg]) -> Vec<String> {
 
 pub fn markdown(title: &str, legs: &[Leg]) -> String {
     let mut out = format!("# {title}\n\n");
-    let _ = writeln!(
-        out,
-        "{} legs. Machines and builds they ran on:\n",
-        legs.len()
-    );
+    let _ = writeln!(out, "{} legs. Machines and builds they ran on:\n", legs.len());
     for m in machines(legs) {
         let _ = writeln!(out, "- {m}");
     }
     for leg in legs {
-        let _ = writeln!(
-            out,
-            "\n## {} ({})\n\n```\n{}\n```\n",
-            leg.kind, leg.name, leg.command
-        );
+        let _ = writeln!(out, "\n## {} ({})\n\n```\n{}\n```\n", leg.kind, leg.name, leg.command);
         for s in &leg.stamp {
             let _ = writeln!(out, "- {s}");
         }
@@ -135,10 +105,7 @@ pub fn markdown(title: &str, legs: &[Leg]) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// Inline markdown of a table cell or a line: `code` and **bold**.
@@ -168,29 +135,15 @@ pub fn markdown_to_html(md: &str) -> String {
     while i < lines.len() {
         let line = lines[i].trim_end();
         if line.starts_with("```") {
-            let end = lines[i + 1..]
-                .iter()
-                .position(|l| l.starts_with("```"))
-                .map_or(lines.len(), |p| i + 1 + p);
+            let end = lines[i + 1..].iter().position(|l| l.starts_with("```")).map_or(lines.len(), |p| i + 1 + p);
             let _ = writeln!(out, "<pre>{}</pre>", escape(&lines[i + 1..end].join("\n")));
             i = end + 1;
         } else if line.starts_with('|') {
-            let end = lines[i..]
-                .iter()
-                .position(|l| !l.starts_with('|'))
-                .map_or(lines.len(), |p| i + p);
+            let end = lines[i..].iter().position(|l| !l.starts_with('|')).map_or(lines.len(), |p| i + p);
             out.push_str("<table>\n");
             for (r, row) in lines[i..end].iter().enumerate() {
-                let cells: Vec<&str> = row
-                    .trim()
-                    .trim_matches('|')
-                    .split('|')
-                    .map(str::trim)
-                    .collect();
-                if cells
-                    .iter()
-                    .all(|c| !c.is_empty() && c.chars().all(|ch| ch == '-' || ch == ':'))
-                {
+                let cells: Vec<&str> = row.trim().trim_matches('|').split('|').map(str::trim).collect();
+                if cells.iter().all(|c| !c.is_empty() && c.chars().all(|ch| ch == '-' || ch == ':')) {
                     continue;
                 }
                 let tag = if r == 0 { "th" } else { "td" };
@@ -215,15 +168,7 @@ pub fn markdown_to_html(md: &str) -> String {
         } else if line.trim().is_empty() {
             i += 1;
         } else {
-            let end = lines[i..]
-                .iter()
-                .position(|l| {
-                    l.trim().is_empty()
-                        || l.starts_with('|')
-                        || l.starts_with("- ")
-                        || l.starts_with("```")
-                })
-                .map_or(lines.len(), |p| i + p);
+            let end = lines[i..].iter().position(|l| l.trim().is_empty() || l.starts_with('|') || l.starts_with("- ") || l.starts_with("```")).map_or(lines.len(), |p| i + p);
             let _ = writeln!(out, "<p>{}</p>", inline(&lines[i..end].join(" ")));
             i = end.max(i + 1);
         }
@@ -234,17 +179,8 @@ pub fn markdown_to_html(md: &str) -> String {
 /// An SVG file as an inline element: without its XML declaration, each plot marked for the page's check.
 fn inline_svg(svg: &str, name: &str) -> String {
     let body = svg.trim_start();
-    let body = if body.starts_with("<?xml") {
-        body.split_once("?>")
-            .map_or(body, |(_, rest)| rest.trim_start())
-    } else {
-        body
-    };
-    body.replacen(
-        "<svg",
-        &format!("<svg class=\"plot\" data-name=\"{}\"", escape(name)),
-        1,
-    )
+    let body = if body.starts_with("<?xml") { body.split_once("?>").map_or(body, |(_, rest)| rest.trim_start()) } else { body };
+    body.replacen("<svg", &format!("<svg class=\"plot\" data-name=\"{}\"", escape(name)), 1)
 }
 
 const STYLE: &str = "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}\
@@ -261,34 +197,20 @@ var e=document.getElementById('plots-rendered');e.textContent=n+' of '+p.length+
 
 pub fn html(title: &str, legs: &[Leg]) -> String {
     let mut out = format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>\n", escape(title));
-    let _ = writeln!(
-        out,
-        "<h1>{}</h1>\n<p>{} legs. Machines and builds they ran on:</p>\n<ul>",
-        escape(title),
-        legs.len()
-    );
+    let _ = writeln!(out, "<h1>{}</h1>\n<p>{} legs. Machines and builds they ran on:</p>\n<ul>", escape(title), legs.len());
     for m in machines(legs) {
         let _ = writeln!(out, "<li>{}</li>", escape(&m));
     }
     out.push_str("</ul>\n");
     for leg in legs {
-        let _ = writeln!(
-            out,
-            "<h2>{} <small>({})</small></h2>\n<pre>{}</pre>",
-            escape(&leg.kind),
-            escape(&leg.name),
-            escape(&leg.command)
-        );
+        let _ = writeln!(out, "<h2>{} <small>({})</small></h2>\n<pre>{}</pre>", escape(&leg.kind), escape(&leg.name), escape(&leg.command));
         out.push_str(&markdown_to_html(&leg.table));
         for (f, svg) in &leg.plots {
             out.push_str(&inline_svg(svg, &format!("{}/{f}", leg.name)));
             out.push('\n');
         }
     }
-    let _ = write!(
-        out,
-        "<p id=\"plots-rendered\">plots not checked (scripts off)</p>\n{CHECK}\n</body></html>\n"
-    );
+    let _ = write!(out, "<p id=\"plots-rendered\">plots not checked (scripts off)</p>\n{CHECK}\n</body></html>\n");
     out
 }
 
@@ -296,10 +218,7 @@ pub fn html(title: &str, legs: &[Leg]) -> String {
 pub fn write(dir: &Path, title: &str, with_html: bool) -> Result<Vec<PathBuf>, LabError> {
     let legs = find_legs(dir)?;
     if legs.is_empty() {
-        return Err(LabError::Request(format!(
-            "no lab output in {} (a leg's directory holds command.txt and table.md)",
-            dir.display()
-        )));
+        return Err(LabError::Request(format!("no lab output in {} (a leg's directory holds command.txt and table.md)", dir.display())));
     }
     let mut written = vec![dir.join("report.md")];
     std::fs::write(&written[0], markdown(title, &legs))?;
@@ -329,9 +248,6 @@ mod tests {
     #[test]
     fn an_svg_file_becomes_a_marked_inline_element() {
         let svg = "<?xml version=\"1.0\"?>\n<svg width=\"10\" height=\"10\"><rect/></svg>";
-        assert_eq!(
-            inline_svg(svg, "a/b.svg"),
-            "<svg class=\"plot\" data-name=\"a/b.svg\" width=\"10\" height=\"10\"><rect/></svg>"
-        );
+        assert_eq!(inline_svg(svg, "a/b.svg"), "<svg class=\"plot\" data-name=\"a/b.svg\" width=\"10\" height=\"10\"><rect/></svg>");
     }
 }

@@ -18,17 +18,8 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    let median = if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    };
-    Some(Summary {
-        median,
-        min: s[0],
-        max: s[n - 1],
-        n,
-    })
+    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
+    Some(Summary { median, min: s[0], max: s[n - 1], n })
 }
 
 #[cfg(test)]

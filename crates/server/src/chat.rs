@@ -105,59 +105,30 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8], skeleton: Value) -> Re
             }),
             _ => None,
         };
-        let missing = message
-            .strip_prefix("missing field `")
-            .and_then(|m| m.split('`').next())
-            .map(str::to_string);
-        ApiError::invalid(
-            format!("invalid request body: {message}"),
-            wrong.or(missing).as_deref(),
-        )
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()).map(str::to_string);
+        ApiError::invalid(format!("invalid request body: {message}"), wrong.or(missing).as_deref())
     })
 }
 
 fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages must not be empty",
-            Some("messages"),
-        ));
+        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
     }
     messages
         .iter()
         .map(|m| {
-            if !matches!(
-                m.role.as_str(),
-                "system" | "developer" | "user" | "assistant" | "tool"
-            ) {
-                return Err(ApiError::invalid(
-                    format!(
-                        "unsupported role '{}': use system, user, assistant or tool",
-                        m.role
-                    ),
-                    Some("messages"),
-                ));
+            if !matches!(m.role.as_str(), "system" | "developer" | "user" | "assistant" | "tool") {
+                return Err(ApiError::invalid(format!("unsupported role '{}': use system, user, assistant or tool", m.role), Some("messages")));
             }
             let text = match &m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join(""),
+                Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
             };
             if m.content.is_none() && !(m.role == "assistant" && !m.tool_calls.is_empty()) {
-                return Err(ApiError::invalid(
-                    format!("a '{}' message needs content", m.role),
-                    Some("messages"),
-                ));
+                return Err(ApiError::invalid(format!("a '{}' message needs content", m.role), Some("messages")));
             }
-            let role = if m.role == "developer" {
-                "system"
-            } else {
-                m.role.as_str()
-            };
+            let role = if m.role == "developer" { "system" } else { m.role.as_str() };
             let mut msg = ChatMessage::new(role, &text);
             msg.tool_calls = m
                 .tool_calls
@@ -182,28 +153,20 @@ fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
 /// `response_format`: `text` (none), `json_object` (any JSON object) or `json_schema` (`{"json_schema":
 /// {"name", "schema", "strict"}}`, enforced whether or not `strict` is set).
 pub fn response_format(format: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
-    let Some(format) = format else {
-        return Ok(None);
-    };
+    let Some(format) = format else { return Ok(None) };
     let bad = |m: &str| ApiError::invalid(m.to_string(), Some("response_format"));
     match format.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(Grammar::JsonSchema(
-            serde_json::json!({"type": "object"}),
-        ))),
+        Some("json_object") => Ok(Some(Grammar::JsonSchema(serde_json::json!({"type": "object"})))),
         Some("json_schema") => {
             // chat nests it under "json_schema"; Responses' text.format has the fields inline
             let spec = format.get("json_schema").unwrap_or(format);
             match spec.get("schema") {
-                Some(schema) if schema.is_object() || schema.is_boolean() => {
-                    Ok(Some(Grammar::JsonSchema(schema.clone())))
-                }
+                Some(schema) if schema.is_object() || schema.is_boolean() => Ok(Some(Grammar::JsonSchema(schema.clone()))),
                 _ => Err(bad("response_format json_schema needs a 'schema' object")),
             }
         }
-        Some(other) => Err(bad(&format!(
-            "response_format type must be 'text', 'json_object' or 'json_schema'. Given: '{other}'"
-        ))),
+        Some(other) => Err(bad(&format!("response_format type must be 'text', 'json_object' or 'json_schema'. Given: '{other}'"))),
         None => Err(bad("response_format needs a 'type'")),
     }
 }
@@ -218,23 +181,10 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
                 namespace: None,
                 name: f.name.clone(),
                 description: f.description.clone(),
-                parameters: f
-                    .parameters
-                    .clone()
-                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+                parameters: f.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
             }),
-            ("function", None) => {
-                return Err(ApiError::invalid(
-                    "a function tool needs 'function'",
-                    Some("tools"),
-                ))
-            }
-            (other, _) => {
-                return Err(ApiError::invalid(
-                    format!("unsupported tool type '{other}': use 'function'"),
-                    Some("tools"),
-                ))
-            }
+            ("function", None) => return Err(ApiError::invalid("a function tool needs 'function'", Some("tools"))),
+            (other, _) => return Err(ApiError::invalid(format!("unsupported tool type '{other}': use 'function'"), Some("tools"))),
         }
     }
     let choice = match &req.tool_choice {
@@ -245,11 +195,7 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
             None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}", Some("tool_choice"))),
         },
     };
-    let set = ToolSet {
-        tools,
-        choice,
-        parallel: req.parallel_tool_calls.unwrap_or(true),
-    };
+    let set = ToolSet { tools, choice, parallel: req.parallel_tool_calls.unwrap_or(true) };
     set.check("tool_choice")?;
     Ok(set)
 }
@@ -258,31 +204,17 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
     let format = response_format(req.response_format.as_ref())?;
     let tools = tool_set(&req)?;
-    let (text, prefill) =
-        tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let prompt = state
-        .tokenizer
-        .encode(&text, true, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let (text, prefill) = tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     tools::log_request("chat", prompt.len(), &tools);
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = match (req.logprobs, req.top_logprobs) {
-        (false, Some(_)) => {
-            return Err(ApiError::invalid(
-                "top_logprobs needs logprobs: true",
-                Some("top_logprobs"),
-            ))
-        }
+        (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
     params.constraint = state.answer_constraint(&tools, format.as_ref(), "response_format")?;
-    let prepared = Prepared {
-        parse: tools::parse_options(&state.template, &tools, &text),
-        prefill,
-        parallel_calls: tools.parallel,
-    };
+    let prepared = Prepared { parse: tools::parse_options(&state.template, &tools, &text), prefill, parallel_calls: tools.parallel };
     generate(state, Api::Chat, &req.params, params, prepared).await
 }
 
@@ -290,27 +222,14 @@ pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiE
     let req: CompletionRequest = parse(body, serde_json::json!({"model": "", "prompt": ""}))?;
     // Legacy completions: `logprobs` is the number of alternatives (0-5), as OpenAI.
     if let Some(k) = req.logprobs.filter(|&k| k > 5) {
-        return Err(ApiError::invalid(
-            format!("logprobs must be between 0 and 5. Given: {k}"),
-            Some("logprobs"),
-        ));
+        return Err(ApiError::invalid(format!("logprobs must be between 0 and 5. Given: {k}"), Some("logprobs")));
     }
     let prompt = match &req.prompt {
         // As llama-server: the model's BOS if it wants one; special tokens in the text are parsed.
-        Prompt::Text(t) => state
-            .tokenizer
-            .encode(t, true, true)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
+        Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => ids.clone(),
     };
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = req.logprobs;
-    generate(
-        state,
-        Api::Completion,
-        &req.params,
-        params,
-        Prepared::default(),
-    )
-    .await
+    generate(state, Api::Completion, &req.params, params, Prepared::default()).await
 }

@@ -44,22 +44,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: param.map(str::to_string),
-            code: None,
-            retry_after: None,
-        }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param: param.map(str::to_string), code: None, retry_after: None }
     }
 
     pub fn not_found(message: impl Into<String>, param: Option<&str>, code: &'static str) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            code: Some(code),
-            ..Self::invalid(message, param)
-        }
+        ApiError { status: StatusCode::NOT_FOUND, code: Some(code), ..Self::invalid(message, param) }
     }
 
     pub fn unauthorized() -> Self {
@@ -67,23 +56,13 @@ impl ApiError {
             status: StatusCode::UNAUTHORIZED,
             kind: "authentication_error",
             code: Some("invalid_api_key"),
-            ..Self::invalid(
-                "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
-                None,
-            )
+            ..Self::invalid("missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'", None)
         }
     }
 
     /// A body over the server's size limit.
     pub fn too_large(limit: usize) -> Self {
-        ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            code: Some("request_too_large"),
-            ..Self::invalid(
-                format!("the request body is larger than {limit} bytes"),
-                None,
-            )
-        }
+        ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, code: Some("request_too_large"), ..Self::invalid(format!("the request body is larger than {limit} bytes"), None) }
     }
 
     /// The engine dropped a request without its last event (it stopped).
@@ -92,11 +71,7 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            kind: "server_error",
-            ..Self::invalid(message, None)
-        }
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, kind: "server_error", ..Self::invalid(message, None) }
     }
 
     /// The engine's refusal, for a request of `api` (which names the fields).
@@ -104,9 +79,7 @@ impl ApiError {
         let api = api.into();
         let message = e.to_string();
         match e {
-            RequestError::Invalid { field, .. } => {
-                Self::invalid(message, Some(param_name(field, api)))
-            }
+            RequestError::Invalid { field, .. } => Self::invalid(message, Some(param_name(field, api))),
             RequestError::QueueFull { .. } => ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 kind: "rate_limit_error",
@@ -114,12 +87,9 @@ impl ApiError {
                 retry_after: Some(RETRY_AFTER_SECONDS),
                 ..Self::invalid(message, None)
             },
-            RequestError::ShuttingDown | RequestError::Stopped => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "server_error",
-                code: Some("unavailable"),
-                ..Self::invalid(message, None)
-            },
+            RequestError::ShuttingDown | RequestError::Stopped => {
+                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", code: Some("unavailable"), ..Self::invalid(message, None) }
+            }
         }
     }
 

@@ -58,18 +58,12 @@ pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
         .route("/health", get(health))
-        .route(
-            "/metrics",
-            get(|State(state): State<AppState>| async move { metrics::render(&state) }),
-        )
+        .route("/metrics", get(|State(state): State<AppState>| async move { metrics::render(&state) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(create_response))
-        .route(
-            "/v1/responses/{id}",
-            get(get_response).delete(delete_response),
-        )
+        .route("/v1/responses/{id}", get(get_response).delete(delete_response))
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .layer(DefaultBodyLimit::max(limit))
@@ -87,13 +81,9 @@ async fn health(State(state): State<AppState>) -> Response {
 
 /// With `--api-key`: `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic).
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else {
-        return Ok(());
-    };
+    let Some(key) = &state.api_key else { return Ok(()) };
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let given = header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or_else(|| header("x-api-key"));
+    let given = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).or_else(|| header("x-api-key"));
     if given == Some(key.as_str()) {
         Ok(())
     } else {
@@ -108,36 +98,17 @@ impl AppState {
     }
 
     /// A constraint for `grammar`, or a 400 naming `param` if it does not compile.
-    pub fn constraint(
-        &self,
-        grammar: &reckon_engine::grammar::Grammar,
-        param: &str,
-    ) -> Result<reckon_engine::grammar::Constraint, ApiError> {
+    pub fn constraint(&self, grammar: &reckon_engine::grammar::Grammar, param: &str) -> Result<reckon_engine::grammar::Constraint, ApiError> {
         let compiler = self.grammar.get_or_init(|| {
-            reckon_engine::grammar::GrammarCompiler::new(
-                self.tokenizer.clone(),
-                self.engine.limits().vocab_size,
-            )
+            reckon_engine::grammar::GrammarCompiler::new(self.tokenizer.clone(), self.engine.limits().vocab_size)
         });
-        let compiler = compiler.as_ref().map_err(|e| {
-            ApiError::invalid(
-                format!("constrained decoding is not available for this model: {e}"),
-                Some(param),
-            )
-        })?;
-        compiler
-            .compile(grammar)
-            .map_err(|e| ApiError::invalid(format!("{param}: {e}"), Some(param)))
+        let compiler = compiler.as_ref().map_err(|e| ApiError::invalid(format!("constrained decoding is not available for this model: {e}"), Some(param)))?;
+        compiler.compile(grammar).map_err(|e| ApiError::invalid(format!("{param}: {e}"), Some(param)))
     }
 
     /// The grammar an answer is held to: a forced tool call's (named or `required`), else the response
     /// format's (`format_param` names the field for errors), else none.
-    pub(crate) fn answer_constraint(
-        &self,
-        tools: &tools::ToolSet,
-        format: Option<&reckon_engine::grammar::Grammar>,
-        format_param: &str,
-    ) -> Result<Option<reckon_engine::grammar::Constraint>, ApiError> {
+    pub(crate) fn answer_constraint(&self, tools: &tools::ToolSet, format: Option<&reckon_engine::grammar::Grammar>, format_param: &str) -> Result<Option<reckon_engine::grammar::Constraint>, ApiError> {
         match (tools.grammar(), format) {
             (Some(g), _) => self.constraint(&g, "tools").map(Some),
             (None, Some(g)) => self.constraint(g, format_param).map(Some),
@@ -147,10 +118,7 @@ impl AppState {
 
     /// The 404 for a model name this server does not answer to.
     pub fn unknown_model(&self, name: &str) -> ApiError {
-        let msg = format!(
-            "the model '{name}' does not exist; this server serves '{}'",
-            self.model_id
-        );
+        let msg = format!("the model '{name}' does not exist; this server serves '{}'", self.model_id);
         ApiError::not_found(msg, Some("model"), "model_not_found")
     }
 }
@@ -168,11 +136,7 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
 }
 
 /// The request body, or the error that says why there is none (a body over the limit: 413).
-fn body_of(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, ApiError> {
+fn body_of(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     authorize(state, headers)?;
     body.map_err(|e| match e.status() {
         axum::http::StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body_bytes),
@@ -180,38 +144,22 @@ fn body_of(
     })
 }
 
-async fn chat_completions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     match body_of(&state, &headers, body) {
-        Ok(body) => chat::chat_completions(&state, &body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Ok(body) => chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
-async fn completions(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     match body_of(&state, &headers, body) {
-        Ok(body) => chat::completions(&state, &body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Ok(body) => chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
 /// Anthropic's endpoints answer errors in Anthropic's shape.
-async fn anthropic_messages(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn anthropic_messages(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let answer = match body_of(&state, &headers, body) {
         Ok(body) => messages::messages(&state, &body).await,
         Err(e) => Err(e),
@@ -219,11 +167,7 @@ async fn anthropic_messages(
     answer.unwrap_or_else(ApiError::into_anthropic_response)
 }
 
-async fn anthropic_count_tokens(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn anthropic_count_tokens(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let answer = match body_of(&state, &headers, body) {
         Ok(body) => messages::count_tokens(&state, &body).await,
         Err(e) => Err(e),
@@ -231,35 +175,17 @@ async fn anthropic_count_tokens(
     answer.unwrap_or_else(ApiError::into_anthropic_response)
 }
 
-async fn create_response(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn create_response(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     match body_of(&state, &headers, body) {
-        Ok(body) => responses::create(&state, &body)
-            .await
-            .unwrap_or_else(IntoResponse::into_response),
+        Ok(body) => responses::create(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
-async fn get_response(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    authorize(&state, &headers)
-        .and_then(|_| responses::get(&state, &id))
-        .unwrap_or_else(IntoResponse::into_response)
+async fn get_response(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize(&state, &headers).and_then(|_| responses::get(&state, &id)).unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn delete_response(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    authorize(&state, &headers)
-        .and_then(|_| responses::delete(&state, &id))
-        .unwrap_or_else(IntoResponse::into_response)
+async fn delete_response(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize(&state, &headers).and_then(|_| responses::delete(&state, &id)).unwrap_or_else(IntoResponse::into_response)
 }

@@ -63,25 +63,11 @@ enum Content {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum Block {
-    Text {
-        text: String,
-    },
-    Thinking {
-        thinking: String,
-    },
+    Text { text: String },
+    Thinking { thinking: String },
     RedactedThinking {},
-    ToolUse {
-        name: String,
-        #[serde(default)]
-        input: Value,
-    },
-    ToolResult {
-        tool_use_id: String,
-        #[serde(default)]
-        content: Option<Content>,
-        #[serde(default)]
-        is_error: bool,
-    },
+    ToolUse { name: String, #[serde(default)] input: Value },
+    ToolResult { tool_use_id: String, #[serde(default)] content: Option<Content>, #[serde(default)] is_error: bool },
     /// Images, documents, server tool results: not for these text models.
     #[serde(other)]
     Other,
@@ -126,29 +112,15 @@ impl Content {
 
 /// Claude Code's per-request billing line, dropped from the system prompt (see the module comment).
 fn strip_volatile(system: &str) -> String {
-    system
-        .lines()
-        .filter(|l| !l.starts_with("x-anthropic-billing-header:"))
-        .collect::<Vec<_>>()
-        .join("\n")
-        .trim_start()
-        .to_string()
+    system.lines().filter(|l| !l.starts_with("x-anthropic-billing-header:")).collect::<Vec<_>>().join("\n").trim_start().to_string()
 }
 
 /// The conversation as chat templates read it.
 fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
     if req.messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages: at least one message is required",
-            Some("messages"),
-        ));
+        return Err(ApiError::invalid("messages: at least one message is required", Some("messages")));
     }
-    let mut system: Vec<String> = req
-        .system
-        .iter()
-        .map(|s| strip_volatile(&s.text()))
-        .filter(|s| !s.is_empty())
-        .collect();
+    let mut system: Vec<String> = req.system.iter().map(|s| strip_volatile(&s.text())).filter(|s| !s.is_empty()).collect();
     let mut out: Vec<ChatMessage> = Vec::new();
     for m in &req.messages {
         let blocks: Vec<&Block> = match &m.content {
@@ -157,12 +129,7 @@ fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                     // Claude Code sends system text inside messages too: it joins the system prompt
                     "system" if out.is_empty() => system.push(strip_volatile(t)),
                     "user" | "assistant" | "system" => out.push(ChatMessage::new(&m.role, t)),
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("messages: unexpected role '{other}': use user or assistant"),
-                            Some("messages"),
-                        ))
-                    }
+                    other => return Err(ApiError::invalid(format!("messages: unexpected role '{other}': use user or assistant"), Some("messages"))),
                 }
                 continue;
             }
@@ -174,20 +141,9 @@ fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                 for b in blocks {
                     match b {
                         Block::Text { text: t } => text.push(t.as_str()),
-                        Block::ToolResult {
-                            tool_use_id,
-                            content,
-                            is_error,
-                        } => {
+                        Block::ToolResult { tool_use_id, content, is_error } => {
                             let body = content.as_ref().map(Content::text).unwrap_or_default();
-                            let mut msg = ChatMessage::new(
-                                "tool",
-                                &if *is_error {
-                                    format!("Error: {body}")
-                                } else {
-                                    body
-                                },
-                            );
+                            let mut msg = ChatMessage::new("tool", &if *is_error { format!("Error: {body}") } else { body });
                             msg.tool_call_id = Some(tool_use_id.clone());
                             out.push(msg);
                         }
@@ -208,23 +164,14 @@ fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                 for b in blocks {
                     match b {
                         Block::Text { text } => msg.content.push_str(text),
-                        Block::Thinking { thinking } => {
-                            msg.reasoning_content = Some(thinking.clone())
-                        }
-                        Block::ToolUse { name, input, .. } => msg
-                            .tool_calls
-                            .push(tools::template_call(name, &input.to_string())),
+                        Block::Thinking { thinking } => msg.reasoning_content = Some(thinking.clone()),
+                        Block::ToolUse { name, input, .. } => msg.tool_calls.push(tools::template_call(name, &input.to_string())),
                         _ => {}
                     }
                 }
                 out.push(msg);
             }
-            other => {
-                return Err(ApiError::invalid(
-                    format!("messages: unexpected role '{other}': use user or assistant"),
-                    Some("messages"),
-                ))
-            }
+            other => return Err(ApiError::invalid(format!("messages: unexpected role '{other}': use user or assistant"), Some("messages"))),
         }
     }
     if !system.is_empty() {
@@ -242,15 +189,9 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
                 namespace: None,
                 name: t.name.clone(),
                 description: t.description.clone(),
-                parameters: t
-                    .input_schema
-                    .clone()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+                parameters: t.input_schema.clone().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
             }),
-            Some(kind) => tracing::warn!(
-                "messages: Anthropic's server tool '{}' ({kind}) is not available here; ignored",
-                t.name
-            ),
+            Some(kind) => tracing::warn!("messages: Anthropic's server tool '{}' ({kind}) is not available here; ignored", t.name),
         }
     }
     if let Some(c) = &req.tool_choice {
@@ -259,18 +200,8 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
             ("any", _) => ToolChoice::Required,
             ("none", _) => ToolChoice::None,
             ("tool", Some(name)) => ToolChoice::Named(name.clone()),
-            ("tool", None) => {
-                return Err(ApiError::invalid(
-                    "tool_choice: type 'tool' needs a name",
-                    Some("tool_choice"),
-                ))
-            }
-            (other, _) => {
-                return Err(ApiError::invalid(
-                    format!("tool_choice: unknown type '{other}': use auto, any, tool or none"),
-                    Some("tool_choice"),
-                ))
-            }
+            ("tool", None) => return Err(ApiError::invalid("tool_choice: type 'tool' needs a name", Some("tool_choice"))),
+            (other, _) => return Err(ApiError::invalid(format!("tool_choice: unknown type '{other}': use auto, any, tool or none"), Some("tool_choice"))),
         };
         set.parallel = !c.disable_parallel_tool_use;
     }
@@ -281,22 +212,10 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
 /// The request's prompt: token ids, and the forced start of the answer (a required tool call).
 /// The request's prompt: token ids, the forced start of the answer (a required tool call), and what to
 /// parse the answer for.
-fn prompt(
-    state: &AppState,
-    req: &MessagesRequest,
-    tools: &ToolSet,
-) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions), ApiError> {
-    let (text, prefill) = tools::render_prompt(&state.template, conversation(req)?, tools)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    let ids = state
-        .tokenizer
-        .encode(&text, true, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    Ok((
-        ids,
-        prefill,
-        tools::parse_options(&state.template, tools, &text),
-    ))
+fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions), ApiError> {
+    let (text, prefill) = tools::render_prompt(&state.template, conversation(req)?, tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    Ok((ids, prefill, tools::parse_options(&state.template, tools, &text)))
 }
 
 fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiError> {
@@ -318,29 +237,16 @@ pub async fn count_tokens(state: &AppState, body: &[u8]) -> Result<Response, Api
 /// `POST /v1/messages`.
 pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req = parse_request(state, body)?;
-    let max_tokens = req
-        .max_tokens
-        .ok_or_else(|| ApiError::invalid("max_tokens: field required", Some("max_tokens")))?;
+    let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid("max_tokens: field required", Some("max_tokens")))?;
     if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
-        return Err(ApiError::invalid(
-            format!("temperature: must be between 0 and 1. Given: {t}"),
-            Some("temperature"),
-        ));
+        return Err(ApiError::invalid(format!("temperature: must be between 0 and 1. Given: {t}"), Some("temperature")));
     }
     let tools = tool_set(&req)?;
     let (ids, prefill, parse) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
     tools::log_request("messages", prompt_len, &tools);
-    let format = crate::chat::response_format(
-        req.output_config
-            .as_ref()
-            .and_then(|c| c.get("format"))
-            .filter(|f| !f.is_null()),
-    )
-    .map_err(|e| ApiError {
-        param: Some("output_config".into()),
-        ..e
-    })?;
+    let format = crate::chat::response_format(req.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()))
+        .map_err(|e| ApiError { param: Some("output_config".into()), ..e })?;
     let constraint = state.answer_constraint(&tools, format.as_ref(), "output_config")?;
     let params = GenerateParams {
         prompt: ids,
@@ -365,25 +271,14 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         constraint,
         prediction: Vec::new(),
     };
-    let (id, events) = state
-        .engine
-        .submit(params)
-        .map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
+    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(parse);
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
-    let answer = Answer {
-        state: state.clone(),
-        id,
-        model: req.model.clone(),
-        prompt_len,
-        parallel: tools.parallel,
-    };
+    let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
     if req.stream {
         Ok(stream(answer, parser, first, events).into_response())
     } else {
-        collect(answer, parser, first, events)
-            .await
-            .map(|v| Json(v).into_response())
+        collect(answer, parser, first, events).await.map(|v| Json(v).into_response())
     }
 }
 
@@ -411,11 +306,7 @@ impl Answer {
         })
     }
 
-    fn stop_reason(
-        reason: FinishReason,
-        stop: &Option<String>,
-        called: bool,
-    ) -> (&'static str, Value) {
+    fn stop_reason(reason: FinishReason, stop: &Option<String>, called: bool) -> (&'static str, Value) {
         match reason {
             _ if called && reason != FinishReason::Length => ("tool_use", Value::Null),
             FinishReason::Stop if stop.is_some() => ("stop_sequence", json!(stop)),
@@ -434,9 +325,7 @@ fn input_object(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            tracing::warn!(
-                "messages: a tool call's arguments are not a JSON object: {arguments:?}"
-            );
+            tracing::warn!("messages: a tool call's arguments are not a JSON object: {arguments:?}");
             json!({})
         }
     }
@@ -497,22 +386,12 @@ fn content_of(deltas: Vec<Delta>, request: u64, parallel: bool) -> Vec<Value> {
     content
 }
 
-async fn collect(
-    a: Answer,
-    mut parser: OutputParser,
-    first: Vec<Delta>,
-    mut events: UnboundedReceiver<Event>,
-) -> Result<Value, ApiError> {
+async fn collect(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
     let mut deltas = first;
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Token { text, .. } => deltas.extend(parser.push(&text)),
-            Event::Finished {
-                reason,
-                usage,
-                timings,
-                stop,
-            } => {
+            Event::Finished { reason, usage, timings, stop } => {
                 a.state.metrics.finished(&timings);
                 deltas.extend(parser.finish());
                 let content = content_of(deltas, a.id, a.parallel);
@@ -554,35 +433,19 @@ impl Blocks {
     fn events(&mut self, d: Delta) -> Vec<(&'static str, Value)> {
         let mut out = Vec::new();
         let (want, start, delta) = match d {
-            Delta::Text(t) => (
-                Open::Text,
-                json!({ "type": "text", "text": "" }),
-                Some(json!({ "type": "text_delta", "text": t })),
-            ),
-            Delta::Reasoning(t) => (
-                Open::Thinking,
-                json!({ "type": "thinking", "thinking": "", "signature": "" }),
-                Some(json!({ "type": "thinking_delta", "thinking": t })),
-            ),
+            Delta::Text(t) => (Open::Text, json!({ "type": "text", "text": "" }), Some(json!({ "type": "text_delta", "text": t }))),
+            Delta::Reasoning(t) => (Open::Thinking, json!({ "type": "thinking", "thinking": "", "signature": "" }), Some(json!({ "type": "thinking_delta", "thinking": t }))),
             Delta::CallStart { index, name } => {
                 if !self.parallel && index > 0 {
                     return out;
                 }
-                (
-                    Open::Tool(index),
-                    json!({ "type": "tool_use", "id": tool_id(self.request, index), "name": name, "input": {} }),
-                    None,
-                )
+                (Open::Tool(index), json!({ "type": "tool_use", "id": tool_id(self.request, index), "name": name, "input": {} }), None)
             }
             Delta::CallArgs { index, text } => {
                 if self.open != Open::Tool(index) {
                     return out; // a call left out (parallel calls off)
                 }
-                (
-                    Open::Tool(index),
-                    Value::Null,
-                    Some(json!({ "type": "input_json_delta", "partial_json": text })),
-                )
+                (Open::Tool(index), Value::Null, Some(json!({ "type": "input_json_delta", "partial_json": text })))
             }
         };
         if self.open != want {
@@ -595,10 +458,7 @@ impl Blocks {
             out.push(("content_block_start", json!({ "type": "content_block_start", "index": self.index, "content_block": start })));
         }
         if let Some(delta) = delta {
-            out.push((
-                "content_block_delta",
-                json!({ "type": "content_block_delta", "index": self.index, "delta": delta }),
-            ));
+            out.push(("content_block_delta", json!({ "type": "content_block_delta", "index": self.index, "delta": delta })));
         }
         out
     }
@@ -608,31 +468,19 @@ impl Blocks {
             return None;
         }
         self.open = Open::None;
-        Some((
-            "content_block_stop",
-            json!({ "type": "content_block_stop", "index": self.index }),
-        ))
+        Some(("content_block_stop", json!({ "type": "content_block_stop", "index": self.index })))
     }
 }
 
 /// Anthropic's event stream: `message_start`, `ping`, content blocks (`content_block_start`,
 /// `content_block_delta`, `content_block_stop`), `message_delta` with the stop reason and usage,
 /// `message_stop`. A failure midway is an `error` event.
-fn stream(
-    a: Answer,
-    mut parser: OutputParser,
-    first: Vec<Delta>,
-    mut events: UnboundedReceiver<Event>,
-) -> impl IntoResponse {
+fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |name: &'static str, v: Value| {
             let tx = tx.clone();
-            async move {
-                tx.send(Ok(SseEvent::default().event(name).data(v.to_string())))
-                    .await
-                    .is_ok()
-            }
+            async move { tx.send(Ok(SseEvent::default().event(name).data(v.to_string()))).await.is_ok() }
         };
         let start = json!({ "type": "message_start", "message": {
             "id": a.message_id(), "type": "message", "role": "assistant", "model": a.model, "content": [],
@@ -641,13 +489,7 @@ fn stream(
         if !send("message_start", start).await || !send("ping", json!({ "type": "ping" })).await {
             return a.state.engine.abort(a.id);
         }
-        let mut blocks = Blocks {
-            request: a.id,
-            parallel: a.parallel,
-            open: Open::None,
-            index: 0,
-            started: false,
-        };
+        let mut blocks = Blocks { request: a.id, parallel: a.parallel, open: Open::None, index: 0, started: false };
         let mut pending = first;
         while let Some(ev) = events.recv().await {
             match ev {
@@ -661,16 +503,10 @@ fn stream(
                         }
                     }
                 }
-                Event::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    stop,
-                } => {
+                Event::Finished { reason, usage, timings, stop } => {
                     a.state.metrics.finished(&timings);
                     pending.extend(parser.finish());
-                    let mut out: Vec<(&'static str, Value)> =
-                        pending.drain(..).flat_map(|d| blocks.events(d)).collect();
+                    let mut out: Vec<(&'static str, Value)> = pending.drain(..).flat_map(|d| blocks.events(d)).collect();
                     if !blocks.started {
                         // an empty answer is still one (empty) text block
                         out.push(("content_block_start", json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } })));
@@ -721,27 +557,12 @@ mod tests {
             "thinking": {"type": "enabled", "budget_tokens": 1024}, "context_management": {}, "output_config": {}, "metadata": {"user_id": "u"},
         }));
         let conv = conversation(&req).unwrap();
-        assert_eq!(
-            conv[0],
-            ChatMessage::new("system", "You are Claude Code.\n\nBe terse.")
-        );
+        assert_eq!(conv[0], ChatMessage::new("system", "You are Claude Code.\n\nBe terse."));
         assert_eq!(conv[1], ChatMessage::new("user", "List files"));
         assert_eq!(conv[2].content, "Sure.");
         assert_eq!(conv[2].reasoning_content.as_deref(), Some("ls"));
-        assert_eq!(
-            conv[2].tool_calls,
-            vec![
-                json!({"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}})
-            ]
-        );
-        assert_eq!(
-            (
-                conv[3].role.as_str(),
-                conv[3].content.as_str(),
-                conv[3].tool_call_id.as_deref()
-            ),
-            ("tool", "a.rs", Some("toolu_1"))
-        );
+        assert_eq!(conv[2].tool_calls, vec![json!({"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}})]);
+        assert_eq!((conv[3].role.as_str(), conv[3].content.as_str(), conv[3].tool_call_id.as_deref()), ("tool", "a.rs", Some("toolu_1")));
         assert_eq!(conv[4].content, "Error: denied");
         assert_eq!(conv.len(), 5);
     }
@@ -753,13 +574,8 @@ mod tests {
             "tool_choice": {"type": "tool", "name": "Read", "disable_parallel_tool_use": true}}));
         let set = tool_set(&req).unwrap();
         assert_eq!(set.tools.len(), 1, "the server tool is ignored");
-        assert_eq!(
-            (set.choice.clone(), set.parallel),
-            (ToolChoice::Named("Read".into()), false)
-        );
-        let req = request(
-            json!({"model": "m", "messages": [], "tools": [], "tool_choice": {"type": "any"}}),
-        );
+        assert_eq!((set.choice.clone(), set.parallel), (ToolChoice::Named("Read".into()), false));
+        let req = request(json!({"model": "m", "messages": [], "tools": [], "tool_choice": {"type": "any"}}));
         assert!(tool_set(&req).is_err(), "any without tools");
     }
 
@@ -767,27 +583,12 @@ mod tests {
     fn whole_answer_blocks_follow_the_stream() {
         let deltas = vec![
             Delta::Text("A".into()),
-            Delta::CallStart {
-                index: 0,
-                name: "f".into(),
-            },
-            Delta::CallArgs {
-                index: 0,
-                text: "{\"x\": ".into(),
-            },
-            Delta::CallArgs {
-                index: 0,
-                text: "1}".into(),
-            },
+            Delta::CallStart { index: 0, name: "f".into() },
+            Delta::CallArgs { index: 0, text: "{\"x\": ".into() },
+            Delta::CallArgs { index: 0, text: "1}".into() },
             Delta::Text("B".into()),
-            Delta::CallStart {
-                index: 1,
-                name: "g".into(),
-            },
-            Delta::CallArgs {
-                index: 1,
-                text: "{}".into(),
-            },
+            Delta::CallStart { index: 1, name: "g".into() },
+            Delta::CallArgs { index: 1, text: "{}".into() },
         ];
         let c = content_of(deltas.clone(), 9, true);
         let kinds: Vec<&str> = c.iter().map(|b| b["type"].as_str().unwrap()).collect();
@@ -795,76 +596,28 @@ mod tests {
         assert_eq!(c[1]["input"], json!({"x": 1}));
         assert_eq!(c[3]["id"], "toolu_9_1");
         let c = content_of(deltas, 9, false);
-        assert_eq!(
-            c.iter().filter(|b| b["type"] == "tool_use").count(),
-            1,
-            "parallel calls off"
-        );
-        assert_eq!(
-            content_of(vec![], 1, true),
-            vec![json!({"type": "text", "text": ""})]
-        );
+        assert_eq!(c.iter().filter(|b| b["type"] == "tool_use").count(), 1, "parallel calls off");
+        assert_eq!(content_of(vec![], 1, true), vec![json!({"type": "text", "text": ""})]);
     }
 
     #[test]
     fn stream_blocks_open_and_close_by_kind() {
-        let mut b = Blocks {
-            request: 1,
-            parallel: false,
-            open: Open::None,
-            index: 0,
-            started: false,
-        };
+        let mut b = Blocks { request: 1, parallel: false, open: Open::None, index: 0, started: false };
         let mut kinds = |d: Option<Delta>| {
             let evs = match d {
                 Some(d) => b.events(d),
                 None => b.close().into_iter().collect(),
             };
-            evs.into_iter()
-                .map(|(n, v)| format!("{n}:{}", v["index"]))
-                .collect::<Vec<_>>()
+            evs.into_iter().map(|(n, v)| format!("{n}:{}", v["index"])).collect::<Vec<_>>()
         };
-        assert_eq!(
-            kinds(Some(Delta::Reasoning("hm".into()))),
-            ["content_block_start:0", "content_block_delta:0"]
-        );
-        assert_eq!(
-            kinds(Some(Delta::Text("Hi".into()))),
-            [
-                "content_block_stop:0",
-                "content_block_start:1",
-                "content_block_delta:1"
-            ]
-        );
-        assert_eq!(
-            kinds(Some(Delta::Text(" there".into()))),
-            ["content_block_delta:1"]
-        );
-        assert_eq!(
-            kinds(Some(Delta::CallStart {
-                index: 0,
-                name: "f".into()
-            })),
-            ["content_block_stop:1", "content_block_start:2"]
-        );
-        assert_eq!(
-            kinds(Some(Delta::CallArgs {
-                index: 0,
-                text: "{}".into()
-            })),
-            ["content_block_delta:2"]
-        );
+        assert_eq!(kinds(Some(Delta::Reasoning("hm".into()))), ["content_block_start:0", "content_block_delta:0"]);
+        assert_eq!(kinds(Some(Delta::Text("Hi".into()))), ["content_block_stop:0", "content_block_start:1", "content_block_delta:1"]);
+        assert_eq!(kinds(Some(Delta::Text(" there".into()))), ["content_block_delta:1"]);
+        assert_eq!(kinds(Some(Delta::CallStart { index: 0, name: "f".into() })), ["content_block_stop:1", "content_block_start:2"]);
+        assert_eq!(kinds(Some(Delta::CallArgs { index: 0, text: "{}".into() })), ["content_block_delta:2"]);
         // parallel calls off: the second call is left out
-        assert!(kinds(Some(Delta::CallStart {
-            index: 1,
-            name: "g".into()
-        }))
-        .is_empty());
-        assert!(kinds(Some(Delta::CallArgs {
-            index: 1,
-            text: "{}".into()
-        }))
-        .is_empty());
+        assert!(kinds(Some(Delta::CallStart { index: 1, name: "g".into() })).is_empty());
+        assert!(kinds(Some(Delta::CallArgs { index: 1, text: "{}".into() })).is_empty());
         assert_eq!(kinds(None), ["content_block_stop:2"]);
     }
 }

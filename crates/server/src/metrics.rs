@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Latency bucket bounds in seconds (vLLM-like spread, from interactive to batch).
-const LATENCY_BOUNDS: [f64; 14] = [
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
+const LATENCY_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Lock-free (every streamed token observes one): cumulative bucket counts, the sum in nanoseconds.
 #[derive(Debug, Default)]
@@ -28,10 +26,7 @@ impl Histogram {
                 c.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.sum_nanos.fetch_add(
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.sum_nanos.fetch_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -43,14 +38,8 @@ impl Histogram {
             running = c.load(Ordering::Relaxed).max(running);
             let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {running}");
         }
-        let (count, sum) = (
-            self.count.load(Ordering::Relaxed).max(running),
-            self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-        );
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
-        );
+        let (count, sum) = (self.count.load(Ordering::Relaxed).max(running), self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}");
     }
 }
 
@@ -85,203 +74,85 @@ impl Metrics {
 pub fn render(state: &AppState) -> String {
     let s = state.engine.stats();
     // The request counts first (Acquire, pairing with the engine's Release stores, made after the blocks').
-    let (waiting, running) = (
-        s.waiting.load(Ordering::Acquire),
-        s.running.load(Ordering::Acquire),
-    );
+    let (waiting, running) = (s.waiting.load(Ordering::Acquire), s.running.load(Ordering::Acquire));
     let load = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed);
     let count = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (num_blocks, block_size) = (
-        state.engine.config().num_blocks,
-        state.engine.config().block_size,
-    );
+    let (num_blocks, block_size) = (state.engine.config().num_blocks, state.engine.config().block_size);
     let used = load(&s.blocks_used);
-    let usage = if num_blocks == 0 {
-        0.0
-    } else {
-        used as f64 / num_blocks as f64
-    };
+    let usage = if num_blocks == 0 { 0.0 } else { used as f64 / num_blocks as f64 };
     let model = &state.model_id;
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}");
     };
     let m = format!("model_name=\"{model}\"");
-    gauge(
-        "vllm:num_requests_waiting",
-        "Requests waiting to be scheduled.",
-        &m,
-        waiting as f64,
-    );
-    gauge(
-        "vllm:num_requests_running",
-        "Requests in the running batch.",
-        &m,
-        running as f64,
-    );
-    gauge(
-        "vllm:kv_cache_usage_perc",
-        "Fraction of KV-cache blocks in use (0-1).",
-        &m,
-        usage,
-    );
+    gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", &m, waiting as f64);
+    gauge("vllm:num_requests_running", "Requests in the running batch.", &m, running as f64);
+    gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", &m, usage);
     // vLLM's label names; cache_dtype as `--kv-dtype` spells it (vLLM: "auto" for the model's dtype, "fp8").
-    let info = format!(
-        "{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"",
-        state.engine.config().kv_dtypes.name()
-    );
-    gauge(
-        "vllm:cache_config_info",
-        "KV-cache configuration.",
-        &info,
-        1.0,
-    );
-    gauge(
-        "reckon_kv_blocks_free",
-        "KV-cache blocks free.",
-        &m,
-        (num_blocks - used.min(num_blocks)) as f64,
-    );
+    let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"", state.engine.config().kv_dtypes.name());
+    gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
+    gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
     // Per kind of layer (`kv::layout`): what a token costs there, and how many positions a sequence keeps
     // (0: all of them). With Gemma-3's sliding layers in groups of their own, their positions are capped.
     let (kinds, page_bytes) = state.engine.kv_memory();
-    gauge(
-        "reckon_kv_block_bytes",
-        "Bytes of one KV-cache block (a page of the layers one layer group holds).",
-        &m,
-        page_bytes as f64,
-    );
+    gauge("reckon_kv_block_bytes", "Bytes of one KV-cache block (a page of the layers one layer group holds).", &m, page_bytes as f64);
     gauge("reckon_kv_layer_groups", "KV-cache layer groups, each with its own block table per sequence (1: every layer in one).", &m, state.engine.kv_layout().num_groups() as f64);
-    gauge(
-        "reckon_prefix_cache_disk_blocks",
-        "Block files in the prefix cache's disk tier.",
-        &m,
-        load(&s.prefix_cache_disk_blocks) as f64,
-    );
-    gauge(
-        "reckon_prefix_cache_blocks",
-        "KV-cache blocks holding a cached prefix (in use or reclaimable).",
-        &m,
-        load(&s.prefix_cache_blocks) as f64,
-    );
-    let per_kind: [(
-        &str,
-        &str,
-        fn(&reckon_engine::kv::layout::LayerKindMemory) -> usize,
-    ); 3] = [
+    gauge("reckon_prefix_cache_disk_blocks", "Block files in the prefix cache's disk tier.", &m, load(&s.prefix_cache_disk_blocks) as f64);
+    gauge("reckon_prefix_cache_blocks", "KV-cache blocks holding a cached prefix (in use or reclaimable).", &m, load(&s.prefix_cache_blocks) as f64);
+    let per_kind: [(&str, &str, fn(&reckon_engine::kv::layout::LayerKindMemory) -> usize); 3] = [
         ("reckon_kv_layers", "Layers of this type.", |k| k.layers),
-        (
-            "reckon_kv_bytes_per_token",
-            "KV-cache bytes one token takes in the layers of this type.",
-            |k| k.bytes_per_token,
-        ),
-        (
-            "reckon_kv_max_positions_per_sequence",
-            "Positions a sequence keeps in the layers of this type at most (0: every position).",
-            |k| k.max_positions.unwrap_or(0),
-        ),
+        ("reckon_kv_bytes_per_token", "KV-cache bytes one token takes in the layers of this type.", |k| k.bytes_per_token),
+        ("reckon_kv_max_positions_per_sequence", "Positions a sequence keeps in the layers of this type at most (0: every position).", |k| k.max_positions.unwrap_or(0)),
     ];
     for (name, help, value) in per_kind {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for k in &kinds {
-            let _ = writeln!(
-                out,
-                "{name}{{{m},layer_type=\"{}\"}} {}",
-                k.label(),
-                value(k)
-            );
+            let _ = writeln!(out, "{name}{{{m},layer_type=\"{}\"}} {}", k.label(), value(k));
         }
     }
     let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}"
-        );
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}");
     };
-    counter(
-        "reckon_prompt_tokens_total",
-        "Prompt tokens of finished requests.",
-        count(&s.prompt_tokens),
-    );
-    counter(
-        "reckon_generation_tokens_total",
-        "Generated tokens.",
-        count(&s.generated_tokens),
-    );
-    counter(
-        "vllm:prefix_cache_queries_total",
-        "Prompt tokens looked up in the prefix cache.",
-        count(&s.prefix_cache_queried_tokens),
-    );
-    counter(
-        "vllm:prefix_cache_hits_total",
-        "Prompt tokens found in the prefix cache (not computed).",
-        count(&s.prefix_cache_hit_tokens),
-    );
-    counter(
-        "reckon_prefix_cache_disk_hits_total",
-        "Prompt tokens read back from the prefix cache's disk tier.",
-        count(&s.prefix_cache_disk_hit_tokens),
-    );
+    counter("reckon_prompt_tokens_total", "Prompt tokens of finished requests.", count(&s.prompt_tokens));
+    counter("reckon_generation_tokens_total", "Generated tokens.", count(&s.generated_tokens));
+    counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", count(&s.prefix_cache_queried_tokens));
+    counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).", count(&s.prefix_cache_hit_tokens));
+    counter("reckon_prefix_cache_disk_hits_total", "Prompt tokens read back from the prefix cache's disk tier.", count(&s.prefix_cache_disk_hit_tokens));
     // vLLM's speculative-decoding counters: steps that carried guesses, guesses, guesses kept
-    counter(
-        "vllm:spec_decode_num_drafts_total",
-        "Steps in which a request carried speculative guesses.",
-        count(&s.spec_drafts),
-    );
-    counter(
-        "vllm:spec_decode_num_draft_tokens_total",
-        "Speculative guesses checked.",
-        count(&s.spec_draft_tokens),
-    );
-    counter(
-        "vllm:spec_decode_num_accepted_tokens_total",
-        "Speculative guesses the model kept.",
-        count(&s.spec_accepted_tokens),
-    );
-    counter(
-        "reckon_num_preemptions_total",
-        "Sequences preempted (freed, recomputed later).",
-        count(&s.preemptions),
-    );
-    counter(
-        "reckon_request_success_total",
-        "Requests finished (stop token, stop string or length).",
-        count(&s.finished_requests),
-    );
-    counter(
-        "reckon_request_aborted_total",
-        "Requests aborted (the client went away).",
-        count(&s.aborted_requests),
-    );
-    counter(
-        "reckon_request_failed_total",
-        "Requests ended with an error (cut short by a shutdown's drain timeout).",
-        count(&s.failed_requests),
-    );
+    counter("vllm:spec_decode_num_drafts_total", "Steps in which a request carried speculative guesses.", count(&s.spec_drafts));
+    counter("vllm:spec_decode_num_draft_tokens_total", "Speculative guesses checked.", count(&s.spec_draft_tokens));
+    counter("vllm:spec_decode_num_accepted_tokens_total", "Speculative guesses the model kept.", count(&s.spec_accepted_tokens));
+    counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
+    counter("reckon_request_success_total", "Requests finished (stop token, stop string or length).", count(&s.finished_requests));
+    counter("reckon_request_aborted_total", "Requests aborted (the client went away).", count(&s.aborted_requests));
+    counter("reckon_request_failed_total", "Requests ended with an error (cut short by a shutdown's drain timeout).", count(&s.failed_requests));
+    // the kept guesses by position, as vLLM's; the engine's time and the draft model's share; the
+    // controller's fit and expected gain
+    let name = "vllm:spec_decode_num_accepted_tokens_per_pos";
+    let _ = writeln!(out, "# HELP {name} Speculative guesses kept, by their position in the step's guesses (the last counts every later one too).\n# TYPE {name} counter");
+    for (p, c) in s.spec_accepted_per_pos.iter().enumerate() {
+        let _ = writeln!(out, "{name}{{{m},position=\"{p}\"}} {}", count(c));
+    }
+    for (name, help, v) in [
+        ("reckon_engine_step_seconds_total", "Time of the engine's model steps (the draft model's passes included).", &s.step_ns),
+        ("reckon_spec_draft_model_seconds_total", "Time the draft model of speculative decoding took (part of the engine's steps).", &s.draft_ns),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v) as f64 / 1e9);
+    }
+    let name = "reckon_spec_step_cost_seconds";
+    let _ = writeln!(out, "# HELP {name} The engine's step time fitted as fixed + per_token x tokens (what --spec auto decides by; 0 until fitted).\n# TYPE {name} gauge");
+    for (term, v) in [("fixed", &s.step_cost_a_ns), ("per_token", &s.step_cost_b_ns)] {
+        let _ = writeln!(out, "{name}{{{m},term=\"{term}\"}} {}", count(v) as f64 / 1e9);
+    }
+    let name = "reckon_spec_draft_pass_seconds";
+    let _ = writeln!(out, "# HELP {name} The draft model's fitted pass over one token (0 until fitted or without one).\n# TYPE {name} gauge\n{name}{{{m}}} {}", count(&s.draft_step_ns) as f64 / 1e9);
+    let name = "reckon_spec_expected_speedup";
+    let _ = writeln!(out, "# HELP {name} What --spec auto expected its latest choice of guesses to gain in tokens per second (0 before it chose).\n# TYPE {name} gauge\n{name}{{{m}}} {}", count(&s.spec_gain_milli) as f64 / 1e3);
     let l = &state.metrics.latencies;
-    l.ttft.render(
-        "reckon_time_to_first_token_seconds",
-        "Arrival to first generated token.",
-        &mut out,
-    );
-    l.itl.render(
-        "reckon_inter_token_latency_seconds",
-        "Time between streamed tokens.",
-        &mut out,
-    );
-    l.e2e.render(
-        "reckon_e2e_request_latency_seconds",
-        "Arrival to the end of the request.",
-        &mut out,
-    );
-    l.queue.render(
-        "reckon_request_queue_time_seconds",
-        "Arrival to first scheduled step.",
-        &mut out,
-    );
+    l.ttft.render("reckon_time_to_first_token_seconds", "Arrival to first generated token.", &mut out);
+    l.itl.render("reckon_inter_token_latency_seconds", "Time between streamed tokens.", &mut out);
+    l.e2e.render("reckon_e2e_request_latency_seconds", "Arrival to the end of the request.", &mut out);
+    l.queue.render("reckon_request_queue_time_seconds", "Arrival to first scheduled step.", &mut out);
     out
 }

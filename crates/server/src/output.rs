@@ -27,15 +27,9 @@ pub enum Delta {
     Text(String),
     Reasoning(String),
     /// Call `index` begins (its name, once).
-    CallStart {
-        index: usize,
-        name: String,
-    },
+    CallStart { index: usize, name: String },
     /// More of call `index`'s arguments (raw JSON text; all of a call's pieces join to its arguments).
-    CallArgs {
-        index: usize,
-        text: String,
-    },
+    CallArgs { index: usize, text: String },
 }
 
 /// One parsed call: the name the model wrote and its arguments as JSON text.
@@ -64,12 +58,7 @@ enum Mode {
     Reasoning,
     /// Inside `<tool_call>` for call `index`: `buf` holds the call's text so far, `header` the name and
     /// where the arguments start once read, `emitted` the bytes of the arguments sent.
-    Call {
-        index: usize,
-        buf: String,
-        header: Option<(String, usize)>,
-        emitted: usize,
-    },
+    Call { index: usize, buf: String, header: Option<(String, usize)>, emitted: usize },
     /// A bare or fenced JSON answer, held back until the end.
     Bare,
     /// Just after a call: whitespace here is not text.
@@ -96,14 +85,7 @@ impl OutputParser {
         } else {
             Mode::Text
         };
-        OutputParser {
-            opts,
-            mode,
-            pending: String::new(),
-            calls: Vec::new(),
-            text: String::new(),
-            reasoning: String::new(),
-        }
+        OutputParser { opts, mode, pending: String::new(), calls: Vec::new(), text: String::new(), reasoning: String::new() }
     }
 
     fn tools_on(&self) -> bool {
@@ -145,10 +127,7 @@ impl OutputParser {
             match d {
                 Delta::Text(t) => self.text.push_str(t),
                 Delta::Reasoning(t) => self.reasoning.push_str(t),
-                Delta::CallStart { name, .. } => self.calls.push(Call {
-                    name: name.clone(),
-                    arguments: String::new(),
-                }),
+                Delta::CallStart { name, .. } => self.calls.push(Call { name: name.clone(), arguments: String::new() }),
                 Delta::CallArgs { index, text } => self.calls[*index].arguments.push_str(text),
             }
         }
@@ -156,11 +135,7 @@ impl OutputParser {
 
     /// The next call's index, counting calls started in `out` but not yet recorded.
     fn next_index(&self, out: &[Delta]) -> usize {
-        self.calls.len()
-            + out
-                .iter()
-                .filter(|d| matches!(d, Delta::CallStart { .. }))
-                .count()
+        self.calls.len() + out.iter().filter(|d| matches!(d, Delta::CallStart { .. })).count()
     }
 
     /// Makes what progress `pending` allows; true if it should be called again.
@@ -175,9 +150,7 @@ impl OutputParser {
                     }
                     return false;
                 }
-                if self.opts.reasoning
-                    && (THINK_OPEN.starts_with(trimmed) || trimmed.starts_with(THINK_OPEN))
-                {
+                if self.opts.reasoning && (THINK_OPEN.starts_with(trimmed) || trimmed.starts_with(THINK_OPEN)) {
                     if !trimmed.starts_with(THINK_OPEN) {
                         if end {
                             self.mode = Mode::Text;
@@ -193,19 +166,13 @@ impl OutputParser {
                 // leading whitespace (before a call, after reasoning) is not part of the answer
                 let first = trimmed.chars().next().expect("not empty");
                 self.pending = trimmed.to_string();
-                self.mode = if self.tools_on() && (first == '{' || first == '[' || first == '`') {
-                    Mode::Bare
-                } else {
-                    Mode::Text
-                };
+                self.mode = if self.tools_on() && (first == '{' || first == '[' || first == '`') { Mode::Bare } else { Mode::Text };
                 true
             }
             Mode::Reasoning => {
                 if let Some(at) = self.pending.find(THINK_CLOSE) {
                     let reasoning: String = self.pending[..at].to_string();
-                    let rest = self.pending[at + THINK_CLOSE.len()..]
-                        .trim_start()
-                        .to_string();
+                    let rest = self.pending[at + THINK_CLOSE.len()..].trim_start().to_string();
                     if !reasoning.is_empty() {
                         out.push(Delta::Reasoning(reasoning));
                     }
@@ -213,11 +180,7 @@ impl OutputParser {
                     self.mode = Mode::Start;
                     return true;
                 }
-                let keep = if end {
-                    0
-                } else {
-                    partial_suffix(&self.pending, THINK_CLOSE)
-                };
+                let keep = if end { 0 } else { partial_suffix(&self.pending, THINK_CLOSE) };
                 let send: String = self.pending.drain(..self.pending.len() - keep).collect();
                 if !send.is_empty() {
                     out.push(Delta::Reasoning(send));
@@ -232,20 +195,11 @@ impl OutputParser {
                         push_text(out, before);
                         self.pending = String::new();
                         let index = self.next_index(out);
-                        self.mode = Mode::Call {
-                            index,
-                            buf: rest,
-                            header: None,
-                            emitted: 0,
-                        };
+                        self.mode = Mode::Call { index, buf: rest, header: None, emitted: 0 };
                         return true;
                     }
                 }
-                let keep = if end || !self.tools_on() {
-                    0
-                } else {
-                    partial_suffix(&self.pending, CALL_OPEN)
-                };
+                let keep = if end || !self.tools_on() { 0 } else { partial_suffix(&self.pending, CALL_OPEN) };
                 let send: String = self.pending.drain(..self.pending.len() - keep).collect();
                 push_text(out, send);
                 false
@@ -270,14 +224,8 @@ impl OutputParser {
                     Some(calls) => {
                         for call in calls {
                             let index = self.next_index(out);
-                            out.push(Delta::CallStart {
-                                index,
-                                name: call.name,
-                            });
-                            out.push(Delta::CallArgs {
-                                index,
-                                text: call.arguments,
-                            });
+                            out.push(Delta::CallStart { index, name: call.name });
+                            out.push(Delta::CallArgs { index, text: call.arguments });
                         }
                         self.mode = Mode::Text;
                         false
@@ -294,28 +242,15 @@ impl OutputParser {
     }
 
     fn step_call(&mut self, out: &mut Vec<Delta>, end: bool) -> bool {
-        let Mode::Call {
-            index,
-            buf,
-            header,
-            emitted,
-        } = &mut self.mode
-        else {
-            unreachable!()
-        };
+        let Mode::Call { index, buf, header, emitted } = &mut self.mode else { unreachable!() };
         let index = *index;
         // the new text joins the call's own buffer
         buf.push_str(&std::mem::take(&mut self.pending));
         if header.is_none() {
             if let Some((name, args_at)) = call_header(buf) {
                 // arguments written as a JSON string are decoded at the end, not streamed
-                if !buf[args_at..].trim_start().starts_with('"')
-                    || buf[args_at..].trim_start().is_empty()
-                {
-                    out.push(Delta::CallStart {
-                        index,
-                        name: name.clone(),
-                    });
+                if !buf[args_at..].trim_start().starts_with('"') || buf[args_at..].trim_start().is_empty() {
+                    out.push(Delta::CallStart { index, name: name.clone() });
                     *header = Some((name, args_at));
                 }
             }
@@ -328,10 +263,7 @@ impl OutputParser {
                 let args = &buf[*args_at..];
                 let cut = args_end(args, false);
                 if cut > *emitted && args.is_char_boundary(cut) && args.is_char_boundary(*emitted) {
-                    out.push(Delta::CallArgs {
-                        index,
-                        text: args[*emitted..cut].to_string(),
-                    });
+                    out.push(Delta::CallArgs { index, text: args[*emitted..cut].to_string() });
                     *emitted = cut;
                 }
             }
@@ -339,9 +271,7 @@ impl OutputParser {
         }
         // the call is complete (its closing tag, or the end of the generation)
         let body_end = close.unwrap_or(buf.len());
-        let after = close
-            .map(|c| buf[c + CALL_CLOSE.len()..].to_string())
-            .unwrap_or_default();
+        let after = close.map(|c| buf[c + CALL_CLOSE.len()..].to_string()).unwrap_or_default();
         let body = buf[..body_end].to_string();
         let mut called = true;
         match header.take() {
@@ -349,33 +279,18 @@ impl OutputParser {
                 let args = &body[args_at..];
                 let cut = args_end(args, true);
                 if cut > *emitted {
-                    out.push(Delta::CallArgs {
-                        index,
-                        text: args[*emitted..cut].to_string(),
-                    });
+                    out.push(Delta::CallArgs { index, text: args[*emitted..cut].to_string() });
                 }
             }
             None => match parse_call(&body) {
                 Some(call) => {
-                    out.push(Delta::CallStart {
-                        index,
-                        name: call.name,
-                    });
-                    out.push(Delta::CallArgs {
-                        index,
-                        text: call.arguments,
-                    });
+                    out.push(Delta::CallStart { index, name: call.name });
+                    out.push(Delta::CallArgs { index, text: call.arguments });
                 }
                 // not a call after all: the model's text, tags included
                 None => {
                     called = false;
-                    push_text(
-                        out,
-                        format!(
-                            "{CALL_OPEN}{body}{}",
-                            if close.is_some() { CALL_CLOSE } else { "" }
-                        ),
-                    );
+                    push_text(out, format!("{CALL_OPEN}{body}{}", if close.is_some() { CALL_CLOSE } else { "" }));
                 }
             },
         }
@@ -393,27 +308,16 @@ fn push_text(out: &mut Vec<Delta>, text: String) {
 
 /// Length of the longest suffix of `s` that is a proper prefix of `tag` (text that may begin it).
 fn partial_suffix(s: &str, tag: &str) -> usize {
-    (1..tag.len().min(s.len() + 1))
-        .rev()
-        .find(|&n| s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..]))
-        .unwrap_or(0)
+    (1..tag.len().min(s.len() + 1)).rev().find(|&n| s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..])).unwrap_or(0)
 }
 
 /// `{"name": "NAME", "arguments": ` at the start of a call: the name and where the arguments begin.
 fn call_header(buf: &str) -> Option<(String, usize)> {
     let mut rest = buf.trim_start().strip_prefix('{')?.trim_start();
-    rest = rest
-        .strip_prefix("\"name\"")?
-        .trim_start()
-        .strip_prefix(':')?
-        .trim_start();
+    rest = rest.strip_prefix("\"name\"")?.trim_start().strip_prefix(':')?.trim_start();
     let (name, len) = json_string_prefix(rest)?;
     rest = rest[len..].trim_start().strip_prefix(',')?.trim_start();
-    rest = rest
-        .strip_prefix("\"arguments\"")
-        .or_else(|| rest.strip_prefix("\"parameters\""))?
-        .trim_start()
-        .strip_prefix(':')?;
+    rest = rest.strip_prefix("\"arguments\"").or_else(|| rest.strip_prefix("\"parameters\""))?.trim_start().strip_prefix(':')?;
     let rest = rest.trim_start();
     if rest.is_empty() {
         return None; // wait for the first character of the arguments
@@ -431,11 +335,7 @@ fn json_string_prefix(s: &str) -> Option<(String, usize)> {
     while i < bytes.len() {
         match bytes[i] {
             b'\\' => i += 2,
-            b'"' => {
-                return serde_json::from_str(&s[..=i])
-                    .ok()
-                    .map(|v: String| (v, i + 1))
-            }
+            b'"' => return serde_json::from_str(&s[..=i]).ok().map(|v: String| (v, i + 1)),
             _ => i += 1,
         }
     }
@@ -464,11 +364,7 @@ fn parse_call(body: &str) -> Option<Call> {
 
 fn call_of(v: &Value) -> Option<Call> {
     let name = v.get("name")?.as_str()?.to_string();
-    let args = v
-        .get("arguments")
-        .or_else(|| v.get("parameters"))
-        .cloned()
-        .unwrap_or(Value::Object(Default::default()));
+    let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or(Value::Object(Default::default()));
     let arguments = match args {
         Value::String(s) => s,
         other => other.to_string(),
@@ -487,9 +383,7 @@ fn bare_calls(text: &str, tools: &[String]) -> Option<Vec<Call>> {
     let mut calls = Vec::new();
     for v in serde_json::Deserializer::from_str(t).into_iter::<Value>() {
         match v.ok()? {
-            Value::Array(items) => {
-                calls.extend(items.iter().map(call_of).collect::<Option<Vec<_>>>()?)
-            }
+            Value::Array(items) => calls.extend(items.iter().map(call_of).collect::<Option<Vec<_>>>()?),
             v => calls.push(call_of(&v)?),
         }
     }
@@ -501,10 +395,7 @@ mod tests {
     use super::*;
 
     fn opts(tools: &[&str]) -> ParseOptions {
-        ParseOptions {
-            tools: tools.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
+        ParseOptions { tools: tools.iter().map(|s| s.to_string()).collect(), ..Default::default() }
     }
 
     /// Feeds `text` in pieces of `n` characters; returns the deltas and the parser.
@@ -525,28 +416,13 @@ mod tests {
     fn tagged_call_in_any_split() {
         for n in 1..12 {
             let (out, p) = feed(opts(&["get_weather"]), QWEN_CALL, n);
-            assert_eq!(
-                p.calls(),
-                &[Call {
-                    name: "get_weather".into(),
-                    arguments: "{\"city\": \"Paris\", \"n\": {\"a\": 1}}".into()
-                }],
-                "split {n}"
-            );
+            assert_eq!(p.calls(), &[Call { name: "get_weather".into(), arguments: "{\"city\": \"Paris\", \"n\": {\"a\": 1}}".into() }], "split {n}");
             assert_eq!(p.text(), "", "split {n}");
-            let starts = out
-                .iter()
-                .filter(|d| matches!(d, Delta::CallStart { .. }))
-                .count();
+            let starts = out.iter().filter(|d| matches!(d, Delta::CallStart { .. })).count();
             assert_eq!(starts, 1);
             if n == 1 {
                 // streamed: the arguments came in more than one piece
-                assert!(
-                    out.iter()
-                        .filter(|d| matches!(d, Delta::CallArgs { .. }))
-                        .count()
-                        > 5
-                );
+                assert!(out.iter().filter(|d| matches!(d, Delta::CallArgs { .. })).count() > 5);
             }
         }
     }
@@ -558,13 +434,7 @@ mod tests {
             let (_, p) = feed(opts(&["get_weather", "f"]), &text, n);
             assert_eq!(p.text(), "Let me check.\n");
             assert_eq!(p.calls().len(), 2);
-            assert_eq!(
-                p.calls()[1],
-                Call {
-                    name: "f".into(),
-                    arguments: "{}".into()
-                }
-            );
+            assert_eq!(p.calls()[1], Call { name: "f".into(), arguments: "{}".into() });
         }
     }
 
@@ -584,27 +454,12 @@ mod tests {
             "  [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]",
         ] {
             let (_, p) = feed(opts(&["get_weather"]), text, 4);
-            assert_eq!(
-                p.calls(),
-                &[Call {
-                    name: "get_weather".into(),
-                    arguments: "{\"city\":\"Rome\"}".into()
-                }],
-                "{text}"
-            );
+            assert_eq!(p.calls(), &[Call { name: "get_weather".into(), arguments: "{\"city\":\"Rome\"}".into() }], "{text}");
         }
-        let (_, p) = feed(
-            opts(&["f"]),
-            "{\"name\": \"f\", \"arguments\": {}}\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n",
-            3,
-        );
+        let (_, p) = feed(opts(&["f"]), "{\"name\": \"f\", \"arguments\": {}}\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n", 3);
         assert_eq!(p.calls().len(), 2, "calls one per line");
         // an answer that starts like JSON but holds a tagged call: the call is still found
-        let (_, p) = feed(
-            opts(&["f"]),
-            "`ls` lists files. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
-            4,
-        );
+        let (_, p) = feed(opts(&["f"]), "`ls` lists files. <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", 4);
         assert_eq!((p.text(), p.calls().len()), ("`ls` lists files. ", 1));
         // JSON that is not a call to an offered tool stays text
         let (_, p) = feed(opts(&["get_weather"]), "{\"answer\": 42}", 3);
@@ -614,31 +469,11 @@ mod tests {
 
     #[test]
     fn string_arguments_and_unclosed_call() {
-        let (_, p) = feed(
-            opts(&["f"]),
-            "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>",
-            5,
-        );
-        assert_eq!(
-            p.calls(),
-            &[Call {
-                name: "f".into(),
-                arguments: "{\"x\": 1}".into()
-            }]
-        );
+        let (_, p) = feed(opts(&["f"]), "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>", 5);
+        assert_eq!(p.calls(), &[Call { name: "f".into(), arguments: "{\"x\": 1}".into() }]);
         // the generation ended (a stop token) before the closing tag
-        let (_, p) = feed(
-            opts(&["f"]),
-            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}\n",
-            2,
-        );
-        assert_eq!(
-            p.calls(),
-            &[Call {
-                name: "f".into(),
-                arguments: "{\"x\": [1, 2]}".into()
-            }]
-        );
+        let (_, p) = feed(opts(&["f"]), "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}\n", 2);
+        assert_eq!(p.calls(), &[Call { name: "f".into(), arguments: "{\"x\": [1, 2]}".into() }]);
     }
 
     #[test]
@@ -654,19 +489,13 @@ mod tests {
 
     #[test]
     fn reasoning_is_split_out() {
-        let o = ParseOptions {
-            reasoning: true,
-            ..opts(&["f"])
-        };
+        let o = ParseOptions { reasoning: true, ..opts(&["f"]) };
         for n in [1, 4, 50] {
             let (_, p) = feed(o.clone(), "<think>\nhmm, f.\n</think>\n\nAnswer.", n);
             assert_eq!(p.reasoning(), "\nhmm, f.\n");
             assert_eq!(p.text(), "Answer.");
         }
-        let o = ParseOptions {
-            starts_in_reasoning: true,
-            ..o
-        };
+        let o = ParseOptions { starts_in_reasoning: true, ..o };
         let (_, p) = feed(o, "plan</think>ok", 2);
         assert_eq!((p.reasoning(), p.text()), ("plan", "ok"));
     }

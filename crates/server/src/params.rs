@@ -51,19 +51,12 @@ impl CommonParams {
     /// The engine's parameters for an already tokenized prompt. The engine validates them (prompt,
     /// limits, sampling ranges); here only what is OpenAI's own: the model name, `n`, and the temperature
     /// range.
-    pub fn to_params(
-        &self,
-        state: &AppState,
-        prompt: Vec<u32>,
-    ) -> Result<GenerateParams, ApiError> {
+    pub fn to_params(&self, state: &AppState, prompt: Vec<u32>) -> Result<GenerateParams, ApiError> {
         if !state.serves(&self.model) {
             return Err(state.unknown_model(&self.model));
         }
         if self.n.unwrap_or(1) != 1 {
-            return Err(ApiError::invalid(
-                format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)),
-                Some("n"),
-            ));
+            return Err(ApiError::invalid(format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)), Some("n")));
         }
         Ok(GenerateParams {
             prompt,
@@ -81,46 +74,26 @@ impl CommonParams {
 
     /// The prediction's text as tokens (no BOS), or none.
     fn prediction_tokens(&self, state: &AppState) -> Result<Vec<u32>, ApiError> {
-        let Some(p) = self.prediction.as_ref().filter(|p| !p.is_null()) else {
-            return Ok(Vec::new());
-        };
-        let bad = || {
-            ApiError::invalid(
-                "prediction must be {\"type\": \"content\", \"content\": a string or text parts}",
-                Some("prediction"),
-            )
-        };
+        let Some(p) = self.prediction.as_ref().filter(|p| !p.is_null()) else { return Ok(Vec::new()) };
+        let bad = || ApiError::invalid("prediction must be {\"type\": \"content\", \"content\": a string or text parts}", Some("prediction"));
         if p.get("type").and_then(|t| t.as_str()) != Some("content") {
             return Err(bad());
         }
         let text = match p.get("content") {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(parts)) => {
-                let texts: Option<Vec<&str>> = parts
-                    .iter()
-                    .map(|part| {
-                        (part.get("type")?.as_str()? == "text")
-                            .then(|| part.get("text")?.as_str())
-                            .flatten()
-                    })
-                    .collect();
+                let texts: Option<Vec<&str>> = parts.iter().map(|part| (part.get("type")?.as_str()? == "text").then(|| part.get("text")?.as_str()).flatten()).collect();
                 texts.ok_or_else(bad)?.concat()
             }
             _ => return Err(bad()),
         };
-        state
-            .tokenizer
-            .encode(&text, false, false)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("prediction")))
+        state.tokenizer.encode(&text, false, false).map_err(|e| ApiError::invalid(e.to_string(), Some("prediction")))
     }
 
     fn sampling(&self) -> Result<SamplingParams, ApiError> {
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
-                return Err(ApiError::invalid(
-                    format!("temperature must be between 0 and 2. Given: {t}"),
-                    Some("temperature"),
-                ));
+                return Err(ApiError::invalid(format!("temperature must be between 0 and 2. Given: {t}"), Some("temperature")));
             }
         }
         // OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p, no repetition penalty.
@@ -146,22 +119,14 @@ impl CommonParams {
     }
 
     pub fn include_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage)
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
     }
 }
 
 pub fn clock_seed() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

@@ -33,17 +33,8 @@ pub struct Prepared {
 }
 
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
-pub async fn generate(
-    state: &AppState,
-    api: Api,
-    params: &CommonParams,
-    req: GenerateParams,
-    prepared: Prepared,
-) -> Result<Response, ApiError> {
-    let (id, events) = state
-        .engine
-        .submit(req)
-        .map_err(|e| ApiError::from_request(e, api))?;
+pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams, prepared: Prepared) -> Result<Response, ApiError> {
+    let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_request(e, api))?;
     let (run, shape) = Run::new(state, api, id, prepared);
     if params.stream {
         Ok(stream(run, events, shape, params.include_usage()).into_response())
@@ -104,9 +95,7 @@ impl Shape {
                 }
                 json!({ "index": 0, "message": message, "finish_reason": reason, "logprobs": logprobs })
             }
-            Api::Completion => {
-                json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs })
-            }
+            Api::Completion => json!({ "index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs }),
         };
         let mut v = self.envelope(false, json!([choice]));
         v["usage"] = usage_json(usage);
@@ -117,9 +106,7 @@ impl Shape {
     /// reasoning or tool-call pieces; completions: text) and/or a finish reason.
     fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Value) -> Value {
         let choice = match self.api {
-            Api::Chat => {
-                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs })
-            }
+            Api::Chat => json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs }),
             Api::Completion => {
                 let text = delta.get("content").and_then(Value::as_str).unwrap_or("");
                 json!({ "index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs })
@@ -142,9 +129,7 @@ impl Shape {
             Delta::Reasoning(t) => json!({ "reasoning_content": t }),
             Delta::CallStart { index, name } => json!({ "tool_calls": [{
                 "index": index, "id": call_id(run.id, index), "type": "function", "function": { "name": name, "arguments": "" } }] }),
-            Delta::CallArgs { index, text } => {
-                json!({ "tool_calls": [{ "index": index, "function": { "arguments": text } }] })
-            }
+            Delta::CallArgs { index, text } => json!({ "tool_calls": [{ "index": index, "function": { "arguments": text } }] }),
         })
     }
 
@@ -249,22 +234,9 @@ fn completion_logprobs(entries: &[LogprobEntry]) -> Value {
 impl Run {
     fn new(state: &AppState, api: Api, id: u64, prepared: Prepared) -> (Run, Shape) {
         let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
-        let shape = Shape {
-            api,
-            id: format!("{prefix}-{id}"),
-            created: unix_now(),
-            model: state.model_id.clone(),
-        };
+        let shape = Shape { api, id: format!("{prefix}-{id}"), created: unix_now(), model: state.model_id.clone() };
         let parser = OutputParser::new(prepared.parse.clone());
-        let run = Run {
-            state: state.clone(),
-            api,
-            id,
-            prepared,
-            parser,
-            chars_before: 0,
-            logprobs: Vec::new(),
-        };
+        let run = Run { state: state.clone(), api, id, prepared, parser, chars_before: 0, logprobs: Vec::new() };
         (run, shape)
     }
 
@@ -287,29 +259,18 @@ impl Run {
     /// The answer's tool calls (only the first unless parallel calls were allowed).
     fn calls(&self) -> &[crate::output::Call] {
         let calls = self.parser.calls();
-        if self.prepared.parallel_calls {
-            calls
-        } else {
-            &calls[..calls.len().min(1)]
-        }
+        if self.prepared.parallel_calls { calls } else { &calls[..calls.len().min(1)] }
     }
 
     /// Records a token's log-probabilities (if asked); returns the text to pass on.
     fn on_token(&mut self, id: u32, text: String, lp: Option<TokenLogprobs>) -> String {
         if let Some(lp) = lp {
-            let alt = |id: u32, logprob: f32| Alternative {
-                bytes: self.state.tokenizer.token_bytes(id, false),
-                logprob,
-            };
+            let alt = |id: u32, logprob: f32| Alternative { bytes: self.state.tokenizer.token_bytes(id, false), logprob };
             let top = lp.top.iter().map(|&(t, l)| alt(t, l)).collect();
             let token = alt(id, lp.logprob);
             // offsets count the tokens' own text (text held back for a stop string arrives later)
             let chars = String::from_utf8_lossy(&token.bytes).chars().count();
-            self.logprobs.push(LogprobEntry {
-                token,
-                top,
-                text_offset: self.chars_before,
-            });
+            self.logprobs.push(LogprobEntry { token, top, text_offset: self.chars_before });
             self.chars_before += chars;
         }
         text
@@ -329,27 +290,14 @@ impl Run {
 }
 
 /// The whole answer as one response.
-async fn collect(
-    mut run: Run,
-    mut events: UnboundedReceiver<Event>,
-    shape: &Shape,
-) -> Result<Value, ApiError> {
+async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Shape) -> Result<Value, ApiError> {
     while let Some(ev) = events.recv().await {
         match ev {
-            Event::Token {
-                id,
-                text: delta,
-                logprobs,
-            } => {
+            Event::Token { id, text: delta, logprobs } => {
                 let text = run.on_token(id, delta, logprobs);
                 run.parse(&text);
             }
-            Event::Finished {
-                reason,
-                usage,
-                timings,
-                ..
-            } => {
+            Event::Finished { reason, usage, timings, .. } => {
                 run.state.metrics.finished(&timings);
                 run.finish_parse();
                 let reason = finish_str(reason, !run.calls().is_empty());
@@ -366,30 +314,14 @@ async fn collect(
 /// `[DONE]`. A failure midway is sent as an error event (`data: {"error": {...}}`, OpenAI's shape) and
 /// ends the stream without `[DONE]`. A client that goes away
 /// drops the stream; the request is aborted at its next token.
-fn stream(
-    mut run: Run,
-    mut events: UnboundedReceiver<Event>,
-    shape: Shape,
-    include_usage: bool,
-) -> impl IntoResponse {
+fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |v: Value| {
             let tx = tx.clone();
-            async move {
-                tx.send(Ok(SseEvent::default().data(v.to_string())))
-                    .await
-                    .is_ok()
-            }
+            async move { tx.send(Ok(SseEvent::default().data(v.to_string()))).await.is_ok() }
         };
-        if shape.api == Api::Chat
-            && !send(shape.chunk(
-                json!({ "role": "assistant", "content": "" }),
-                None,
-                Value::Null,
-            ))
-            .await
-        {
+        if shape.api == Api::Chat && !send(shape.chunk(json!({ "role": "assistant", "content": "" }), None, Value::Null)).await {
             return run.state.engine.abort(run.id);
         }
         let mut last_token: Option<Instant> = None;
@@ -402,20 +334,13 @@ fn stream(
                     }
                     let text = run.on_token(id, text, logprobs);
                     for delta in run.parse(&text) {
-                        let Some(delta) = shape.delta(&run, delta) else {
-                            continue;
-                        };
+                        let Some(delta) = shape.delta(&run, delta) else { continue };
                         if !send(shape.chunk(delta, None, run.take_logprobs())).await {
                             return run.state.engine.abort(run.id);
                         }
                     }
                 }
-                Event::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    ..
-                } => {
+                Event::Finished { reason, usage, timings, .. } => {
                     run.state.metrics.finished(&timings);
                     for delta in run.finish_parse() {
                         if let Some(delta) = shape.delta(&run, delta) {

@@ -108,11 +108,7 @@ enum Input {
 fn content_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
+        Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"),
         _ => String::new(),
     }
 }
@@ -128,29 +124,19 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
         let kind = str_field(item, "type").unwrap_or("message");
         match kind {
             "message" => {
-                let role = str_field(item, "role").ok_or_else(|| {
-                    ApiError::invalid("a message item needs a role", Some("input"))
-                })?;
+                let role = str_field(item, "role").ok_or_else(|| ApiError::invalid("a message item needs a role", Some("input")))?;
                 let role = match role {
                     "developer" | "system" => "system",
                     "user" | "assistant" => role,
-                    other => {
-                        return Err(ApiError::invalid(
-                            format!("unsupported role '{other}' in input"),
-                            Some("input"),
-                        ))
-                    }
+                    other => return Err(ApiError::invalid(format!("unsupported role '{other}' in input"), Some("input"))),
                 };
                 let text = content_text(item.get("content").unwrap_or(&Value::Null));
                 out.push(ChatMessage::new(role, &text));
             }
             "function_call" => {
-                let name = str_field(item, "name").ok_or_else(|| {
-                    ApiError::invalid("a function_call item needs a name", Some("input"))
-                })?;
+                let name = str_field(item, "name").ok_or_else(|| ApiError::invalid("a function_call item needs a name", Some("input")))?;
                 let model_name = tools::namespaced(str_field(item, "namespace"), name);
-                let call =
-                    tools::template_call(&model_name, str_field(item, "arguments").unwrap_or("{}"));
+                let call = tools::template_call(&model_name, str_field(item, "arguments").unwrap_or("{}"));
                 match out.last_mut() {
                     Some(last) if last.role == "assistant" => last.tool_calls.push(call),
                     _ => {
@@ -167,9 +153,7 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
                 out.push(m);
             }
             "reasoning" => {}
-            other => tracing::warn!(
-                "responses: input item of type '{other}' is not supported here; skipped"
-            ),
+            other => tracing::warn!("responses: input item of type '{other}' is not supported here; skipped"),
         }
     }
     Ok(())
@@ -178,18 +162,13 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
 /// `tools`: functions, and namespaces of functions; other tool types are ignored with a warning.
 fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
     let function = |t: &Value, namespace: Option<&str>| -> Result<Tool, ApiError> {
-        let name = str_field(t, "name")
-            .ok_or_else(|| ApiError::invalid("a function tool needs a name", Some("tools")))?;
+        let name = str_field(t, "name").ok_or_else(|| ApiError::invalid("a function tool needs a name", Some("tools")))?;
         Ok(Tool {
             model_name: tools::namespaced(namespace, name),
             namespace: namespace.map(str::to_string),
             name: name.to_string(),
             description: str_field(t, "description").map(str::to_string),
-            parameters: t
-                .get("parameters")
-                .filter(|v| !v.is_null())
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            parameters: t.get("parameters").filter(|v| !v.is_null()).cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
         })
     };
     let mut set = ToolSet::default();
@@ -197,25 +176,15 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
         match str_field(t, "type") {
             Some("function") => set.tools.push(function(t, None)?),
             Some("namespace") => {
-                let ns = str_field(t, "name").ok_or_else(|| {
-                    ApiError::invalid("a namespace tool needs a name", Some("tools"))
-                })?;
-                for inner in t
-                    .get("tools")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
+                let ns = str_field(t, "name").ok_or_else(|| ApiError::invalid("a namespace tool needs a name", Some("tools")))?;
+                for inner in t.get("tools").and_then(Value::as_array).into_iter().flatten() {
                     match str_field(inner, "type") {
                         Some("function") | None => set.tools.push(function(inner, Some(ns))?),
                         Some(other) => tracing::warn!("responses: tool type '{other}' in namespace '{ns}' is not supported here; ignored"),
                     }
                 }
             }
-            other => tracing::warn!(
-                "responses: tool type '{}' is not supported here; ignored",
-                other.unwrap_or("?")
-            ),
+            other => tracing::warn!("responses: tool type '{}' is not supported here; ignored", other.unwrap_or("?")),
         }
     }
     set.choice = match &req.tool_choice {
@@ -223,12 +192,7 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
         Some(Value::String(s)) => ToolChoice::from_openai(s)?,
         Some(v) => match str_field(v, "name") {
             Some(name) => ToolChoice::Named(tools::namespaced(str_field(v, "namespace"), name)),
-            None => {
-                return Err(ApiError::invalid(
-                    "tool_choice must be a string or {\"type\": \"function\", \"name\": ...}",
-                    Some("tool_choice"),
-                ))
-            }
+            None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"name\": ...}", Some("tool_choice"))),
         },
     };
     set.parallel = req.parallel_tool_calls.unwrap_or(true);
@@ -243,26 +207,11 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         return Err(state.unknown_model(&req.model));
     }
     if let Some(t) = req.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
-        return Err(ApiError::invalid(
-            format!("temperature must be between 0 and 2. Given: {t}"),
-            Some("temperature"),
-        ));
+        return Err(ApiError::invalid(format!("temperature must be between 0 and 2. Given: {t}"), Some("temperature")));
     }
     // the conversation: the previous response's, then this input
     let mut conversation = match &req.previous_response_id {
-        Some(id) => {
-            state
-                .responses
-                .get(id)
-                .ok_or_else(|| {
-                    ApiError::not_found(
-                        format!("no stored response '{id}'"),
-                        Some("previous_response_id"),
-                        "previous_response_not_found",
-                    )
-                })?
-                .conversation
-        }
+        Some(id) => state.responses.get(id).ok_or_else(|| ApiError::not_found(format!("no stored response '{id}'"), Some("previous_response_id"), "previous_response_not_found"))?.conversation,
         None => Vec::new(),
     };
     match &req.input {
@@ -282,12 +231,8 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     if !system.is_empty() {
         messages.insert(0, ChatMessage::new("system", &system.join("\n\n")));
     }
-    let (text, prefill) = tools::render_prompt(&state.template, messages, &tools)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
-    let prompt = state
-        .tokenizer
-        .encode(&text, true, true)
-        .map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    let (text, prefill) = tools::render_prompt(&state.template, messages, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     tools::log_request("responses", prompt.len(), &tools);
     let format = crate::chat::response_format(req.text.as_ref().and_then(|t| t.get("format")))?;
     let constraint = state.answer_constraint(&tools, format.as_ref(), "text")?;
@@ -313,10 +258,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         constraint,
         prediction: Vec::new(),
     };
-    let (id, events) = state
-        .engine
-        .submit(params)
-        .map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
+    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
     let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let run = Run {
@@ -339,9 +281,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     if req.stream {
         Ok(stream(run, parser, first, events).into_response())
     } else {
-        collect(run, parser, first, events)
-            .await
-            .map(|v| Json(v).into_response())
+        collect(run, parser, first, events).await.map(|v| Json(v).into_response())
     }
 }
 
@@ -349,11 +289,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
 pub fn get(state: &AppState, id: &str) -> Result<Response, ApiError> {
     match state.responses.get(id) {
         Some(s) => Ok(Json(s.json).into_response()),
-        None => Err(ApiError::not_found(
-            format!("no stored response '{id}'"),
-            None,
-            "response_not_found",
-        )),
+        None => Err(ApiError::not_found(format!("no stored response '{id}'"), None, "response_not_found")),
     }
 }
 
@@ -362,11 +298,7 @@ pub fn delete(state: &AppState, id: &str) -> Result<Response, ApiError> {
     if state.responses.delete(id) {
         Ok(Json(json!({ "id": id, "object": "response", "deleted": true })).into_response())
     } else {
-        Err(ApiError::not_found(
-            format!("no stored response '{id}'"),
-            None,
-            "response_not_found",
-        ))
+        Err(ApiError::not_found(format!("no stored response '{id}'"), None, "response_not_found"))
     }
 }
 
@@ -385,13 +317,7 @@ struct Run {
 
 impl Run {
     /// The response object: in progress (no output yet), or done with its output and usage.
-    fn response(
-        &self,
-        status: &str,
-        output: &[Value],
-        usage: Option<&Usage>,
-        incomplete: Option<&str>,
-    ) -> Value {
+    fn response(&self, status: &str, output: &[Value], usage: Option<&Usage>, incomplete: Option<&str>) -> Value {
         let mut v = json!({
             "id": self.response_id, "object": "response", "created_at": self.created_at, "status": status,
             "error": null, "incomplete_details": incomplete.map(|r| json!({ "reason": r })), "output": output,
@@ -403,9 +329,7 @@ impl Run {
                 "total_tokens": u.prompt_tokens + u.completion_tokens,
             })),
         });
-        v.as_object_mut()
-            .unwrap()
-            .extend(self.envelope.as_object().unwrap().clone());
+        v.as_object_mut().unwrap().extend(self.envelope.as_object().unwrap().clone());
         v
     }
 
@@ -418,24 +342,12 @@ impl Run {
         let mut answer = ChatMessage::new("assistant", &items.text);
         for item in &items.output {
             if item["type"] == "function_call" {
-                let name = tools::namespaced(
-                    item["namespace"].as_str(),
-                    item["name"].as_str().unwrap_or(""),
-                );
-                answer.tool_calls.push(tools::template_call(
-                    &name,
-                    item["arguments"].as_str().unwrap_or("{}"),
-                ));
+                let name = tools::namespaced(item["namespace"].as_str(), item["name"].as_str().unwrap_or(""));
+                answer.tool_calls.push(tools::template_call(&name, item["arguments"].as_str().unwrap_or("{}")));
             }
         }
         conversation.push(answer);
-        self.state.responses.put(
-            self.response_id.clone(),
-            Stored {
-                conversation,
-                json: json.clone(),
-            },
-        );
+        self.state.responses.put(self.response_id.clone(), Stored { conversation, json: json.clone() });
     }
 }
 
@@ -476,15 +388,10 @@ impl Items {
                         "item": { "type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": [] } }));
                     ev.push(json!({ "type": "response.content_part.added", "item_id": id, "output_index": oi, "content_index": 0,
                         "part": { "type": "output_text", "text": "", "annotations": [] } }));
-                    self.open = Open::Message {
-                        id,
-                        text: String::new(),
-                    };
+                    self.open = Open::Message { id, text: String::new() };
                 }
                 let oi = self.output_index();
-                let Open::Message { id, text } = &mut self.open else {
-                    unreachable!()
-                };
+                let Open::Message { id, text } = &mut self.open else { unreachable!() };
                 text.push_str(&t);
                 self.text.push_str(&t);
                 ev.push(json!({ "type": "response.output_text.delta", "item_id": id, "output_index": oi, "content_index": 0, "delta": t, "logprobs": [] }));
@@ -495,15 +402,10 @@ impl Items {
                     let id = format!("rs_{:x}_{}", self.request, self.output.len());
                     ev.push(json!({ "type": "response.output_item.added", "output_index": self.output_index(),
                         "item": { "type": "reasoning", "id": id, "summary": [] } }));
-                    self.open = Open::Reasoning {
-                        id,
-                        text: String::new(),
-                    };
+                    self.open = Open::Reasoning { id, text: String::new() };
                 }
                 let oi = self.output_index();
-                let Open::Reasoning { id, text } = &mut self.open else {
-                    unreachable!()
-                };
+                let Open::Reasoning { id, text } = &mut self.open else { unreachable!() };
                 text.push_str(&t);
                 ev.push(json!({ "type": "response.reasoning_text.delta", "item_id": id, "output_index": oi, "content_index": 0, "delta": t }));
             }
@@ -546,22 +448,14 @@ impl Items {
             Open::Message { id, text } => {
                 let part = json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] });
                 let item = json!({ "type": "message", "id": id, "status": "completed", "role": "assistant", "content": [part] });
-                (
-                    vec![
-                        json!({ "type": "response.output_text.done", "item_id": id, "output_index": oi, "content_index": 0, "text": text, "logprobs": [] }),
-                        json!({ "type": "response.content_part.done", "item_id": id, "output_index": oi, "content_index": 0, "part": part }),
-                    ],
-                    item,
-                )
+                (vec![
+                    json!({ "type": "response.output_text.done", "item_id": id, "output_index": oi, "content_index": 0, "text": text, "logprobs": [] }),
+                    json!({ "type": "response.content_part.done", "item_id": id, "output_index": oi, "content_index": 0, "part": part }),
+                ], item)
             }
             Open::Reasoning { id, text } => {
                 let item = json!({ "type": "reasoning", "id": id, "summary": [], "content": [{ "type": "reasoning_text", "text": text }] });
-                (
-                    vec![
-                        json!({ "type": "response.reasoning_text.done", "item_id": id, "output_index": oi, "content_index": 0, "text": text }),
-                    ],
-                    item,
-                )
+                (vec![json!({ "type": "response.reasoning_text.done", "item_id": id, "output_index": oi, "content_index": 0, "text": text })], item)
             }
             Open::Call { mut item, .. } => {
                 item["status"] = json!("completed");
@@ -578,45 +472,20 @@ impl Items {
 }
 
 /// The end of a response: the events that close it, and the final response object.
-fn finish(
-    run: &Run,
-    items: &mut Items,
-    reason: FinishReason,
-    usage: &Usage,
-) -> (Vec<Value>, Value) {
+fn finish(run: &Run, items: &mut Items, reason: FinishReason, usage: &Usage) -> (Vec<Value>, Value) {
     let mut ev = items.close();
     // cut by the token limit, even inside a call (whose arguments are then unfinished)
     let incomplete = (reason == FinishReason::Length).then_some("max_output_tokens");
-    let status = if incomplete.is_some() {
-        "incomplete"
-    } else {
-        "completed"
-    };
+    let status = if incomplete.is_some() { "incomplete" } else { "completed" };
     let response = run.response(status, &items.output, Some(usage), incomplete);
     run.keep(items, &response);
-    let kind = if incomplete.is_some() {
-        "response.incomplete"
-    } else {
-        "response.completed"
-    };
+    let kind = if incomplete.is_some() { "response.incomplete" } else { "response.completed" };
     ev.push(json!({ "type": kind, "response": response }));
     (ev, response)
 }
 
-async fn collect(
-    run: Run,
-    mut parser: OutputParser,
-    first: Vec<Delta>,
-    mut events: UnboundedReceiver<Event>,
-) -> Result<Value, ApiError> {
-    let mut items = Items {
-        request: run.id,
-        open: Open::None,
-        output: Vec::new(),
-        text: String::new(),
-        parallel: run.tools.parallel,
-        tools: run.tools.clone(),
-    };
+async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+    let mut items = Items { request: run.id, open: Open::None, output: Vec::new(), text: String::new(), parallel: run.tools.parallel, tools: run.tools.clone() };
     for d in first {
         items.events(d);
     }
@@ -627,12 +496,7 @@ async fn collect(
                     items.events(d);
                 }
             }
-            Event::Finished {
-                reason,
-                usage,
-                timings,
-                ..
-            } => {
+            Event::Finished { reason, usage, timings, .. } => {
                 run.state.metrics.finished(&timings);
                 for d in parser.finish() {
                     items.events(d);
@@ -648,12 +512,7 @@ async fn collect(
 /// The event stream: `response.created`, `response.in_progress`, the items' events, then
 /// `response.completed` (or `response.incomplete` at the token limit, `response.failed` on an error),
 /// each with its `sequence_number`.
-fn stream(
-    run: Run,
-    mut parser: OutputParser,
-    first: Vec<Delta>,
-    mut events: UnboundedReceiver<Event>,
-) -> impl IntoResponse {
+fn stream(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let mut seq = 0u64;
@@ -662,26 +521,13 @@ fn stream(
             seq += 1;
             let name = v["type"].as_str().unwrap_or("message").to_string();
             let tx = tx.clone();
-            async move {
-                tx.send(Ok(SseEvent::default().event(name).data(v.to_string())))
-                    .await
-                    .is_ok()
-            }
+            async move { tx.send(Ok(SseEvent::default().event(name).data(v.to_string()))).await.is_ok() }
         };
         let start = run.response("in_progress", &[], None, None);
-        if !send(json!({ "type": "response.created", "response": start })).await
-            || !send(json!({ "type": "response.in_progress", "response": start })).await
-        {
+        if !send(json!({ "type": "response.created", "response": start })).await || !send(json!({ "type": "response.in_progress", "response": start })).await {
             return run.state.engine.abort(run.id);
         }
-        let mut items = Items {
-            request: run.id,
-            open: Open::None,
-            output: Vec::new(),
-            text: String::new(),
-            parallel: run.tools.parallel,
-            tools: run.tools.clone(),
-        };
+        let mut items = Items { request: run.id, open: Open::None, output: Vec::new(), text: String::new(), parallel: run.tools.parallel, tools: run.tools.clone() };
         let mut pending = first;
         while let Some(ev) = events.recv().await {
             match ev {
@@ -695,16 +541,10 @@ fn stream(
                         }
                     }
                 }
-                Event::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    ..
-                } => {
+                Event::Finished { reason, usage, timings, .. } => {
                     run.state.metrics.finished(&timings);
                     pending.extend(parser.finish());
-                    let mut out: Vec<Value> =
-                        pending.drain(..).flat_map(|d| items.events(d)).collect();
+                    let mut out: Vec<Value> = pending.drain(..).flat_map(|d| items.events(d)).collect();
                     out.extend(finish(&run, &mut items, reason, &usage).0);
                     for v in out {
                         send(v).await;
@@ -720,8 +560,7 @@ fn stream(
             }
         }
         let mut failed = run.response("failed", &items.output, None, None);
-        failed["error"] =
-            json!({ "code": "server_error", "message": ApiError::engine_stopped().message });
+        failed["error"] = json!({ "code": "server_error", "message": ApiError::engine_stopped().message });
         send(json!({ "type": "response.failed", "response": failed })).await;
     });
     Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx)).keep_alive(KeepAlive::default())
@@ -745,81 +584,30 @@ mod tests {
             {"type": "web_search"},
         ], "tool_choice": {"type": "function", "name": "read_file", "namespace": "mcp__files__"}}));
         let set = tool_set(&req).unwrap();
-        assert_eq!(
-            set.tools
-                .iter()
-                .map(|t| t.model_name.as_str())
-                .collect::<Vec<_>>(),
-            ["shell", "mcp__files__read_file"]
-        );
+        assert_eq!(set.tools.iter().map(|t| t.model_name.as_str()).collect::<Vec<_>>(), ["shell", "mcp__files__read_file"]);
         // Codex 0.171 names the namespace without the trailing separator: the model sees the same name
-        let codex = request(
-            json!({"model": "m", "input": "hi", "tools": [{"type": "namespace", "name": "mcp__files", "tools": [{"type": "function", "name": "read_file"}]}]}),
-        );
+        let codex = request(json!({"model": "m", "input": "hi", "tools": [{"type": "namespace", "name": "mcp__files", "tools": [{"type": "function", "name": "read_file"}]}]}));
         let t = &tool_set(&codex).unwrap().tools[0];
-        assert_eq!(
-            (
-                t.model_name.as_str(),
-                t.namespace.as_deref(),
-                t.name.as_str()
-            ),
-            ("mcp__files__read_file", Some("mcp__files"), "read_file")
-        );
-        assert_eq!(
-            set.choice,
-            ToolChoice::Named("mcp__files__read_file".into())
-        );
-        let mut items = Items {
-            request: 7,
-            open: Open::None,
-            output: Vec::new(),
-            text: String::new(),
-            parallel: true,
-            tools: set,
-        };
+        assert_eq!((t.model_name.as_str(), t.namespace.as_deref(), t.name.as_str()), ("mcp__files__read_file", Some("mcp__files"), "read_file"));
+        assert_eq!(set.choice, ToolChoice::Named("mcp__files__read_file".into()));
+        let mut items = Items { request: 7, open: Open::None, output: Vec::new(), text: String::new(), parallel: true, tools: set };
         let mut ev = items.events(Delta::Text("Reading.".into()));
-        ev.extend(items.events(Delta::CallStart {
-            index: 0,
-            name: "mcp__files__read_file".into(),
-        }));
-        ev.extend(items.events(Delta::CallArgs {
-            index: 0,
-            text: "{\"path\": ".into(),
-        }));
-        ev.extend(items.events(Delta::CallArgs {
-            index: 0,
-            text: "\"a.rs\"}".into(),
-        }));
+        ev.extend(items.events(Delta::CallStart { index: 0, name: "mcp__files__read_file".into() }));
+        ev.extend(items.events(Delta::CallArgs { index: 0, text: "{\"path\": ".into() }));
+        ev.extend(items.events(Delta::CallArgs { index: 0, text: "\"a.rs\"}".into() }));
         ev.extend(items.close());
         let types: Vec<&str> = ev.iter().map(|e| e["type"].as_str().unwrap()).collect();
-        assert_eq!(
-            types,
-            [
-                "response.output_item.added",
-                "response.content_part.added",
-                "response.output_text.delta",
-                "response.output_text.done",
-                "response.content_part.done",
-                "response.output_item.done",
-                "response.output_item.added",
-                "response.function_call_arguments.delta",
-                "response.function_call_arguments.delta",
-                "response.function_call_arguments.done",
-                "response.output_item.done",
-            ]
-        );
+        assert_eq!(types, [
+            "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+            "response.output_text.done", "response.content_part.done", "response.output_item.done",
+            "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+            "response.function_call_arguments.done", "response.output_item.done",
+        ]);
         let call = &items.output[1];
-        assert_eq!(
-            (call["namespace"].as_str(), call["name"].as_str()),
-            (Some("mcp__files__"), Some("read_file"))
-        );
+        assert_eq!((call["namespace"].as_str(), call["name"].as_str()), (Some("mcp__files__"), Some("read_file")));
         assert_eq!(call["arguments"], "{\"path\": \"a.rs\"}");
         assert_eq!(call["status"], "completed");
-        assert_eq!(
-            ev.last().unwrap()["item"],
-            *call,
-            "output_item.done carries the whole item"
-        );
+        assert_eq!(ev.last().unwrap()["item"], *call, "output_item.done carries the whole item");
         assert_eq!(items.output[0]["content"][0]["text"], "Reading.");
     }
 
@@ -836,34 +624,17 @@ mod tests {
         ]);
         let mut out = Vec::new();
         items_to_messages(items.as_array().unwrap(), &mut out).unwrap();
-        assert_eq!(
-            out.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
-            ["system", "user", "assistant", "tool"]
-        );
+        assert_eq!(out.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(), ["system", "user", "assistant", "tool"]);
         assert_eq!(out[2].content, "Sure.");
-        assert_eq!(
-            out[2].tool_calls,
-            vec![
-                json!({"type": "function", "function": {"name": "mcp__files__read_file", "arguments": {"path": "a.rs"}}})
-            ]
-        );
-        assert_eq!(
-            (out[3].content.as_str(), out[3].tool_call_id.as_deref()),
-            ("fn main() {}", Some("call_1"))
-        );
+        assert_eq!(out[2].tool_calls, vec![json!({"type": "function", "function": {"name": "mcp__files__read_file", "arguments": {"path": "a.rs"}}})]);
+        assert_eq!((out[3].content.as_str(), out[3].tool_call_id.as_deref()), ("fn main() {}", Some("call_1")));
     }
 
     #[test]
     fn the_store_is_bounded() {
         let store = ResponseStore::default();
         for i in 0..STORE_CAPACITY + 5 {
-            store.put(
-                format!("r{i}"),
-                Stored {
-                    conversation: vec![],
-                    json: json!(i),
-                },
-            );
+            store.put(format!("r{i}"), Stored { conversation: vec![], json: json!(i) });
         }
         assert!(store.get("r0").is_none());
         assert!(store.get(&format!("r{}", STORE_CAPACITY + 4)).is_some());

@@ -51,11 +51,7 @@ pub struct ToolSet {
 
 impl Default for ToolSet {
     fn default() -> Self {
-        ToolSet {
-            tools: Vec::new(),
-            choice: ToolChoice::Auto,
-            parallel: true,
-        }
+        ToolSet { tools: Vec::new(), choice: ToolChoice::Auto, parallel: true }
     }
 }
 
@@ -86,15 +82,11 @@ impl ToolSet {
     /// needs tools.
     pub fn check(&self, param: &str) -> Result<(), ApiError> {
         match &self.choice {
-            ToolChoice::Named(name) if self.find(name).is_none() => Err(ApiError::invalid(
-                format!("tool_choice names the tool '{name}', which is not in tools"),
-                Some(param),
-            )),
+            ToolChoice::Named(name) if self.find(name).is_none() => {
+                Err(ApiError::invalid(format!("tool_choice names the tool '{name}', which is not in tools"), Some(param)))
+            }
             ToolChoice::Required | ToolChoice::Named(_) if self.tools.is_empty() => {
-                Err(ApiError::invalid(
-                    "tool_choice requires a tool call but no tools were given",
-                    Some(param),
-                ))
+                Err(ApiError::invalid("tool_choice requires a tool call but no tools were given", Some(param)))
             }
             _ => Ok(()),
         }
@@ -122,9 +114,7 @@ impl ToolSet {
         let args = |t: &Tool| format!("%json {}", with_json_options(&t.parameters));
         let lit = |s: &str| Value::from(s).to_string();
         match &self.choice {
-            ToolChoice::Named(name) => self
-                .find(name)
-                .map(|t| Grammar::Lark(format!("start: {} {}\n", args(t), lit("}")))),
+            ToolChoice::Named(name) => self.find(name).map(|t| Grammar::Lark(format!("start: {} {}\n", args(t), lit("}")))),
             ToolChoice::Required if !self.tools.is_empty() => {
                 let alternatives: Vec<String> = self
                     .tools
@@ -132,18 +122,10 @@ impl ToolSet {
                     .map(|t| {
                         // the rest of `{"name": "` : the name as a JSON string without its opening quote
                         let quoted = Value::from(t.model_name.as_str()).to_string();
-                        format!(
-                            "{} {} {}",
-                            lit(&format!("{}, \"arguments\": ", &quoted[1..])),
-                            args(t),
-                            lit("}")
-                        )
+                        format!("{} {} {}", lit(&format!("{}, \"arguments\": ", &quoted[1..])), args(t), lit("}"))
                     })
                     .collect();
-                Some(Grammar::Lark(format!(
-                    "start: {}\n",
-                    alternatives.join("\n     | ")
-                )))
+                Some(Grammar::Lark(format!("start: {}\n", alternatives.join("\n     | "))))
             }
             _ => None,
         }
@@ -152,13 +134,8 @@ impl ToolSet {
     /// The start of the answer the prompt ends with, when a call is required.
     pub fn prefill(&self) -> Option<String> {
         match &self.choice {
-            ToolChoice::Required if !self.tools.is_empty() => {
-                Some("<tool_call>\n{\"name\": \"".into())
-            }
-            ToolChoice::Named(name) => Some(format!(
-                "<tool_call>\n{{\"name\": {}, \"arguments\": ",
-                Value::from(name.as_str())
-            )),
+            ToolChoice::Required if !self.tools.is_empty() => Some("<tool_call>\n{\"name\": \"".into()),
+            ToolChoice::Named(name) => Some(format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", Value::from(name.as_str()))),
             _ => None,
         }
     }
@@ -169,11 +146,7 @@ impl ToolSet {
 pub fn parse_options(template: &ChatTemplate, tools: &ToolSet, prompt_text: &str) -> ParseOptions {
     let reasoning = template.emits_reasoning();
     ParseOptions {
-        tools: if tools.active() {
-            tools.tools.iter().map(|t| t.model_name.clone()).collect()
-        } else {
-            Vec::new()
-        },
+        tools: if tools.active() { tools.tools.iter().map(|t| t.model_name.clone()).collect() } else { Vec::new() },
         reasoning,
         starts_in_reasoning: reasoning && prompt_text.trim_end().ends_with("<think>"),
     }
@@ -182,11 +155,7 @@ pub fn parse_options(template: &ChatTemplate, tools: &ToolSet, prompt_text: &str
 /// One line per request in the server's log: its API, prompt length, and the tools the model was shown
 /// (so an operator sees that an agent's tools, an MCP namespace's included, reached the prompt).
 pub fn log_request(api: &str, prompt_tokens: usize, tools: &ToolSet) {
-    let names: Vec<&str> = if tools.active() {
-        tools.tools.iter().map(|t| t.model_name.as_str()).collect()
-    } else {
-        Vec::new()
-    };
+    let names: Vec<&str> = if tools.active() { tools.tools.iter().map(|t| t.model_name.as_str()).collect() } else { Vec::new() };
     tracing::info!(api, prompt_tokens, tool_choice = ?tools.choice, "request with {} tools {names:?}", names.len());
 }
 
@@ -218,16 +187,8 @@ pub fn template_call(name: &str, arguments: &str) -> Value {
 
 /// The prompt text for `messages` with `tools`, ending where the model's answer begins (with the forced
 /// start of a call when one is required; the same text is the parser's first input).
-pub fn render_prompt(
-    template: &ChatTemplate,
-    messages: Vec<ChatMessage>,
-    tools: &ToolSet,
-) -> Result<(String, Option<String>), reckon_engine::Error> {
-    let prefill = if tools.active() {
-        tools.prefill()
-    } else {
-        None
-    };
+pub fn render_prompt(template: &ChatTemplate, messages: Vec<ChatMessage>, tools: &ToolSet) -> Result<(String, Option<String>), reckon_engine::Error> {
+    let prefill = if tools.active() { tools.prefill() } else { None };
     let mut text = if !tools.active() {
         if template.supports_tools() {
             // the template renders calls and results in the history itself
@@ -267,9 +228,7 @@ fn flatten_tool_turns(messages: Vec<ChatMessage>) -> Vec<ChatMessage> {
                 let text = format!("<tool_response>\n{}\n</tool_response>", m.content);
                 // consecutive results share one user turn, as Qwen's template does
                 match out.last_mut() {
-                    Some(last)
-                        if last.role == "user" && last.content.ends_with("</tool_response>") =>
-                    {
+                    Some(last) if last.role == "user" && last.content.ends_with("</tool_response>") => {
                         last.content.push('\n');
                         last.content.push_str(&text);
                     }
@@ -299,9 +258,7 @@ fn fallback_messages(messages: Vec<ChatMessage>, tools: &ToolSet) -> Vec<ChatMes
     );
     let mut messages = flatten_tool_turns(messages);
     match messages.first_mut() {
-        Some(first) if first.role == "system" => {
-            first.content = format!("{}\n\n{block}", first.content)
-        }
+        Some(first) if first.role == "system" => first.content = format!("{}\n\n{block}", first.content),
         _ => messages.insert(0, ChatMessage::new("system", &block)),
     }
     messages
@@ -312,51 +269,24 @@ mod tests {
     use super::*;
 
     fn tool(name: &str) -> Tool {
-        Tool {
-            model_name: name.into(),
-            namespace: None,
-            name: name.into(),
-            description: Some("d".into()),
-            parameters: json!({"type": "object"}),
-        }
+        Tool { model_name: name.into(), namespace: None, name: name.into(), description: Some("d".into()), parameters: json!({"type": "object"}) }
     }
 
     #[test]
     fn prefill_forces_a_call() {
-        let set = ToolSet {
-            tools: vec![tool("f")],
-            choice: ToolChoice::Named("f".into()),
-            parallel: true,
-        };
-        assert_eq!(
-            set.prefill().unwrap(),
-            "<tool_call>\n{\"name\": \"f\", \"arguments\": "
-        );
-        let set = ToolSet {
-            choice: ToolChoice::Required,
-            ..set
-        };
+        let set = ToolSet { tools: vec![tool("f")], choice: ToolChoice::Named("f".into()), parallel: true };
+        assert_eq!(set.prefill().unwrap(), "<tool_call>\n{\"name\": \"f\", \"arguments\": ");
+        let set = ToolSet { choice: ToolChoice::Required, ..set };
         assert_eq!(set.prefill().unwrap(), "<tool_call>\n{\"name\": \"");
-        let set = ToolSet {
-            choice: ToolChoice::None,
-            ..set
-        };
+        let set = ToolSet { choice: ToolChoice::None, ..set };
         assert!(!set.active());
     }
 
     #[test]
     fn choice_is_checked() {
-        let set = ToolSet {
-            tools: vec![tool("f")],
-            choice: ToolChoice::Named("g".into()),
-            parallel: true,
-        };
+        let set = ToolSet { tools: vec![tool("f")], choice: ToolChoice::Named("g".into()), parallel: true };
         assert!(set.check("tool_choice").is_err());
-        let set = ToolSet {
-            tools: vec![],
-            choice: ToolChoice::Required,
-            parallel: true,
-        };
+        let set = ToolSet { tools: vec![], choice: ToolChoice::Required, parallel: true };
         assert!(set.check("tool_choice").is_err());
     }
 
@@ -369,20 +299,12 @@ mod tests {
         )
         .unwrap();
         assert!(!tmpl.supports_tools());
-        let set = ToolSet {
-            tools: vec![tool("f")],
-            ..Default::default()
-        };
+        let set = ToolSet { tools: vec![tool("f")], ..Default::default() };
         let mut call = ChatMessage::new("assistant", "");
         call.tool_calls = vec![template_call("f", "{\"x\": 1}")];
         let mut result = ChatMessage::new("tool", "42");
         result.tool_call_id = Some("call_1".into());
-        let (text, prefill) = render_prompt(
-            &tmpl,
-            vec![ChatMessage::new("user", "hi"), call, result],
-            &set,
-        )
-        .unwrap();
+        let (text, prefill) = render_prompt(&tmpl, vec![ChatMessage::new("user", "hi"), call, result], &set).unwrap();
         assert!(prefill.is_none());
         assert!(text.starts_with("[system]# Tools"), "{text}");
         assert!(text.contains("{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}"), "{text}");

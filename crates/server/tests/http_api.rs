@@ -23,11 +23,7 @@ fn health_models_and_metrics() {
     assert_eq!(models.status, 200);
     let m = models.json();
     assert_eq!(m["object"], "list");
-    assert_eq!(
-        (m["data"][0]["id"].as_str(), m["data"][0]["object"].as_str()),
-        (Some(TINY), Some("model")),
-        "{m}"
-    );
+    assert_eq!((m["data"][0]["id"].as_str(), m["data"][0]["object"].as_str()), (Some(TINY), Some("model")), "{m}");
     assert_eq!(m["data"][0]["max_model_len"], 2048);
     let blocks = config(2048, 16, 64).num_blocks;
     let metrics = Metrics::read(addr, TINY);
@@ -48,163 +44,69 @@ fn health_models_and_metrics() {
 #[test]
 fn chat_completions_streamed_and_not() {
     let state = tiny_state(config(2048, 16, 64));
-    let rendered = state
-        .template
-        .render(&[ChatMessage::new("user", HAIKU)], true)
-        .unwrap();
-    assert_eq!(
-        rendered,
-        format!("<|im_start|>user\n{HAIKU}<|im_end|>\n<|im_start|>assistant\n")
-    );
+    let rendered = state.template.render(&[ChatMessage::new("user", HAIKU)], true).unwrap();
+    assert_eq!(rendered, format!("<|im_start|>user\n{HAIKU}<|im_end|>\n<|im_start|>assistant\n"));
     let prompt = state.tokenizer.encode(&rendered, true, true).unwrap();
-    assert_eq!(
-        prompt[0],
-        state.tokenizer.token_id("<|im_start|>").unwrap(),
-        "the template's specials are tokens"
-    );
+    assert_eq!(prompt[0], state.tokenizer.token_id("<|im_start|>").unwrap(), "the template's specials are tokens");
     let addr = serve(state);
 
-    let a = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(HAIKU, 16, json!({})),
-    );
+    let a = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 16, json!({})));
     assert_eq!(a.status, 200, "{}", a.body);
     let a = a.json();
-    assert_eq!(
-        (a["object"].as_str(), a["model"].as_str()),
-        (Some("chat.completion"), Some(TINY))
-    );
+    assert_eq!((a["object"].as_str(), a["model"].as_str()), (Some("chat.completion"), Some(TINY)));
     assert!(a["id"].as_str().unwrap().starts_with("chatcmpl-"), "{a}");
     let choice = &a["choices"][0];
-    assert_eq!(
-        (choice["index"].as_u64(), choice["message"]["role"].as_str()),
-        (Some(0), Some("assistant"))
-    );
+    assert_eq!((choice["index"].as_u64(), choice["message"]["role"].as_str()), (Some(0), Some("assistant")));
     assert_eq!(choice["finish_reason"], "length");
     assert_eq!(choice["logprobs"], Value::Null);
     let text = choice["message"]["content"].as_str().unwrap().to_string();
     assert!(!text.is_empty());
     let usage = &a["usage"];
-    assert_eq!(
-        (
-            usage["prompt_tokens"].as_u64(),
-            usage["completion_tokens"].as_u64()
-        ),
-        (Some(prompt.len() as u64), Some(16)),
-        "{usage}"
-    );
-    assert_eq!(
-        usage["total_tokens"].as_u64(),
-        Some(prompt.len() as u64 + 16)
-    );
-    let again = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(HAIKU, 16, json!({})),
-    )
-    .json();
-    assert_eq!(
-        again["choices"][0]["message"]["content"],
-        text.as_str(),
-        "greedy is deterministic"
-    );
+    assert_eq!((usage["prompt_tokens"].as_u64(), usage["completion_tokens"].as_u64()), (Some(prompt.len() as u64), Some(16)), "{usage}");
+    assert_eq!(usage["total_tokens"].as_u64(), Some(prompt.len() as u64 + 16));
+    let again = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 16, json!({}))).json();
+    assert_eq!(again["choices"][0]["message"]["content"], text.as_str(), "greedy is deterministic");
 
     // streamed: a role chunk, the same text chunk by chunk, the finish chunk, usage, [DONE]
-    let s = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(
-            HAIKU,
-            16,
-            json!({"stream": true, "stream_options": {"include_usage": true}}),
-        ),
-    );
+    let s = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 16, json!({"stream": true, "stream_options": {"include_usage": true}})));
     assert_eq!(s.status, 200);
-    assert!(
-        s.header("content-type")
-            .is_some_and(|t| t.starts_with("text/event-stream")),
-        "{}",
-        s.head
-    );
+    assert!(s.header("content-type").is_some_and(|t| t.starts_with("text/event-stream")), "{}", s.head);
     let (chunks, done) = sse_chunks(&s);
     assert!(done, "{}", s.body);
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let id = chunks[0]["id"].as_str().unwrap();
-    assert!(
-        chunks
-            .iter()
-            .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == id && c["model"] == TINY),
-        "{chunks:?}"
-    );
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == id && c["model"] == TINY), "{chunks:?}");
     assert_eq!(streamed_text(&chunks), text);
     assert_eq!(streamed_finish(&chunks).as_deref(), Some("length"));
     let last = chunks.last().unwrap();
-    assert_eq!(
-        (
-            last["choices"].as_array().map(Vec::len),
-            last["usage"]["completion_tokens"].as_u64()
-        ),
-        (Some(0), Some(16)),
-        "{last}"
-    );
-    assert_eq!(
-        last["usage"]["prompt_tokens"].as_u64(),
-        Some(prompt.len() as u64)
-    );
+    assert_eq!((last["choices"].as_array().map(Vec::len), last["usage"]["completion_tokens"].as_u64()), (Some(0), Some(16)), "{last}");
+    assert_eq!(last["usage"]["prompt_tokens"].as_u64(), Some(prompt.len() as u64));
 
     // without include_usage there is no usage chunk
-    let s = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(HAIKU, 16, json!({"stream": true})),
-    );
+    let s = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 16, json!({"stream": true})));
     let (chunks, done) = sse_chunks(&s);
-    assert!(
-        done && chunks.iter().all(|c| c.get("usage").is_none()),
-        "{}",
-        s.body
-    );
+    assert!(done && chunks.iter().all(|c| c.get("usage").is_none()), "{}", s.body);
     assert_eq!(streamed_text(&chunks), text);
 
     let m = wait_for_metrics(addr, TINY, "an idle engine", Metrics::idle);
     assert_eq!(m.value("reckon_request_success_total"), 4.0, "{}", m.text);
     assert_eq!(m.value("reckon_request_aborted_total"), 0.0);
     assert_eq!(m.value("reckon_generation_tokens_total"), 64.0);
-    assert!(
-        m.text
-            .contains("reckon_time_to_first_token_seconds_count 4\n"),
-        "{}",
-        m.text
-    );
-    assert!(
-        m.text
-            .contains("reckon_e2e_request_latency_seconds_count 4\n"),
-        "{}",
-        m.text
-    );
+    assert!(m.text.contains("reckon_time_to_first_token_seconds_count 4\n"), "{}", m.text);
+    assert!(m.text.contains("reckon_e2e_request_latency_seconds_count 4\n"), "{}", m.text);
 }
 
 /// Text completions: a text prompt streamed and not (the same text), and the same prompt as token ids.
 #[test]
 fn text_completions_take_text_or_token_ids() {
     let state = tiny_state(config(2048, 16, 64));
-    let ids = state
-        .tokenizer
-        .encode("The capital of France is", true, true)
-        .unwrap();
+    let ids = state.tokenizer.encode("The capital of France is", true, true).unwrap();
     let addr = serve(state);
     let body = json!({ "model": TINY, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 8, "ignore_eos": true });
     let c = post(addr, "/v1/completions", &body);
     assert_eq!(c.status, 200, "{}", c.body);
     let c = c.json();
-    assert_eq!(
-        (
-            c["object"].as_str(),
-            c["usage"]["completion_tokens"].as_u64()
-        ),
-        (Some("text_completion"), Some(8))
-    );
+    assert_eq!((c["object"].as_str(), c["usage"]["completion_tokens"].as_u64()), (Some("text_completion"), Some(8)));
     assert_eq!(c["usage"]["prompt_tokens"].as_u64(), Some(ids.len() as u64));
     assert!(c["id"].as_str().unwrap().starts_with("cmpl-"), "{c}");
     assert_eq!(c["choices"][0]["finish_reason"], "length");
@@ -215,10 +117,7 @@ fn text_completions_take_text_or_token_ids() {
     let s = post(addr, "/v1/completions", &streamed);
     let (chunks, done) = sse_chunks(&s);
     assert!(done, "{}", s.body);
-    assert!(
-        chunks.iter().all(|c| c["object"] == "text_completion"),
-        "{chunks:?}"
-    );
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"), "{chunks:?}");
     assert_eq!(streamed_text(&chunks), full);
     assert_eq!(streamed_finish(&chunks).as_deref(), Some("length"));
 
@@ -244,10 +143,7 @@ fn a_prediction_is_checked_in_bulk_and_reported_in_usage() {
     let body = json!({ "model": TINY, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 24, "ignore_eos": true });
     let plain = post(addr, "/v1/completions", &body).json();
     let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
-    assert_eq!(
-        plain["usage"]["completion_tokens_details"]["accepted_prediction_tokens"], 0,
-        "{plain}"
-    );
+    assert_eq!(plain["usage"]["completion_tokens_details"]["accepted_prediction_tokens"], 0, "{plain}");
     let mut predicted = body.clone();
     predicted["prediction"] = json!({ "type": "content", "content": text });
     let c = post(addr, "/v1/completions", &predicted);
@@ -255,41 +151,21 @@ fn a_prediction_is_checked_in_bulk_and_reported_in_usage() {
     let c = c.json();
     assert_eq!(c["choices"][0]["text"], text.as_str());
     let details = &c["usage"]["completion_tokens_details"];
-    assert!(
-        details["accepted_prediction_tokens"].as_u64().unwrap() > 0,
-        "{c}"
-    );
+    assert!(details["accepted_prediction_tokens"].as_u64().unwrap() > 0, "{c}");
     let metrics = Metrics::read(addr, TINY);
-    let accepted = metrics
-        .text
-        .lines()
-        .find(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_total"))
-        .expect("the counter");
-    assert_eq!(
-        accepted.rsplit(' ').next().unwrap().parse::<u64>().unwrap(),
-        details["accepted_prediction_tokens"].as_u64().unwrap()
-    );
-    assert!(
-        metrics
-            .text
-            .lines()
-            .any(|l| l
-                .starts_with("reckon_kv_bytes_per_token{model_name=\"tiny\",layer_type=\"full\"}")),
-        "{}",
-        metrics.text
-    );
+    let accepted = metrics.text.lines().find(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_total")).expect("the counter");
+    assert_eq!(accepted.rsplit(' ').next().unwrap().parse::<u64>().unwrap(), details["accepted_prediction_tokens"].as_u64().unwrap());
+    assert!(metrics.text.lines().any(|l| l.starts_with("reckon_kv_bytes_per_token{model_name=\"tiny\",layer_type=\"full\"}")), "{}", metrics.text);
+    // the kept guesses by position sum to the kept guesses; the first position kept at least one
+    let per_pos: Vec<u64> = metrics.text.lines().filter(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_per_pos{")).map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
+    assert_eq!(per_pos.len(), 16, "{}", metrics.text);
+    assert!(per_pos[0] > 0);
+    assert_eq!(per_pos.iter().sum::<u64>(), details["accepted_prediction_tokens"].as_u64().unwrap());
+    assert!(metrics.text.contains("reckon_spec_step_cost_seconds{model_name=\"tiny\",term=\"per_token\"}"), "{}", metrics.text);
     // content parts work as a string does; anything else is refused
-    predicted["prediction"] =
-        json!({ "type": "content", "content": [{ "type": "text", "text": text }] });
-    assert_eq!(
-        post(addr, "/v1/completions", &predicted).json()["choices"][0]["text"],
-        text.as_str()
-    );
-    for bad in [
-        json!({ "type": "content" }),
-        json!({ "type": "text", "content": "x" }),
-        json!("just text"),
-    ] {
+    predicted["prediction"] = json!({ "type": "content", "content": [{ "type": "text", "text": text }] });
+    assert_eq!(post(addr, "/v1/completions", &predicted).json()["choices"][0]["text"], text.as_str());
+    for bad in [json!({ "type": "content" }), json!({ "type": "text", "content": "x" }), json!("just text")] {
         predicted["prediction"] = bad;
         let r = post(addr, "/v1/completions", &predicted);
         assert_eq!(r.status, 400, "{}", r.body);
@@ -307,22 +183,12 @@ fn multi_part_content_is_joined_text() {
         let a = post(addr, "/v1/chat/completions", &body);
         assert_eq!(a.status, 200, "{}", a.body);
         let a = a.json();
-        (
-            a["usage"]["prompt_tokens"].as_u64().unwrap(),
-            a["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        )
+        (a["usage"]["prompt_tokens"].as_u64().unwrap(), a["choices"][0]["message"]["content"].as_str().unwrap().to_string())
     };
     let plain = answer(json!(HAIKU));
-    let parts = answer(
-        json!([{"type": "text", "text": "Write a haiku "}, {"type": "text", "text": "about caches."}]),
-    );
+    let parts = answer(json!([{"type": "text", "text": "Write a haiku "}, {"type": "text", "text": "about caches."}]));
     assert_eq!(parts, plain);
-    let with_image = answer(
-        json!([{"type": "text", "text": HAIKU}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]),
-    );
+    let with_image = answer(json!([{"type": "text", "text": HAIKU}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]));
     assert_eq!(with_image, plain);
     // a system message and an earlier assistant turn as parts too
     let body = json!({ "model": TINY, "temperature": 0, "max_tokens": 2, "messages": [
@@ -337,11 +203,7 @@ fn multi_part_content_is_joined_text() {
 #[test]
 fn logprobs_on_both_apis() {
     let addr = tiny_server(config(2048, 16, 64));
-    let l = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(HAIKU, 6, json!({"logprobs": true, "top_logprobs": 3})),
-    );
+    let l = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 6, json!({"logprobs": true, "top_logprobs": 3})));
     assert_eq!(l.status, 200, "{}", l.body);
     let l = l.json();
     let entries = l["choices"][0]["logprobs"]["content"].as_array().unwrap();
@@ -349,63 +211,23 @@ fn logprobs_on_both_apis() {
     for e in entries {
         let top = e["top_logprobs"].as_array().unwrap();
         assert_eq!(top.len(), 3);
-        assert_eq!(
-            (&e["token"], &e["logprob"], &e["bytes"]),
-            (&top[0]["token"], &top[0]["logprob"], &top[0]["bytes"]),
-            "greedy picks the top alternative: {e}"
-        );
+        assert_eq!((&e["token"], &e["logprob"], &e["bytes"]), (&top[0]["token"], &top[0]["logprob"], &top[0]["bytes"]), "greedy picks the top alternative: {e}");
         let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
         assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{e}");
         assert!(!e["bytes"].as_array().unwrap().is_empty());
     }
     // the tokens' bytes spell the text (each token's own text may be part of a character)
-    let bytes: Vec<u8> = entries
-        .iter()
-        .flat_map(|e| {
-            e["bytes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|b| b.as_u64().unwrap() as u8)
-        })
-        .collect();
-    assert_eq!(
-        String::from_utf8_lossy(&bytes),
-        l["choices"][0]["message"]["content"].as_str().unwrap()
-    );
+    let bytes: Vec<u8> = entries.iter().flat_map(|e| e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8)).collect();
+    assert_eq!(String::from_utf8_lossy(&bytes), l["choices"][0]["message"]["content"].as_str().unwrap());
     // logprobs without alternatives
-    let l = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(HAIKU, 2, json!({"logprobs": true})),
-    )
-    .json();
-    assert!(
-        l["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|e| e["top_logprobs"].as_array().unwrap().is_empty()),
-        "{l}"
-    );
+    let l = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 2, json!({"logprobs": true}))).json();
+    assert!(l["choices"][0]["logprobs"]["content"].as_array().unwrap().iter().all(|e| e["top_logprobs"].as_array().unwrap().is_empty()), "{l}");
 
     // streamed: each text chunk carries its tokens' entries
-    let s = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat(
-            HAIKU,
-            6,
-            json!({"logprobs": true, "top_logprobs": 1, "stream": true}),
-        ),
-    );
+    let s = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 6, json!({"logprobs": true, "top_logprobs": 1, "stream": true})));
     let (chunks, done) = sse_chunks(&s);
     assert!(done);
-    let n: usize = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
-        .map(Vec::len)
-        .sum();
+    let n: usize = chunks.iter().filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array()).map(Vec::len).sum();
     assert_eq!(n, 6, "{}", s.body);
 
     // text completions' (legacy) log-probabilities: parallel lists, offsets into the text
@@ -414,20 +236,9 @@ fn logprobs_on_both_apis() {
     assert_eq!(c.status, 200, "{}", c.body);
     let c = c.json();
     let lp = &c["choices"][0]["logprobs"];
-    let tokens: Vec<&str> = lp["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let tokens: Vec<&str> = lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     assert_eq!(tokens.len(), 8, "{lp}");
-    assert_eq!(
-        (
-            lp["token_logprobs"].as_array().unwrap().len(),
-            lp["top_logprobs"].as_array().unwrap().len()
-        ),
-        (8, 8)
-    );
+    assert_eq!((lp["token_logprobs"].as_array().unwrap().len(), lp["top_logprobs"].as_array().unwrap().len()), (8, 8));
     let mut offset = 0;
     for (i, token) in tokens.iter().enumerate() {
         assert_eq!(lp["text_offset"][i].as_u64(), Some(offset as u64), "{lp}");
@@ -436,16 +247,9 @@ fn logprobs_on_both_apis() {
         let top = lp["top_logprobs"][i].as_object().unwrap();
         // two byte tokens that are not UTF-8 on their own both read as U+FFFD, so a map may hold one key
         assert!((1..=2).contains(&top.len()), "{top:?}");
-        assert!(
-            top.values().all(|v| v.as_f64().unwrap() <= chosen),
-            "greedy picks the top alternative: {top:?}"
-        );
+        assert!(top.values().all(|v| v.as_f64().unwrap() <= chosen), "greedy picks the top alternative: {top:?}");
         if !token.contains('\u{FFFD}') {
-            assert_eq!(
-                top.get(*token).and_then(Value::as_f64),
-                Some(chosen),
-                "{top:?}"
-            );
+            assert_eq!(top.get(*token).and_then(Value::as_f64), Some(chosen), "{top:?}");
         }
     }
 }
@@ -457,31 +261,15 @@ fn max_tokens_beyond_the_context_is_clamped() {
     let addr = tiny_server(config(64, 16, 64));
     for (path, body) in [
         ("/v1/chat/completions", tiny_chat("Hi", 100_000, json!({}))),
-        (
-            "/v1/chat/completions",
-            tiny_chat(
-                "Hi",
-                100_000,
-                json!({"max_tokens": null, "max_completion_tokens": 32_000}),
-            ),
-        ),
-        (
-            "/v1/chat/completions",
-            json!({ "model": TINY, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": true }),
-        ),
-        (
-            "/v1/completions",
-            json!({ "model": TINY, "prompt": "Hi", "temperature": 0, "max_tokens": 100_000, "ignore_eos": true }),
-        ),
+        ("/v1/chat/completions", tiny_chat("Hi", 100_000, json!({"max_tokens": null, "max_completion_tokens": 32_000}))),
+        ("/v1/chat/completions", json!({ "model": TINY, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "ignore_eos": true })),
+        ("/v1/completions", json!({ "model": TINY, "prompt": "Hi", "temperature": 0, "max_tokens": 100_000, "ignore_eos": true })),
     ] {
         let a = post(addr, path, &body);
         assert_eq!(a.status, 200, "{body}: {}", a.body);
         let a = a.json();
         assert_eq!(a["choices"][0]["finish_reason"], "length", "{a}");
-        let (prompt, completion) = (
-            a["usage"]["prompt_tokens"].as_u64().unwrap(),
-            a["usage"]["completion_tokens"].as_u64().unwrap(),
-        );
+        let (prompt, completion) = (a["usage"]["prompt_tokens"].as_u64().unwrap(), a["usage"]["completion_tokens"].as_u64().unwrap());
         assert_eq!(prompt + completion, 64, "{body}: {a}");
     }
 }

@@ -13,8 +13,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use support::*;
 
-const THINKING_TEMPLATE: &str =
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
 {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
 
 fn thinking_server() -> std::net::SocketAddr {
@@ -26,30 +25,15 @@ fn thinking_server() -> std::net::SocketAddr {
 #[test]
 fn chat_returns_reasoning_content() {
     let addr = thinking_server();
-    let a = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat("Think.", 12, json!({})),
-    )
-    .json();
+    let a = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 12, json!({}))).json();
     let msg = &a["choices"][0]["message"];
-    let reasoning = msg["reasoning_content"]
-        .as_str()
-        .expect("reasoning_content")
-        .to_string();
+    let reasoning = msg["reasoning_content"].as_str().expect("reasoning_content").to_string();
     assert!(!reasoning.is_empty(), "{a}");
     assert_eq!(msg["content"], "", "{a}");
-    let s = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat("Think.", 12, json!({"stream": true})),
-    );
+    let s = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 12, json!({"stream": true})));
     let (chunks, done) = sse_chunks(&s);
     assert!(done);
-    let streamed: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str())
-        .collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["reasoning_content"].as_str()).collect();
     assert_eq!(streamed, reasoning);
     assert_eq!(streamed_text(&chunks), "");
 }
@@ -57,42 +41,15 @@ fn chat_returns_reasoning_content() {
 #[test]
 fn responses_and_messages_return_reasoning() {
     let addr = thinking_server();
-    let r = post(
-        addr,
-        "/v1/responses",
-        &json!({"model": TINY, "input": "Think.", "max_output_tokens": 8, "temperature": 0}),
-    )
-    .json();
+    let r = post(addr, "/v1/responses", &json!({"model": TINY, "input": "Think.", "max_output_tokens": 8, "temperature": 0})).json();
     assert_eq!(r["output"][0]["type"], "reasoning", "{r}");
-    assert!(!r["output"][0]["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .is_empty());
+    assert!(!r["output"][0]["content"][0]["text"].as_str().unwrap().is_empty());
     let m = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "Think."}]})).json();
     assert_eq!(m["content"][0]["type"], "thinking", "{m}");
     assert!(!m["content"][0]["thinking"].as_str().unwrap().is_empty());
     // streamed Messages: a thinking block with thinking_delta pieces
-    let s = post(
-        addr,
-        "/v1/messages",
-        &json!({"model": TINY, "max_tokens": 8, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "Think."}]}),
-    );
-    let datas: Vec<Value> = s
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    assert!(
-        datas
-            .iter()
-            .any(|d| d["content_block"]["type"] == "thinking"),
-        "{}",
-        s.body
-    );
-    assert!(
-        datas.iter().any(|d| d["delta"]["type"] == "thinking_delta"),
-        "{}",
-        s.body
-    );
+    let s = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 8, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "Think."}]}));
+    let datas: Vec<Value> = s.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(datas.iter().any(|d| d["content_block"]["type"] == "thinking"), "{}", s.body);
+    assert!(datas.iter().any(|d| d["delta"]["type"] == "thinking_delta"), "{}", s.body);
 }

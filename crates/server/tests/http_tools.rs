@@ -20,11 +20,7 @@ fn weather() -> Value {
 fn a_named_tool_choice_is_always_that_call() {
     let addr = tiny_server(config(2048, 16, 64));
     let forced = json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}});
-    let a = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat("Weather in Paris?", 40, forced.clone()),
-    );
+    let a = post(addr, "/v1/chat/completions", &tiny_chat("Weather in Paris?", 40, forced.clone()));
     assert_eq!(a.status, 200, "{}", a.body);
     let a = a.json();
     let msg = &a["choices"][0]["message"];
@@ -36,59 +32,26 @@ fn a_named_tool_choice_is_always_that_call() {
     assert_eq!(msg["content"], Value::Null, "nothing but the call");
     // random weights, yet the arguments are JSON under the tool's schema: the grammar allowed nothing
     // else, then only end-of-generation, which ends the answer even under ignore_eos
-    let args = calls[0]["function"]["arguments"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let args = calls[0]["function"]["arguments"].as_str().unwrap().to_string();
     let parsed: Value = serde_json::from_str(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
     assert!(parsed.is_object(), "{args}");
     assert_eq!(a["choices"][0]["finish_reason"], "tool_calls");
     // the fallback prompt put the tool into the system message: the prompt is longer than without
-    let plain = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat("Weather in Paris?", 1, json!({})),
-    )
-    .json();
-    assert!(
-        a["usage"]["prompt_tokens"].as_u64().unwrap()
-            > plain["usage"]["prompt_tokens"].as_u64().unwrap() + 50
-    );
+    let plain = post(addr, "/v1/chat/completions", &tiny_chat("Weather in Paris?", 1, json!({}))).json();
+    assert!(a["usage"]["prompt_tokens"].as_u64().unwrap() > plain["usage"]["prompt_tokens"].as_u64().unwrap() + 50);
 
     // streamed: the name once, the arguments in pieces that join to the same text
     let mut stream = forced.clone();
     stream["stream"] = json!(true);
-    let s = post(
-        addr,
-        "/v1/chat/completions",
-        &tiny_chat("Weather in Paris?", 40, stream),
-    );
+    let s = post(addr, "/v1/chat/completions", &tiny_chat("Weather in Paris?", 40, stream));
     let (chunks, done) = sse_chunks(&s);
     assert!(done, "{}", s.body);
-    let pieces: Vec<&Value> = chunks
-        .iter()
-        .flat_map(|c| {
-            c["choices"][0]["delta"]["tool_calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-        })
-        .collect();
-    assert_eq!(
-        pieces
-            .iter()
-            .filter(|p| p["function"]["name"].is_string())
-            .count(),
-        1,
-        "{chunks:?}"
-    );
+    let pieces: Vec<&Value> = chunks.iter().flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten()).collect();
+    assert_eq!(pieces.iter().filter(|p| p["function"]["name"].is_string()).count(), 1, "{chunks:?}");
     assert_eq!(pieces[0]["function"]["name"], "get_weather");
     assert!(pieces[0]["id"].as_str().unwrap().starts_with("call_"));
     assert!(pieces.iter().all(|p| p["index"] == 0));
-    let joined: String = pieces
-        .iter()
-        .filter_map(|p| p["function"]["arguments"].as_str())
-        .collect();
+    let joined: String = pieces.iter().filter_map(|p| p["function"]["arguments"].as_str()).collect();
     assert_eq!(joined, args);
     assert_eq!(streamed_finish(&chunks).as_deref(), Some("tool_calls"));
 }
@@ -113,41 +76,13 @@ fn tool_history_is_accepted() {
 fn bad_tools_are_400s() {
     let addr = tiny_server(config(2048, 16, 64));
     let cases = [
-        (
-            json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
-            "tool_choice",
-            "nope",
-        ),
-        (
-            json!({"tool_choice": "required"}),
-            "tool_choice",
-            "no tools",
-        ),
-        (
-            json!({"tools": [weather()], "tool_choice": "sometimes"}),
-            "tool_choice",
-            "sometimes",
-        ),
-        (
-            json!({"tools": [{"type": "retrieval"}]}),
-            "tools",
-            "retrieval",
-        ),
-        (
-            json!({"response_format": {"type": "xml"}}),
-            "response_format",
-            "xml",
-        ),
-        (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
-            "response_format",
-            "schema",
-        ),
-        (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "many"}}}}),
-            "response_format",
-            "response_format",
-        ),
+        (json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}), "tool_choice", "nope"),
+        (json!({"tool_choice": "required"}), "tool_choice", "no tools"),
+        (json!({"tools": [weather()], "tool_choice": "sometimes"}), "tool_choice", "sometimes"),
+        (json!({"tools": [{"type": "retrieval"}]}), "tools", "retrieval"),
+        (json!({"response_format": {"type": "xml"}}), "response_format", "xml"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "response_format", "schema"),
+        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "many"}}}}), "response_format", "response_format"),
     ];
     for (extra, param, message) in cases {
         let a = post(addr, "/v1/chat/completions", &tiny_chat("hi", 2, extra));
@@ -155,13 +90,7 @@ fn bad_tools_are_400s() {
     }
     // an assistant message without content needs tool calls
     let body = json!({"model": TINY, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]});
-    assert_error(
-        &post(addr, "/v1/chat/completions", &body),
-        400,
-        "invalid_request_error",
-        Some("messages"),
-        "needs content",
-    );
+    assert_error(&post(addr, "/v1/chat/completions", &body), 400, "invalid_request_error", Some("messages"), "needs content");
 }
 
 /// Structured output on random weights: whatever the model, the answer parses and fits the schema.
@@ -171,54 +100,24 @@ fn response_format_is_enforced() {
     let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
                         "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
                         "required": ["name", "age", "tags"], "additionalProperties": false});
-    for (format, stream) in [
-        (
-            json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": true}}),
-            false,
-        ),
-        (
-            json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": true}}),
-            true,
-        ),
-    ] {
+    for (format, stream) in [(json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": true}}), false),
+                             (json!({"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": true}}), true)] {
         // without ignore_eos: the answer ends when the value does
-        let mut body = chat_body(
-            TINY,
-            "Describe a person.",
-            json!({"max_tokens": 200, "response_format": format, "stream": stream}),
-        );
+        let mut body = chat_body(TINY, "Describe a person.", json!({"max_tokens": 200, "response_format": format, "stream": stream}));
         body["temperature"] = json!(1.0);
         body["seed"] = json!(7);
         let a = post(addr, "/v1/chat/completions", &body);
         assert_eq!(a.status, 200, "{}", a.body);
-        let text = if stream {
-            streamed_text(&sse_chunks(&a).0)
-        } else {
-            a.json()["choices"][0]["message"]["content"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        };
+        let text = if stream { streamed_text(&sse_chunks(&a).0) } else { a.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string() };
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         if !stream {
-            assert_eq!(
-                a.json()["choices"][0]["finish_reason"],
-                "stop",
-                "the answer ends with the value"
-            );
+            assert_eq!(a.json()["choices"][0]["finish_reason"], "stop", "the answer ends with the value");
         }
         assert!(v.is_object(), "{text}");
         if format["type"] == "json_schema" {
             assert!(v["name"].as_str().unwrap().chars().count() <= 8, "{text}");
             assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
-            assert!(
-                v["tags"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .all(|t| t == "a" || t == "b"),
-                "{text}"
-            );
+            assert!(v["tags"].as_array().unwrap().iter().all(|t| t == "a" || t == "b"), "{text}");
             assert_eq!(v.as_object().unwrap().len(), 3, "{text}");
         }
     }
@@ -228,18 +127,11 @@ fn response_format_is_enforced() {
 #[test]
 fn json_object_is_an_object() {
     let addr = tiny_server(config(2048, 16, 64));
-    let body = chat_body(
-        TINY,
-        "Give JSON.",
-        json!({"max_tokens": 300, "response_format": {"type": "json_object"}}),
-    );
+    let body = chat_body(TINY, "Give JSON.", json!({"max_tokens": 300, "response_format": {"type": "json_object"}}));
     let a = post(addr, "/v1/chat/completions", &body).json();
     let text = a["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.starts_with('{'), "{text}");
     if a["choices"][0]["finish_reason"] == "stop" {
-        assert!(
-            serde_json::from_str::<Value>(text).unwrap().is_object(),
-            "{text}"
-        );
+        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
     }
 }

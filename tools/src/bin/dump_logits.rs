@@ -9,9 +9,7 @@ fn main() {
     let model = reckon_tools::load_model(&args[1]);
     let toks: Vec<u32> = args[3..].iter().map(|s| s.parse().unwrap()).collect();
     let mut out = std::io::BufWriter::new(std::fs::File::create(&args[2]).unwrap());
-    let chunk_len = std::env::var("CHUNK")
-        .map(|c| c.parse().expect("CHUNK: a number"))
-        .unwrap_or(256);
+    let chunk_len = std::env::var("CHUNK").map(|c| c.parse().expect("CHUNK: a number")).unwrap_or(256);
     for x in model.logits_of(&toks, chunk_len) {
         out.write_all(&x.to_le_bytes()).unwrap();
     }

@@ -6,28 +6,11 @@ use std::time::Instant;
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize, d: f64| a.get(i).map(|s| s.parse().expect("a number")).unwrap_or(d);
-    let (v, temperature, top_p, reps) = (
-        num(0, 49152.0) as usize,
-        num(1, 1.0) as f32,
-        num(2, 1.0) as f32,
-        num(3, 200.0) as usize,
-    );
+    let (v, temperature, top_p, reps) = (num(0, 49152.0) as usize, num(1, 1.0) as f32, num(2, 1.0) as f32, num(3, 200.0) as usize);
     let mut rng = Rng::new(1);
     // Logits spread like a model's: a few large, a long tail.
-    let logits: Vec<f32> = (0..v)
-        .map(|_| (rng.next_f64().powi(8) * 30.0 - 5.0) as f32)
-        .collect();
-    let mut s = Sampler::new(SamplingParams {
-        temperature,
-        top_k: 0,
-        top_p,
-        min_p: 0.0,
-        repetition_penalty: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-        penalty_last_n: 0,
-        seed: 7,
-    });
+    let logits: Vec<f32> = (0..v).map(|_| (rng.next_f64().powi(8) * 30.0 - 5.0) as f32).collect();
+    let mut s = Sampler::new(SamplingParams { temperature, top_k: 0, top_p, min_p: 0.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, penalty_last_n: 0, seed: 7 });
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
             let t = Instant::now();
@@ -36,8 +19,5 @@ fn main() {
         })
         .collect();
     times.sort_by(f64::total_cmp);
-    println!(
-        "V={v} temperature {temperature} top_p {top_p}: {:.0} us per token (median of {reps})",
-        times[reps / 2]
-    );
+    println!("V={v} temperature {temperature} top_p {top_p}: {:.0} us per token (median of {reps})", times[reps / 2]);
 }

@@ -18,10 +18,7 @@ fn main() {
     let single = model.logits_of(&toks, 1);
     for i in 0..toks.len() {
         let seq = &single[i * vocab..(i + 1) * vocab];
-        println!(
-            "pos {i}: batched {:?}",
-            top5(&batched[i * vocab..(i + 1) * vocab])
-        );
+        println!("pos {i}: batched {:?}", top5(&batched[i * vocab..(i + 1) * vocab]));
         println!("pos {i}: single  {:?}", top5(seq));
     }
 }

@@ -40,19 +40,10 @@ pub enum Event {
     /// One generated token and the text that can be sent for it: complete UTF-8 only, and never part of
     /// a stop string (text that may begin one is held back and comes with a later token, or is dropped
     /// when the stop string completes). An end-of-generation or stop token comes with empty text.
-    Token {
-        id: u32,
-        text: String,
-        logprobs: Option<TokenLogprobs>,
-    },
+    Token { id: u32, text: String, logprobs: Option<TokenLogprobs> },
     /// The last event of a request that ended normally (or was aborted). `stop`: the stop string that
     /// ended it, if one did (`reason` is then `Stop`).
-    Finished {
-        reason: FinishReason,
-        usage: Usage,
-        timings: Timings,
-        stop: Option<String>,
-    },
+    Finished { reason: FinishReason, usage: Usage, timings: Timings, stop: Option<String> },
     /// The request failed, or was cut short (a shutdown's drain timed out); no more events follow.
     Error(String),
 }
@@ -75,10 +66,7 @@ impl Completion {
     }
 
     /// `wait`, calling `on_token(id, text)` as each token arrives (for streaming to a terminal).
-    pub fn wait_with(
-        mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
-        mut on_token: impl FnMut(u32, &str),
-    ) -> Result<Completion, String> {
+    pub fn wait_with(mut events: tokio::sync::mpsc::UnboundedReceiver<Event>, mut on_token: impl FnMut(u32, &str)) -> Result<Completion, String> {
         let (mut ids, mut text) = (Vec::new(), String::new());
         while let Some(ev) = events.blocking_recv() {
             match ev {
@@ -87,20 +75,7 @@ impl Completion {
                     ids.push(id);
                     text.push_str(&t);
                 }
-                Event::Finished {
-                    reason,
-                    usage,
-                    timings,
-                    ..
-                } => {
-                    return Ok(Completion {
-                        ids,
-                        text,
-                        reason,
-                        usage,
-                        timings,
-                    })
-                }
+                Event::Finished { reason, usage, timings, .. } => return Ok(Completion { ids, text, reason, usage, timings }),
                 Event::Error(e) => return Err(e),
             }
         }

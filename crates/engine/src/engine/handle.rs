@@ -41,6 +41,9 @@ pub struct EngineStats {
     pub spec_drafts: AtomicU64,
     pub spec_draft_tokens: AtomicU64,
     pub spec_accepted_tokens: AtomicU64,
+    /// Guesses kept at each position of a step's guesses (`vllm:spec_decode_num_accepted_tokens_per_pos`;
+    /// positions past the last counted in it).
+    pub spec_accepted_per_pos: [AtomicU64; 16],
     /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
     /// model's.
     pub step_ns: AtomicU64,
@@ -50,6 +53,8 @@ pub struct EngineStats {
     pub step_cost_a_ns: AtomicU64,
     pub step_cost_b_ns: AtomicU64,
     pub draft_step_ns: AtomicU64,
+    /// The controller's expected speedup at its latest choice, in thousandths (0 until it chose).
+    pub spec_gain_milli: AtomicU64,
     /// Submitted but not yet seen by the engine (counts toward the waiting limit).
     unseen: AtomicUsize,
 }
@@ -59,20 +64,11 @@ type Ack = std::sync::mpsc::Sender<()>;
 enum Command {
     /// `reply`: the submitting handle's sender, for a disk read to answer on; it keeps the engine running
     /// until that answer, even if every handle is dropped meanwhile.
-    Submit {
-        id: RequestId,
-        req: ValidatedRequest,
-        events: UnboundedSender<Event>,
-        arrived: Instant,
-        reply: UnboundedSender<Command>,
-    },
+    Submit { id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, reply: UnboundedSender<Command> },
     Abort(RequestId),
     /// Finish what runs until `deadline` (later submits are refused), fail the rest, save the prefix
     /// cache, acknowledge, stop.
-    Shutdown {
-        deadline: Instant,
-        ack: Ack,
-    },
+    Shutdown { deadline: Instant, ack: Ack },
     /// A disk read for a waiting request finished.
     Restored(RestoredBlocks),
 }
@@ -95,29 +91,19 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Validates and queues a generation; its events arrive on the returned receiver, ending with
     /// `Finished` or `Error`.
-    pub fn submit(
-        &self,
-        params: GenerateParams,
-    ) -> Result<(RequestId, UnboundedReceiver<Event>), RequestError> {
+    pub fn submit(&self, params: GenerateParams) -> Result<(RequestId, UnboundedReceiver<Event>), RequestError> {
         if self.draining.load(Ordering::Relaxed) {
             return Err(RequestError::ShuttingDown);
         }
         let req = validate(params, &self.limits)?;
-        let waiting =
-            self.stats.waiting.load(Ordering::Relaxed) + self.stats.unseen.load(Ordering::Relaxed);
+        let waiting = self.stats.waiting.load(Ordering::Relaxed) + self.stats.unseen.load(Ordering::Relaxed);
         if waiting >= self.config.max_waiting {
             return Err(RequestError::QueueFull { waiting });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = mpsc::unbounded_channel();
         self.stats.unseen.fetch_add(1, Ordering::Relaxed);
-        let cmd = Command::Submit {
-            id,
-            req,
-            events,
-            arrived: Instant::now(),
-            reply: self.commands.clone(),
-        };
+        let cmd = Command::Submit { id, req, events, arrived: Instant::now(), reply: self.commands.clone() };
         if self.commands.send(cmd).is_err() {
             self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
             return Err(RequestError::Stopped);
@@ -136,14 +122,7 @@ impl EngineHandle {
     pub fn shutdown(&self, drain: Duration) {
         self.draining.store(true, Ordering::Relaxed);
         let (ack, done) = std::sync::mpsc::channel();
-        if self
-            .commands
-            .send(Command::Shutdown {
-                deadline: Instant::now() + drain,
-                ack,
-            })
-            .is_ok()
-        {
+        if self.commands.send(Command::Shutdown { deadline: Instant::now() + drain, ack }).is_ok() {
             let _ = done.recv();
         }
     }
@@ -169,10 +148,7 @@ impl EngineHandle {
     /// The KV cache's memory per kind of layer (`KvLayout::memory_by_kind`), and the bytes of one block.
     pub fn kv_memory(&self) -> (Vec<crate::kv::layout::LayerKindMemory>, usize) {
         let (bs, chunk) = (self.config.block_size, self.config.max_batch_tokens);
-        (
-            self.kv_layout.memory_by_kind(self.kv_cell_bytes, bs, chunk),
-            self.kv_layout.page_bytes(self.kv_cell_bytes, bs),
-        )
+        (self.kv_layout.memory_by_kind(self.kv_cell_bytes, bs, chunk), self.kv_layout.page_bytes(self.kv_cell_bytes, bs))
     }
 
     pub fn limits(&self) -> &Limits {
@@ -187,45 +163,19 @@ pub fn spawn(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfi
 
 /// `spawn`, with the prefix cache's disk tier in `disk` (ignored when prefix caching is off). Fails if
 /// the directory cannot be created or read.
-pub fn spawn_with(
-    model: Arc<Model>,
-    detok: Arc<dyn Detokenizer>,
-    config: EngineConfig,
-    disk: Option<DiskTierConfig>,
-) -> std::io::Result<EngineHandle> {
+pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
     spawn_with_draft(model, None, detok, config, disk)
 }
 
 /// `spawn_with`, with a draft model for speculative decoding (`Engine::new`).
-pub fn spawn_with_draft(
-    model: Arc<Model>,
-    draft: Option<Arc<Model>>,
-    detok: Arc<dyn Detokenizer>,
-    config: EngineConfig,
-    disk: Option<DiskTierConfig>,
-) -> std::io::Result<EngineHandle> {
+pub fn spawn_with_draft(model: Arc<Model>, draft: Option<Arc<Model>>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
     let engine = Engine::new(model, draft, detok, config, disk)?;
     let (commands, rx) = mpsc::unbounded_channel();
     let (stats, limits) = (engine.stats().clone(), engine.limits());
     let (kv_layout, kv_cell_bytes) = (engine.kv_layout().clone(), engine.kv_cell_bytes());
-    let worker = Loop {
-        engine,
-        commands: rx,
-        drain: None,
-    };
-    std::thread::Builder::new()
-        .name("reckon-engine".into())
-        .spawn(move || worker.run())?;
-    Ok(EngineHandle {
-        commands,
-        next_id: Arc::new(AtomicU64::new(1)),
-        stats,
-        config,
-        limits,
-        kv_layout,
-        kv_cell_bytes,
-        draining: Arc::new(AtomicBool::new(false)),
-    })
+    let worker = Loop { engine, commands: rx, drain: None };
+    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || worker.run())?;
+    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, kv_layout, kv_cell_bytes, draining: Arc::new(AtomicBool::new(false)) })
 }
 
 struct Loop {
@@ -271,19 +221,12 @@ impl Loop {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit {
-                id,
-                req,
-                events,
-                arrived,
-                reply,
-            } => {
+            Command::Submit { id, req, events, arrived, reply } => {
                 self.engine.stats().unseen.fetch_sub(1, Ordering::Relaxed);
                 let restore_reply: crate::kv::offload::RestoreReply = Box::new(move |r| {
                     let _ = reply.send(Command::Restored(r));
                 });
-                self.engine
-                    .add_request(id, req, events, arrived, Some(restore_reply));
+                self.engine.add_request(id, req, events, arrived, Some(restore_reply));
             }
             Command::Abort(id) => self.engine.abort(id),
             Command::Shutdown { deadline, ack } => match &mut self.drain {
@@ -315,8 +258,7 @@ impl Loop {
             }
         }
         for id in self.engine.request_ids() {
-            self.engine
-                .fail(id, "the server shut down before this request finished");
+            self.engine.fail(id, "the server shut down before this request finished");
         }
         self.engine.publish_stats();
         self.engine.close();

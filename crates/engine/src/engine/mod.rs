@@ -10,6 +10,9 @@ mod events;
 mod handle;
 mod request;
 mod scheduler;
+pub mod spec;
+mod stop;
+mod validate;
 #[cfg(test)]
 mod scheduler_hybrid_tests;
 #[cfg(test)]
@@ -18,25 +21,16 @@ mod scheduler_prefix_tests;
 mod scheduler_tests;
 #[cfg(test)]
 mod scheduler_window_tests;
-pub mod spec;
-mod stop;
-mod validate;
 
-pub use events::{Completion, Event, Timings, TokenLogprobs, Usage};
+pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
 pub use handle::{spawn, spawn_with, spawn_with_draft, EngineHandle, EngineStats};
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
 pub use scheduler::{Restore, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 pub use stop::{StopMatcher, StopOutcome};
-pub use validate::{
-    validate, Field, GenerateParams, HeldBlocks, Limits, RequestError, ValidatedRequest,
-    MAX_LOGPROBS, MAX_STOP_STRINGS,
-};
+pub use validate::{validate, Field, GenerateParams, HeldBlocks, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{
-    kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout,
-    KvStorage, KvWindow,
-};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow};
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -82,12 +76,7 @@ impl EngineConfig {
     /// The KV layout this configuration gets for `model` (with a disk tier: `disk_tier`): hybrid where
     /// asked and possible, else one group. `num_blocks` counts its pages.
     pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
-        model.kv_layout(
-            self.hybrid_kv
-                && self.kv_window.is_none()
-                && !(disk_tier && self.prefix_caching)
-                && !self.has_draft_model(),
-        )
+        model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching) && !self.has_draft_model())
     }
 
     /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's
@@ -153,57 +142,27 @@ impl Engine {
     /// in that directory (ignored when prefix caching is off); with `draft` (which `config.spec` must
     /// name, `SpecConfig::draft`), a draft model of the same vocabulary proposes guesses. Fails if the
     /// directory cannot be used or the draft does not fit the model.
-    pub fn new(
-        model: Arc<Model>,
-        draft: Option<Arc<Model>>,
-        detok: Arc<dyn Detokenizer>,
-        config: EngineConfig,
-        disk: Option<DiskTierConfig>,
-    ) -> std::io::Result<Engine> {
+    pub fn new(model: Arc<Model>, draft: Option<Arc<Model>>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<Engine> {
         let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
         if draft.is_some() != config.has_draft_model() {
-            return Err(invalid(
-                "a draft model goes with speculation that uses it (SpecConfig::draft)".into(),
-            ));
+            return Err(invalid("a draft model goes with speculation that uses it (SpecConfig::draft)".into()));
         }
         if config.has_draft_model() && config.kv_window.is_some() {
-            return Err(invalid(
-                "a draft model is not combined with a KV window".into(),
-            ));
+            return Err(invalid("a draft model is not combined with a KV window".into()));
         }
         let drafter = match draft {
             Some(d) if d.config.vocab_size != model.config.vocab_size => {
-                return Err(invalid(format!(
-                    "the draft model's vocabulary has {} tokens, the model's {}",
-                    d.config.vocab_size, model.config.vocab_size
-                )));
+                return Err(invalid(format!("the draft model's vocabulary has {} tokens, the model's {}", d.config.vocab_size, model.config.vocab_size)));
             }
             Some(d) => {
-                config
-                    .kv_dtypes
-                    .check_shape(d.config.head_dim, config.block_size)
-                    .map_err(|e| invalid(format!("draft model: {e}")))?;
-                let kv = d.new_kv_in(
-                    d.kv_layout(false),
-                    config.kv_dtypes,
-                    config.block_size,
-                    config.num_blocks,
-                );
-                Some(Drafter {
-                    model: d,
-                    kv,
-                    scratch: Scratch::default(),
-                })
+                config.kv_dtypes.check_shape(d.config.head_dim, config.block_size).map_err(|e| invalid(format!("draft model: {e}")))?;
+                let kv = d.new_kv_in(d.kv_layout(false), config.kv_dtypes, config.block_size, config.num_blocks);
+                Some(Drafter { model: d, kv, scratch: Scratch::default() })
             }
             None => None,
         };
         let layout = config.kv_layout(&model, disk.is_some());
-        let kv = model.new_kv_in(
-            layout.clone(),
-            config.kv_dtypes,
-            config.block_size,
-            config.num_blocks,
-        );
+        let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
         let offload = match disk.filter(|_| config.prefix_caching) {
             Some(d) => {
                 let format = KvFormat {
@@ -225,25 +184,8 @@ impl Engine {
             max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_running: config.max_running,
         };
-        let scheduler = Scheduler::new(
-            scheduler_config,
-            KvCacheManager::new(config.block_size, pool, config.prefix_caching)
-                .with_window(config.kv_window)
-                .with_layout(&layout),
-        );
-        Ok(Engine {
-            model,
-            drafter,
-            detok,
-            kv,
-            scratch: Scratch::default(),
-            scheduler,
-            offload,
-            stats: Arc::new(EngineStats::default()),
-            config,
-            masked: Vec::new(),
-            draft_secs: 0.0,
-        })
+        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
+        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0 })
     }
 
     /// What a request must fit.
@@ -264,34 +206,18 @@ impl Engine {
 
     /// Bytes of one layer's key and value of one token.
     pub fn kv_cell_bytes(&self) -> usize {
-        self.config
-            .kv_dtypes
-            .bytes_per_token(1, self.model.config.kv_dim())
+        self.config.kv_dtypes.bytes_per_token(1, self.model.config.kv_dim())
     }
 
     fn held_blocks(&self) -> HeldBlocks {
         let (bs, chunk) = (self.config.block_size, self.config.max_batch_tokens);
         if let Some(w) = self.config.kv_window {
-            return HeldBlocks {
-                full_groups: 0,
-                capped_groups: 1,
-                cap: w.max_blocks(bs, chunk),
-            };
+            return HeldBlocks { full_groups: 0, capped_groups: 1, cap: w.max_blocks(bs, chunk) };
         }
         let layout = self.kv.layout();
-        let windows: Vec<_> = (0..layout.num_groups())
-            .filter_map(|g| layout.kv_window(g))
-            .collect();
-        let cap = windows
-            .iter()
-            .map(|w| w.max_blocks(bs, chunk))
-            .max()
-            .unwrap_or(0);
-        HeldBlocks {
-            full_groups: layout.num_groups() - windows.len(),
-            capped_groups: windows.len(),
-            cap,
-        }
+        let windows: Vec<_> = (0..layout.num_groups()).filter_map(|g| layout.kv_window(g)).collect();
+        let cap = windows.iter().map(|w| w.max_blocks(bs, chunk)).max().unwrap_or(0);
+        HeldBlocks { full_groups: layout.num_groups() - windows.len(), capped_groups: windows.len(), cap }
     }
 
     pub fn stats(&self) -> &Arc<EngineStats> {
@@ -309,25 +235,12 @@ impl Engine {
 
     /// Queues a request. `restore_reply` delivers a disk read started for it, if its prompt's next blocks
     /// are in the disk tier.
-    pub fn add_request(
-        &mut self,
-        id: RequestId,
-        req: ValidatedRequest,
-        events: UnboundedSender<Event>,
-        arrived: Instant,
-        restore_reply: Option<RestoreReply>,
-    ) {
-        let blocks = self
-            .scheduler
-            .kv()
-            .new_blocks(req.cache_salt().map(str::as_bytes));
+    pub fn add_request(&mut self, id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, restore_reply: Option<RestoreReply>) {
+        let blocks = self.scheduler.kv().new_blocks(req.cache_salt().map(str::as_bytes));
         let mut req = Request::new(id, req, blocks, events, arrived);
         // (a grammar masks each token as it is sampled: such requests do not guess ahead)
         if req.constraint.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
-            req.spec = Some(spec::SpecState {
-                config: self.config.spec.clone().unwrap_or_default(),
-                ..Default::default()
-            });
+            req.spec = Some(spec::SpecState { config: self.config.spec.clone().unwrap_or_default(), ..Default::default() });
         }
         self.scheduler.add(req);
         if let (Some(offload), Some(reply)) = (self.offload.as_mut(), restore_reply) {
@@ -374,10 +287,7 @@ impl Engine {
         }
         let started = Instant::now();
         for c in &plan.chunks {
-            let req = self
-                .scheduler
-                .request_mut(c.id)
-                .expect("planned requests exist");
+            let req = self.scheduler.request_mut(c.id).expect("planned requests exist");
             if req.times.first_scheduled.is_none() {
                 req.times.first_scheduled = Some(started);
                 // restored blocks were written by now; what the admission did not use is dropped
@@ -390,37 +300,21 @@ impl Engine {
         let sampled = self.execute(&plan);
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
         // the target's step alone: the draft model's passes are fitted apart
-        self.scheduler.observe_step(
-            plan.chunks.iter().map(|c| c.len).sum(),
-            step_ms / 1e3 - self.draft_secs,
-        );
-        self.stats
-            .step_ns
-            .fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
-        self.stats
-            .draft_ns
-            .fetch_add((self.draft_secs * 1e9) as u64, Ordering::Relaxed);
+        self.scheduler.observe_step(plan.chunks.iter().map(|c| c.len).sum(), step_ms / 1e3 - self.draft_secs);
+        self.stats.step_ns.fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
+        self.stats.draft_ns.fetch_add((self.draft_secs * 1e9) as u64, Ordering::Relaxed);
         let emitting = Instant::now();
         self.update(&plan, sampled);
         // ms: the model step and sampling; schedule_ms and emit_ms: the engine's own work around it.
         let step_tokens: usize = plan.chunks.iter().map(|c| c.len).sum();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        tracing::debug!(
-            sequences = plan.chunks.len(),
-            tokens = step_tokens,
-            ms = step_ms,
-            schedule_ms = ms(started - scheduling),
-            emit_ms = ms(emitting.elapsed()),
-            "step"
-        );
+        tracing::debug!(sequences = plan.chunks.len(), tokens = step_tokens, ms = step_ms, schedule_ms = ms(started - scheduling), emit_ms = ms(emitting.elapsed()), "step");
     }
 
     /// Blocks the plan hands out again are saved to the disk tier before anything overwrites them; then
     /// restored blocks are written into the blocks their admissions got.
     fn prepare_blocks(&mut self, plan: &mut StepPlan) {
-        let Some(offload) = self.offload.as_mut() else {
-            return;
-        };
+        let Some(offload) = self.offload.as_mut() else { return };
         offload.save_evicted(&self.kv, std::mem::take(&mut plan.evicted));
         for r in &plan.restores {
             offload.write_restore(&mut self.kv, r.id, r.skip, &r.blocks);
@@ -431,66 +325,29 @@ impl Engine {
     /// the newest token of requests it guesses for), then one pass per further guess over the requests
     /// still guessing; each guess is the draft's argmax. The guesses replace the requests' placeholders.
     fn run_draft(&mut self, plan: &StepPlan) {
-        let Engine {
-            drafter, scheduler, ..
-        } = self;
+        let Engine { drafter, scheduler, .. } = self;
         let Some(d) = drafter.as_mut() else { return };
-        let spans: Vec<&ScheduledChunk> = plan
-            .chunks
-            .iter()
-            .filter(|c| c.draft_span.is_some())
-            .collect();
+        let spans: Vec<&ScheduledChunk> = plan.chunks.iter().filter(|c| c.draft_span.is_some()).collect();
         if spans.is_empty() {
             return;
         }
-        let guessing = |c: &ScheduledChunk| {
-            c.draft > 0
-                && scheduler
-                    .request(c.id)
-                    .and_then(|r| r.spec.as_ref())
-                    .is_some_and(|s| s.from_model)
-        };
+        let guessing = |c: &ScheduledChunk| c.draft > 0 && scheduler.request(c.id).and_then(|r| r.spec.as_ref()).is_some_and(|s| s.from_model);
         let vocab = d.model.config.vocab_size;
-        let argmax = |row: &[f32]| {
-            row.iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-                    if l > best.1 {
-                        (i, l)
-                    } else {
-                        best
-                    }
-                })
-                .0 as u32
-        };
+        let argmax = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best }).0 as u32;
         let started = Instant::now();
         let inputs: Vec<SeqInput> = spans
             .iter()
             .map(|c| {
                 let (from, to) = c.draft_span.expect("filtered");
                 let req = scheduler.request(c.id).expect("planned requests exist");
-                let logits = if guessing(c) {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                };
-                SeqInput {
-                    tokens: &req.tokens[from..to],
-                    start_pos: from,
-                    block_tables: req.blocks.tables(),
-                    logits,
-                }
+                let logits = if guessing(c) { LogitsWanted::Last } else { LogitsWanted::None };
+                SeqInput { tokens: &req.tokens[from..to], start_pos: from, block_tables: req.blocks.tables(), logits }
             })
             .collect();
         let tokens: usize = inputs.iter().map(|i| i.tokens.len()).sum();
         let logits = d.model.forward(&inputs, &mut d.kv, &mut d.scratch);
         // (chunk, guesses so far)
-        let mut guesses: Vec<(&ScheduledChunk, Vec<u32>)> = spans
-            .iter()
-            .filter(|c| guessing(c))
-            .enumerate()
-            .map(|(r, c)| (*c, vec![argmax(&logits[r * vocab..(r + 1) * vocab])]))
-            .collect();
+        let mut guesses: Vec<(&ScheduledChunk, Vec<u32>)> = spans.iter().filter(|c| guessing(c)).enumerate().map(|(r, c)| (*c, vec![argmax(&logits[r * vocab..(r + 1) * vocab])])).collect();
         drop(inputs);
         let mut timings = vec![(tokens, started.elapsed().as_secs_f64())];
         for j in 1.. {
@@ -500,12 +357,7 @@ impl Engine {
                 .filter(|(c, _)| c.draft > j)
                 .map(|(c, g)| {
                     let req = scheduler.request(c.id).expect("planned requests exist");
-                    SeqInput {
-                        tokens: &g[j - 1..j],
-                        start_pos: c.start + j,
-                        block_tables: req.blocks.tables(),
-                        logits: LogitsWanted::Last,
-                    }
+                    SeqInput { tokens: &g[j - 1..j], start_pos: c.start + j, block_tables: req.blocks.tables(), logits: LogitsWanted::Last }
                 })
                 .collect();
             if inputs.is_empty() {
@@ -513,9 +365,7 @@ impl Engine {
             }
             let n = inputs.len();
             let logits = d.model.forward(&inputs, &mut d.kv, &mut d.scratch);
-            let next: Vec<u32> = (0..n)
-                .map(|r| argmax(&logits[r * vocab..(r + 1) * vocab]))
-                .collect();
+            let next: Vec<u32> = (0..n).map(|r| argmax(&logits[r * vocab..(r + 1) * vocab])).collect();
             drop(inputs);
             for ((_, g), t) in guesses.iter_mut().filter(|(c, _)| c.draft > j).zip(next) {
                 g.push(t);
@@ -523,10 +373,7 @@ impl Engine {
             timings.push((n, started.elapsed().as_secs_f64()));
         }
         for (c, g) in guesses {
-            let spec = scheduler
-                .request_mut(c.id)
-                .and_then(|r| r.spec.as_mut())
-                .expect("guessing requests speculate");
+            let spec = scheduler.request_mut(c.id).and_then(|r| r.spec.as_mut()).expect("guessing requests speculate");
             debug_assert_eq!(g.len(), c.draft);
             spec.draft = g;
         }
@@ -545,15 +392,8 @@ impl Engine {
             .iter()
             .filter(|c| c.draft > 0)
             .map(|c| {
-                let req = self
-                    .scheduler
-                    .request(c.id)
-                    .expect("planned requests exist");
-                let draft = &req
-                    .spec
-                    .as_ref()
-                    .expect("a chunk with guesses speculates")
-                    .draft;
+                let req = self.scheduler.request(c.id).expect("planned requests exist");
+                let draft = &req.spec.as_ref().expect("a chunk with guesses speculates").draft;
                 [&req.tokens[c.start..], &draft[..]].concat()
             })
             .collect();
@@ -562,35 +402,18 @@ impl Engine {
             .chunks
             .iter()
             .map(|c| {
-                let req = self
-                    .scheduler
-                    .request(c.id)
-                    .expect("planned requests exist");
+                let req = self.scheduler.request(c.id).expect("planned requests exist");
                 let logits = match (c.samples, c.draft) {
                     (false, _) => LogitsWanted::None,
                     (true, 0) => LogitsWanted::Last,
                     (true, _) => LogitsWanted::All,
                 };
-                let tokens = if c.draft > 0 {
-                    &guessed_iter.next().expect("one per speculating chunk")[..]
-                } else {
-                    &req.tokens[c.start..c.start + c.len]
-                };
+                let tokens = if c.draft > 0 { &guessed_iter.next().expect("one per speculating chunk")[..] } else { &req.tokens[c.start..c.start + c.len] };
                 debug_assert_eq!(tokens.len(), c.len);
-                SeqInput {
-                    tokens,
-                    start_pos: c.start,
-                    block_tables: req.blocks.tables(),
-                    logits,
-                }
+                SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits }
             })
             .collect();
-        let logits = self.model.forward_windowed(
-            &inputs,
-            self.config.kv_window,
-            &mut self.kv,
-            &mut self.scratch,
-        );
+        let logits = self.model.forward_windowed(&inputs, self.config.kv_window, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on
@@ -601,25 +424,15 @@ impl Engine {
         let mut out = Vec::new();
         let mut row = 0;
         for c in plan.chunks.iter().filter(|c| c.samples) {
-            let rows: Vec<&[f32]> = (row..row + 1 + c.draft)
-                .map(|r| &logits[r * vocab..(r + 1) * vocab])
-                .collect();
+            let rows: Vec<&[f32]> = (row..row + 1 + c.draft).map(|r| &logits[r * vocab..(r + 1) * vocab]).collect();
             row += 1 + c.draft;
             let lg = rows[0];
-            let req = self
-                .scheduler
-                .request_mut(c.id)
-                .expect("planned requests exist");
+            let req = self.scheduler.request_mut(c.id).expect("planned requests exist");
             if c.draft > 0 {
                 let draft = std::mem::take(&mut req.spec.as_mut().expect("speculating").draft);
                 let new = spec::verify(&mut req.sampler, &rows, &draft, &req.tokens);
-                let logprobs =
-                    |i: usize, t: u32| req.logprobs.map(|k| token_logprobs(rows[i], t, k));
-                let tokens = new
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &t)| (t, logprobs(i, t)))
-                    .collect();
+                let logprobs = |i: usize, t: u32| req.logprobs.map(|k| token_logprobs(rows[i], t, k));
+                let tokens = new.iter().enumerate().map(|(i, &t)| (t, logprobs(i, t))).collect();
                 req.spec.as_mut().expect("speculating").draft = draft;
                 out.push(Sampled { id: c.id, tokens });
                 continue;
@@ -634,20 +447,14 @@ impl Engine {
                     let token = match constraint.mask(&mut self.masked) {
                         Ok(()) => req.sampler.sample(&self.masked, &req.tokens),
                         Err(e) => {
-                            tracing::warn!(
-                                request = c.id,
-                                "grammar mask failed, unconstrained from here: {e}"
-                            );
+                            tracing::warn!(request = c.id, "grammar mask failed, unconstrained from here: {e}");
                             req.constraint = None;
                             req.sampler.sample(lg, &req.tokens)
                         }
                     };
                     if let Some(constraint) = req.constraint.as_mut() {
                         if let Err(e) = constraint.advance(token) {
-                            tracing::warn!(
-                                request = c.id,
-                                "grammar rejected token {token}, unconstrained from here: {e}"
-                            );
+                            tracing::warn!(request = c.id, "grammar rejected token {token}, unconstrained from here: {e}");
                             req.constraint = None;
                         }
                     }
@@ -655,10 +462,7 @@ impl Engine {
                 }
             };
             let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
-            out.push(Sampled {
-                id: c.id,
-                tokens: vec![(token, logprobs)],
-            });
+            out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)] });
         }
         out
     }
@@ -666,31 +470,21 @@ impl Engine {
     /// Records the step: tokens computed and appended, then per sampled token its text and whether its
     /// request ends.
     fn update(&mut self, plan: &StepPlan, sampled: Vec<Sampled>) {
-        let tokens: Vec<Vec<u32>> = sampled
-            .iter()
-            .map(|s| s.tokens.iter().map(|t| t.0).collect())
-            .collect();
+        let tokens: Vec<Vec<u32>> = sampled.iter().map(|s| s.tokens.iter().map(|t| t.0).collect()).collect();
         self.scheduler.complete_step(plan, &tokens);
         for c in plan.chunks.iter().filter(|c| c.draft > 0) {
-            let kept = tokens
-                .iter()
-                .zip(plan.chunks.iter().filter(|c| c.samples))
-                .find(|(_, s)| s.id == c.id)
-                .map_or(0, |(t, _)| t.len() - 1);
+            let kept = tokens.iter().zip(plan.chunks.iter().filter(|c| c.samples)).find(|(_, s)| s.id == c.id).map_or(0, |(t, _)| t.len() - 1);
             self.stats.spec_drafts.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .spec_draft_tokens
-                .fetch_add(c.draft as u64, Ordering::Relaxed);
-            self.stats
-                .spec_accepted_tokens
-                .fetch_add(kept as u64, Ordering::Relaxed);
+            self.stats.spec_draft_tokens.fetch_add(c.draft as u64, Ordering::Relaxed);
+            self.stats.spec_accepted_tokens.fetch_add(kept as u64, Ordering::Relaxed);
+            let per_pos = &self.stats.spec_accepted_per_pos;
+            for p in 0..kept {
+                per_pos[p.min(per_pos.len() - 1)].fetch_add(1, Ordering::Relaxed);
+            }
         }
         let now = Instant::now();
         for s in sampled {
-            let req = self
-                .scheduler
-                .request_mut(s.id)
-                .expect("sampled requests exist");
+            let req = self.scheduler.request_mut(s.id).expect("sampled requests exist");
             req.times.first_token.get_or_insert(now);
             let first = req.tokens.len() - s.tokens.len();
             let mut ended = None;
@@ -719,10 +513,7 @@ impl Engine {
     fn finish(&mut self, id: RequestId, reason: FinishReason) {
         let Some(req) = self.remove(id) else { return };
         let now = Instant::now();
-        let (accepted, drafted) = req
-            .spec
-            .as_ref()
-            .map_or((0, 0), |s| (s.accepted, s.drafted));
+        let (accepted, drafted) = req.spec.as_ref().map_or((0, 0), |s| (s.accepted, s.drafted));
         let usage = Usage {
             prompt_tokens: req.num_prompt_tokens,
             completion_tokens: req.num_generated(),
@@ -731,25 +522,10 @@ impl Engine {
             rejected_prediction_tokens: drafted - accepted,
         };
         let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(req.times.arrived);
-        let timings = Timings {
-            queue: since(req.times.first_scheduled),
-            time_to_first_token: since(req.times.first_token),
-            end_to_end: now.duration_since(req.times.arrived),
-        };
-        req.send(Event::Finished {
-            reason,
-            usage,
-            timings,
-            stop: req.matched_stop().map(str::to_string),
-        });
-        self.stats
-            .prompt_tokens
-            .fetch_add(req.num_prompt_tokens as u64, Ordering::Relaxed);
-        let counter = if reason == FinishReason::Abort {
-            &self.stats.aborted_requests
-        } else {
-            &self.stats.finished_requests
-        };
+        let timings = Timings { queue: since(req.times.first_scheduled), time_to_first_token: since(req.times.first_token), end_to_end: now.duration_since(req.times.arrived) };
+        req.send(Event::Finished { reason, usage, timings, stop: req.matched_stop().map(str::to_string) });
+        self.stats.prompt_tokens.fetch_add(req.num_prompt_tokens as u64, Ordering::Relaxed);
+        let counter = if reason == FinishReason::Abort { &self.stats.aborted_requests } else { &self.stats.finished_requests };
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -774,34 +550,21 @@ impl Engine {
         let pool = self.scheduler.pool();
         // Blocks first, the request counts last (Release; `/metrics` reads the counts first, Acquire): a
         // reader that sees a finished request gone also sees its blocks freed.
-        s.blocks_used
-            .store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
-        s.waiting
-            .store(self.scheduler.num_waiting(), Ordering::Release);
-        s.running
-            .store(self.scheduler.num_running(), Ordering::Release);
-        s.preemptions
-            .store(self.scheduler.num_preemptions(), Ordering::Relaxed);
+        s.blocks_used.store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
+        s.waiting.store(self.scheduler.num_waiting(), Ordering::Release);
+        s.running.store(self.scheduler.num_running(), Ordering::Release);
+        s.preemptions.store(self.scheduler.num_preemptions(), Ordering::Relaxed);
         let prefix = self.scheduler.prefix_stats();
-        s.prefix_cache_queried_tokens
-            .store(prefix.queried_tokens, Ordering::Relaxed);
-        s.prefix_cache_hit_tokens
-            .store(prefix.hit_tokens, Ordering::Relaxed);
-        s.prefix_cache_blocks
-            .store(pool.num_cached(), Ordering::Relaxed);
-        s.prefix_cache_disk_hit_tokens
-            .store(prefix.disk_hit_tokens, Ordering::Relaxed);
-        s.prefix_cache_disk_blocks.store(
-            self.offload.as_ref().map_or(0, |o| o.num_files()),
-            Ordering::Relaxed,
-        );
+        s.prefix_cache_queried_tokens.store(prefix.queried_tokens, Ordering::Relaxed);
+        s.prefix_cache_hit_tokens.store(prefix.hit_tokens, Ordering::Relaxed);
+        s.prefix_cache_blocks.store(pool.num_cached(), Ordering::Relaxed);
+        s.prefix_cache_disk_hit_tokens.store(prefix.disk_hit_tokens, Ordering::Relaxed);
+        s.prefix_cache_disk_blocks.store(self.offload.as_ref().map_or(0, |o| o.num_files()), Ordering::Relaxed);
         let (a, b) = self.scheduler.controller().cost().unwrap_or((0.0, 0.0));
         s.step_cost_a_ns.store((a * 1e9) as u64, Ordering::Relaxed);
         s.step_cost_b_ns.store((b * 1e9) as u64, Ordering::Relaxed);
-        s.draft_step_ns.store(
-            (self.scheduler.draft_controller().time(1).unwrap_or(0.0) * 1e9) as u64,
-            Ordering::Relaxed,
-        );
+        s.draft_step_ns.store((self.scheduler.draft_controller().time(1).unwrap_or(0.0) * 1e9) as u64, Ordering::Relaxed);
+        s.spec_gain_milli.store(self.scheduler.spec_gain().map_or(0, |g| (g * 1e3) as u64), Ordering::Relaxed);
     }
 }
 
@@ -812,28 +575,15 @@ fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let lse = max as f64 + sum.ln();
     let lp = |l: f32| (l as f64 - lse) as f32;
     if k == 0 {
-        return TokenLogprobs {
-            logprob: lp(logits[token as usize]),
-            top: Vec::new(),
-        };
+        return TokenLogprobs { logprob: lp(logits[token as usize]), top: Vec::new() };
     }
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(order.len());
-    let by_logit = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
+    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
     if k > 0 && k < order.len() {
         order.select_nth_unstable_by(k - 1, by_logit);
     }
     order.truncate(k);
     order.sort_unstable_by(by_logit);
-    TokenLogprobs {
-        logprob: lp(logits[token as usize]),
-        top: order
-            .into_iter()
-            .map(|t| (t, lp(logits[t as usize])))
-            .collect(),
-    }
+    TokenLogprobs { logprob: lp(logits[token as usize]), top: order.into_iter().map(|t| (t, lp(logits[t as usize]))).collect() }
 }

@@ -117,13 +117,7 @@ impl Output {
 
 impl Request {
     /// A new request, waiting. `blocks`: `KvCacheManager::new_blocks` for its cache salt.
-    pub fn new(
-        id: RequestId,
-        req: ValidatedRequest,
-        blocks: RequestBlocks,
-        events: UnboundedSender<Event>,
-        arrived: Instant,
-    ) -> Request {
+    pub fn new(id: RequestId, req: ValidatedRequest, blocks: RequestBlocks, events: UnboundedSender<Event>, arrived: Instant) -> Request {
         let p = req.into_params();
         Request {
             id,
@@ -140,17 +134,8 @@ impl Request {
             constraint: p.constraint,
             spec: None,
             prediction: p.prediction,
-            times: RequestTimes {
-                arrived,
-                first_scheduled: None,
-                first_token: None,
-            },
-            output: Output {
-                ignore_eos: p.ignore_eos,
-                stop_token_ids: p.stop_token_ids,
-                utf8: Utf8Stream::default(),
-                stop_strings: StopMatcher::new(p.stop),
-            },
+            times: RequestTimes { arrived, first_scheduled: None, first_token: None },
+            output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,
         }
     }
@@ -162,8 +147,7 @@ impl Request {
     /// Whether the next chunk is the one newest generated token (a decode): the whole prompt is computed
     /// and one token is left. (The last token of a recompute after preemption counts too.)
     pub fn is_decoding(&self) -> bool {
-        self.num_computed_tokens >= self.num_prompt_tokens
-            && self.num_computed_tokens + 1 == self.tokens.len()
+        self.num_computed_tokens >= self.num_prompt_tokens && self.num_computed_tokens + 1 == self.tokens.len()
     }
 
     /// The text the newest token (already appended to `tokens`) completes, and whether the request ends
@@ -174,19 +158,13 @@ impl Request {
 
     /// `process_new_token` for the token at `tokens[at]` (a step that kept speculated tokens appends
     /// several; they are processed in order, and the request may end before the last).
-    pub fn process_token(
-        &mut self,
-        at: usize,
-        detok: &dyn Detokenizer,
-    ) -> (String, Option<FinishReason>) {
+    pub fn process_token(&mut self, at: usize, detok: &dyn Detokenizer) -> (String, Option<FinishReason>) {
         let token = self.tokens[at];
         let at_limit = at + 1 - self.num_prompt_tokens >= self.max_new_tokens;
         // a complete grammar ends the answer even under ignore_eos (it allows nothing but the end)
         let grammar_done = self.constraint.as_ref().is_some_and(|c| c.is_complete());
         let out = &mut self.output;
-        if ((!out.ignore_eos || grammar_done) && detok.is_end_of_generation(token))
-            || out.stop_token_ids.contains(&token)
-        {
+        if ((!out.ignore_eos || grammar_done) && detok.is_end_of_generation(token)) || out.stop_token_ids.contains(&token) {
             // the stop token itself has no text; what was held back is sent
             return (out.flush().0, Some(FinishReason::Stop));
         }
@@ -200,14 +178,7 @@ impl Request {
         }
         let (rest, stopped) = out.flush();
         text.push_str(&rest);
-        (
-            text,
-            Some(if stopped {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            }),
-        )
+        (text, Some(if stopped { FinishReason::Stop } else { FinishReason::Length }))
     }
 
     /// The stop string that ended the request, if one did.
@@ -229,20 +200,9 @@ impl Request {
 #[cfg(test)]
 impl Request {
     /// A greedy request for scheduler tests; its events go nowhere.
-    pub(crate) fn for_test(
-        id: RequestId,
-        prompt: Vec<u32>,
-        max_new_tokens: usize,
-        blocks: RequestBlocks,
-    ) -> Request {
+    pub(crate) fn for_test(id: RequestId, prompt: Vec<u32>, max_new_tokens: usize, blocks: RequestBlocks) -> Request {
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
         let params = super::validate::GenerateParams::greedy(prompt, max_new_tokens);
-        Request::new(
-            id,
-            ValidatedRequest::unchecked(params),
-            blocks,
-            events,
-            Instant::now(),
-        )
+        Request::new(id, ValidatedRequest::unchecked(params), blocks, events, Instant::now())
     }
 }

@@ -95,26 +95,16 @@ pub struct Scheduler {
     num_preemptions: u64,
     /// The step-cost model `--spec auto` decides by (`spec::Controller`).
     controller: super::spec::Controller,
-    /// The draft model's step-cost model (one forward pass of its, by tokens).
+    /// The draft model's cost model (one pass of its, by tokens).
     draft_controller: super::spec::Controller,
+    /// The controller's expected speedup at its latest choice (`spec::Controller::gain`).
+    spec_gain: Option<f64>,
 }
 
 impl Scheduler {
     pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
-        assert!(
-            config.max_batch_tokens > 0 && config.max_running > 0,
-            "scheduler limits must be positive"
-        );
-        Scheduler {
-            config,
-            kv,
-            requests: HashMap::new(),
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            num_preemptions: 0,
-            controller: Default::default(),
-            draft_controller: Default::default(),
-        }
+        assert!(config.max_batch_tokens > 0 && config.max_running > 0, "scheduler limits must be positive");
+        Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0, controller: Default::default(), draft_controller: Default::default(), spec_gain: None }
     }
 
     pub fn kv(&self) -> &KvCacheManager {
@@ -155,9 +145,14 @@ impl Scheduler {
         self.controller.observe(tokens, secs);
     }
 
-    /// One forward pass of the draft model over `tokens` tokens took `secs`.
+    /// One pass of the draft model over `tokens` tokens took `secs`.
     pub fn observe_draft_step(&mut self, tokens: usize, secs: f64) {
         self.draft_controller.observe(tokens, secs);
+    }
+
+    /// What the controller expected its latest choice of guesses to gain (`spec::Controller::gain`).
+    pub fn spec_gain(&self) -> Option<f64> {
+        self.spec_gain
     }
 
     pub fn draft_controller(&self) -> &super::spec::Controller {
@@ -179,20 +174,12 @@ impl Scheduler {
 
     /// Whether a step could do anything: something runs, or waits without waiting for the disk.
     pub fn has_runnable_work(&self) -> bool {
-        !self.running.is_empty()
-            || self
-                .waiting
-                .iter()
-                .any(|id| self.requests[id].status == RequestStatus::Waiting)
+        !self.running.is_empty() || self.waiting.iter().any(|id| self.requests[id].status == RequestStatus::Waiting)
     }
 
     /// Queues a new request (validated: its prompt and one more token fit the context and the cache).
     pub fn add(&mut self, req: Request) {
-        debug_assert!(
-            !self.requests.contains_key(&req.id),
-            "request id {} is already scheduled",
-            req.id
-        );
+        debug_assert!(!self.requests.contains_key(&req.id), "request id {} is already scheduled", req.id);
         debug_assert!(req.num_prompt_tokens > 0 && req.blocks.num_held() == 0);
         self.waiting.push_back(req.id);
         self.requests.insert(req.id, req);
@@ -214,28 +201,14 @@ impl Scheduler {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_batch_tokens;
         // Prefill tokens still allowed in this step (limited only when it decodes too).
-        let decoding = self
-            .running
-            .iter()
-            .any(|id| self.requests[id].is_decoding());
-        let mut prefill_budget = if decoding {
-            self.config.max_prefill_tokens_while_decoding
-        } else {
-            usize::MAX
-        };
+        let decoding = self.running.iter().any(|id| self.requests[id].is_decoding());
+        let mut prefill_budget = if decoding { self.config.max_prefill_tokens_while_decoding } else { usize::MAX };
         self.choose_guesses(budget, prefill_budget);
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
             let is_decode = self.requests[&id].is_decoding();
-            let mut n_new = self.chunk_len(
-                id,
-                if is_decode {
-                    budget
-                } else {
-                    budget.min(prefill_budget)
-                },
-            );
+            let mut n_new = self.chunk_len(id, if is_decode { budget } else { budget.min(prefill_budget) });
             if n_new == 0 {
                 i += 1;
                 continue;
@@ -292,23 +265,15 @@ impl Scheduler {
                 break;
             }
             let first_admission = req.num_preemptions == 0;
-            let Some(admitted) =
-                self.kv
-                    .admit(&req.tokens, &mut req.blocks, budget, first_admission)
-            else {
-                break;
-            };
+            let Some(admitted) = self.kv.admit(&req.tokens, &mut req.blocks, budget, first_admission) else { break };
             if first_admission {
                 req.num_cached_tokens = admitted.num_computed_tokens;
             }
             req.num_computed_tokens = admitted.num_computed_tokens;
             if let Some(spec) = req.spec.as_mut().filter(|s| s.config.draft) {
-                spec.draft_computed = self
-                    .kv
-                    .draft_valid_prefix(&req.blocks, req.num_computed_tokens);
+                spec.draft_computed = self.kv.draft_valid_prefix(&req.blocks, req.num_computed_tokens);
             }
-            self.kv
-                .release_outside_window(&mut req.blocks, req.num_computed_tokens);
+            self.kv.release_outside_window(&mut req.blocks, req.num_computed_tokens);
             req.status = RequestStatus::Running;
             if let Some((skip, blocks)) = admitted.restore {
                 plan.restores.push(Restore { id, skip, blocks });
@@ -331,13 +296,8 @@ impl Scheduler {
     /// Keeps a waiting request (before its first admission) out of admission until `offer_restored`,
     /// while the engine reads its blocks from the disk tier; requests behind it are admitted meanwhile.
     pub fn hold(&mut self, id: RequestId) {
-        let Some(req) = self.requests.get_mut(&id) else {
-            return;
-        };
-        if req.num_computed_tokens > 0
-            || req.num_preemptions > 0
-            || req.status != RequestStatus::Waiting
-        {
+        let Some(req) = self.requests.get_mut(&id) else { return };
+        if req.num_computed_tokens > 0 || req.num_preemptions > 0 || req.status != RequestStatus::Waiting {
             return;
         }
         self.kv.pin_prefix(&req.tokens, &mut req.blocks);
@@ -370,32 +330,26 @@ impl Scheduler {
         // catches up before it guesses; a decode without its guesses leaves it behind, to catch up later
         // in one pass. At most a step's budget of catching up at once.
         let draft_span = req.spec.as_ref().filter(|s| s.config.draft).and_then(|s| {
-            let from = s.draft_computed;
+            let (from, budget) = (s.draft_computed, self.config.max_batch_tokens);
             let to = if s.from_model && draft > 0 {
                 start + 1
             } else if !req.is_decoding() {
-                (start + len).min(from + self.config.max_batch_tokens)
+                (start + len).min(from + budget)
+            } else if start + 1 - from > budget {
+                // too far behind to guess in one pass (a prefix hit on blocks without its cells): a
+                // step's budget of catching up each step until it can
+                (start + 1).min(from + budget)
             } else {
                 return None;
             };
             (from < to).then_some((from, to))
         });
-        ScheduledChunk {
-            id,
-            start,
-            len,
-            samples,
-            draft,
-            draft_span,
-        }
+        ScheduledChunk { id, start, len, samples, draft, draft_span }
     }
 
     /// Whether the draft model can guess for `req` in this step: it is at most a step's budget behind.
     fn draft_ready(&self, req: &Request) -> bool {
-        req.spec.as_ref().is_some_and(|s| {
-            s.config.draft
-                && req.num_computed_tokens + 1 - s.draft_computed <= self.config.max_batch_tokens
-        })
+        req.spec.as_ref().is_some_and(|s| s.config.draft && req.num_computed_tokens + 1 - s.draft_computed <= self.config.max_batch_tokens)
     }
 
     /// For a decoding request that speculates: the n-gram proposer's guesses after its newest token (at
@@ -405,9 +359,7 @@ impl Scheduler {
         let ready = self.draft_ready(&self.requests[&id]);
         let req = self.requests.get_mut(&id).expect("scheduled ids are known");
         let left = req.max_new_tokens.saturating_sub(req.num_generated());
-        let Some(spec) = req.spec.as_mut() else {
-            return 0;
-        };
+        let Some(spec) = req.spec.as_mut() else { return 0 };
         let k = spec.config.k.min(room).min(left.saturating_sub(1));
         if spec.config.auto {
             // chosen for the whole step by `choose_guesses`
@@ -417,12 +369,7 @@ impl Scheduler {
             spec.from_model = ready && k > 0;
             spec.draft = vec![0; if spec.from_model { k } else { 0 }];
         } else {
-            spec.draft = super::spec::propose_ngram(
-                &req.tokens,
-                &req.prediction,
-                req.tokens.len() - req.num_prompt_tokens,
-                &super::spec::SpecConfig { k, ..spec.config },
-            );
+            spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, req.tokens.len() - req.num_prompt_tokens, &super::spec::SpecConfig { k, ..spec.config });
         }
         if spec.draft.is_empty() {
             spec.from_model = false;
@@ -436,8 +383,8 @@ impl Scheduler {
     fn choose_guesses(&mut self, budget: usize, prefill_budget: usize) {
         let mut auto = Vec::new();
         let (mut decodes, mut prefill) = (0, 0);
-        // a draft model's guess costs one of its steps of one token (conservative: requests drafting
-        // together share a step); unknown until its steps were seen at two sizes
+        // a draft model's guess costs one of its passes of one token (conservative: requests drafting
+        // together share a pass); unknown until its passes were seen at two sizes
         let draft_cost = self.draft_controller.time(1).unwrap_or(0.0);
         let running = self.running.clone();
         for id in &running {
@@ -450,37 +397,24 @@ impl Scheduler {
             decodes += 1;
             let left = req.max_new_tokens.saturating_sub(req.num_generated());
             let generated = req.tokens.len() - req.num_prompt_tokens;
-            let Some(spec) = req.spec.as_mut().filter(|s| s.config.auto) else {
-                continue;
-            };
-            let config = super::spec::SpecConfig {
-                k: spec.config.k.min(left.saturating_sub(1)),
-                ..spec.config
-            };
+            let Some(spec) = req.spec.as_mut().filter(|s| s.config.auto) else { continue };
+            let config = super::spec::SpecConfig { k: spec.config.k.min(left.saturating_sub(1)), ..spec.config };
             // the n-gram proposal costs nothing; where it finds none, the draft model's
-            spec.draft =
-                super::spec::propose_ngram(&req.tokens, &req.prediction, generated, &config);
+            spec.draft = super::spec::propose_ngram(&req.tokens, &req.prediction, generated, &config);
             spec.from_model = spec.draft.is_empty() && ready && config.k > 0;
             if spec.from_model {
                 spec.draft = vec![0; config.k];
             }
             let cost = if spec.from_model { draft_cost } else { 0.0 };
-            auto.push((
-                *id,
-                spec.acceptance(spec.from_model),
-                spec.draft.len(),
-                cost,
-            ));
+            auto.push((*id, spec.acceptance(spec.from_model), spec.draft.len(), cost));
         }
         if auto.is_empty() {
             return;
         }
         let base = (decodes + prefill.min(prefill_budget)).min(budget);
-        let take = self.controller.choose(
-            base,
-            decodes,
-            &auto.iter().map(|a| (a.1, a.2, a.3)).collect::<Vec<_>>(),
-        );
+        let candidates: Vec<(f64, usize, f64)> = auto.iter().map(|a| (a.1, a.2, a.3)).collect();
+        let take = self.controller.choose(base, decodes, &candidates);
+        self.spec_gain = self.controller.gain(base, decodes, &candidates, &take).or(self.spec_gain);
         for ((id, ..), n) in auto.into_iter().zip(take) {
             if let Some(spec) = self.requests.get_mut(&id).and_then(|r| r.spec.as_mut()) {
                 spec.draft.truncate(n);
@@ -500,8 +434,7 @@ impl Scheduler {
     /// short.
     fn allocate_for(&mut self, id: RequestId, n_new: usize) -> bool {
         let req = self.requests.get_mut(&id).expect("scheduled ids are known");
-        self.kv
-            .allocate_slots(&mut req.blocks, req.num_computed_tokens + n_new)
+        self.kv.allocate_slots(&mut req.blocks, req.num_computed_tokens + n_new)
     }
 
     /// Releases `id`'s blocks and puts it at the front of the waiting queue, to be recomputed.
@@ -527,26 +460,11 @@ impl Scheduler {
     pub fn complete_step(&mut self, plan: &StepPlan, sampled: &[Vec<u32>]) {
         let mut sampled = sampled.iter();
         for chunk in &plan.chunks {
-            let new: &[u32] = if chunk.samples {
-                sampled.next().expect("tokens per sampling chunk")
-            } else {
-                &[]
-            };
-            let Some(req) = self.requests.get_mut(&chunk.id) else {
-                continue;
-            };
-            debug_assert_eq!(
-                req.num_computed_tokens, chunk.start,
-                "request {} changed between plan and step",
-                chunk.id
-            );
+            let new: &[u32] = if chunk.samples { sampled.next().expect("tokens per sampling chunk") } else { &[] };
+            let Some(req) = self.requests.get_mut(&chunk.id) else { continue };
+            debug_assert_eq!(req.num_computed_tokens, chunk.start, "request {} changed between plan and step", chunk.id);
             let kept = new.len().saturating_sub(1);
-            debug_assert!(
-                kept <= chunk.draft,
-                "request {}: {kept} guesses kept of {}",
-                chunk.id,
-                chunk.draft
-            );
+            debug_assert!(kept <= chunk.draft, "request {}: {kept} guesses kept of {}", chunk.id, chunk.draft);
             req.num_computed_tokens += chunk.len - chunk.draft + kept;
             req.tokens.extend_from_slice(new);
             if chunk.draft > 0 {
@@ -558,23 +476,15 @@ impl Scheduler {
             }
             if let (Some((from, to)), Some(spec)) = (chunk.draft_span, req.spec.as_mut()) {
                 // the draft model also wrote its guesses but the last: those kept are its own
-                let guessed = if spec.from_model {
-                    chunk.draft.saturating_sub(1).min(kept)
-                } else {
-                    0
-                };
+                let guessed = if spec.from_model { chunk.draft.saturating_sub(1).min(kept) } else { 0 };
                 spec.draft_computed = (to + guessed).min(req.num_computed_tokens);
                 self.kv.mark_draft(&req.blocks, from, spec.draft_computed);
             }
             if let Some(spec) = req.spec.as_mut() {
                 spec.from_model = false;
             }
-            self.kv
-                .advance(&req.tokens, req.num_computed_tokens, &mut req.blocks);
+            self.kv.advance(&req.tokens, req.num_computed_tokens, &mut req.blocks);
         }
-        debug_assert!(
-            sampled.next().is_none(),
-            "more sampled tokens than sampling chunks"
-        );
+        debug_assert!(sampled.next().is_none(), "more sampled tokens than sampling chunks");
     }
 }

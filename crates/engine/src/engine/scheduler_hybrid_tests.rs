@@ -9,20 +9,10 @@ use crate::kv::{BlockPool, KvCacheManager, KvLayout, NULL_BLOCK};
 /// Two layers: layer 0 attends within 8 positions, layer 1 to everything; one layer per page. Blocks
 /// of 4 tokens.
 fn hybrid(num_blocks: usize, prefix_caching: bool) -> Scheduler {
-    let config = SchedulerConfig {
-        max_batch_tokens: 64,
-        max_running: 16,
-        max_prefill_tokens_while_decoding: usize::MAX,
-    };
+    let config = SchedulerConfig { max_batch_tokens: 64, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
     let layout = KvLayout::hybrid(&[Some(8), None]);
-    assert_eq!(
-        (layout.num_groups(), layout.window(0), layout.window(1)),
-        (2, Some(8), None)
-    );
-    Scheduler::new(
-        config,
-        KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_layout(&layout),
-    )
+    assert_eq!((layout.num_groups(), layout.window(0), layout.window(1)), (2, Some(8), None));
+    Scheduler::new(config, KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_layout(&layout))
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -43,11 +33,7 @@ fn every_group_gets_a_table_and_the_sliding_one_releases_behind_its_window() {
     assert_eq!(tables(&s, 1), vec![vec![0, 1, 2], vec![3, 4, 5]]);
     step(&mut s); // decode at 10: the next query (11) attends to 4..11, so block 0 (0..4) is dead
     assert_eq!(tables(&s, 1), vec![vec![N, 1, 2], vec![3, 4, 5]]);
-    assert_eq!(
-        s.pool().free_ids().next(),
-        Some(0),
-        "an uncached released block is reused first"
-    );
+    assert_eq!(s.pool().free_ids().next(), Some(0), "an uncached released block is reused first");
     step(&mut s); // decode at 11
     step(&mut s); // decode at 12 needs a fourth block in each group: the released one, then a new one
     assert_eq!(tables(&s, 1), vec![vec![N, 1, 2, 0], vec![3, 4, 5, 6]]);
@@ -67,12 +53,7 @@ fn a_long_sequence_holds_its_global_blocks_and_a_window_of_sliding_ones() {
         // the global group a block per 4 positions; the sliding group the 2 or 3 blocks of the last 8..11
         // positions and the block the next token needs
         assert_eq!(held(1), req.num_computed_tokens.div_ceil(4));
-        assert!(
-            held(0) <= 4,
-            "{} sliding blocks held at {} tokens",
-            held(0),
-            req.tokens.len()
-        );
+        assert!(held(0) <= 4, "{} sliding blocks held at {} tokens", held(0), req.tokens.len());
         assert_eq!(s.pool().num_free(), 64 - held(0) - held(1));
     }
     assert_eq!(s.num_preemptions(), 0);
@@ -85,26 +66,13 @@ fn a_prefix_hit_needs_the_global_blocks_and_only_the_sliding_window_before_it() 
     let mut s = hybrid(40, true);
     add(&mut s, 1, prompt(40), 1);
     step(&mut s); // prefill 0..40 (10 blocks each), then the sliding blocks 0..8 leave the window
-    assert_eq!(
-        tables(&s, 1),
-        vec![vec![N, N, N, N, N, N, N, N, 8, 9], (10..20).collect()]
-    );
+    assert_eq!(tables(&s, 1), vec![vec![N, N, N, N, N, N, N, N, 8, 9], (10..20).collect()]);
     s.finish(1);
     // the same 40 tokens and 5 more: a hit of 10 blocks, of which the sliding group needs 8 and 9 only
     // (a query at 40 attends to 33..40); its released blocks stayed cached, still unused
     add(&mut s, 2, prompt(45), 1);
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 2,
-            start: 40,
-            len: 5,
-            samples: true,
-            draft: 0,
-            draft_span: None
-        }]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 2, start: 40, len: 5, samples: true, draft: 0, draft_span: None }]);
     let t = tables(&s, 2);
     // (block 8 was taken at admission; after computing 40..45 the next query, at 45, attends to 38.. only)
     assert_eq!(t[0][..10], [N, N, N, N, N, N, N, N, N, 9]);

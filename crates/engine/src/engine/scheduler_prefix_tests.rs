@@ -6,24 +6,11 @@ use super::*;
 use crate::kv::{BlockHash, BlockPool, PrefixCacheStats};
 
 fn cached_config(block_size: usize) -> TestConfig {
-    TestConfig {
-        block_size,
-        max_batch_tokens: 1000,
-        max_running: 16,
-        prefix_caching: true,
-        max_prefill_tokens_while_decoding: usize::MAX,
-    }
+    TestConfig { block_size, max_batch_tokens: 1000, max_running: 16, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX }
 }
 
 fn chunk(id: RequestId, start: usize, len: usize) -> ScheduledChunk {
-    ScheduledChunk {
-        id,
-        start,
-        len,
-        samples: true,
-        draft: 0,
-        draft_span: None,
-    }
+    ScheduledChunk { id, start, len, samples: true, draft: 0, draft_span: None }
 }
 
 fn free(s: &Scheduler) -> Vec<u32> {
@@ -44,18 +31,8 @@ fn a_repeated_prompt_reuses_its_full_blocks() {
     add(&mut s, 2, prompt, 5);
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 2)]);
     let seq = s.request(2).unwrap();
-    assert_eq!(
-        (seq.blocks.table().to_vec(), seq.num_cached_tokens),
-        (vec![0, 1, 2], 8)
-    );
-    assert_eq!(
-        s.prefix_stats(),
-        PrefixCacheStats {
-            queried_tokens: 20,
-            hit_tokens: 8,
-            disk_hit_tokens: 0
-        }
-    );
+    assert_eq!((seq.blocks.table().to_vec(), seq.num_cached_tokens), (vec![0, 1, 2], 8));
+    assert_eq!(s.prefix_stats(), PrefixCacheStats { queried_tokens: 20, hit_tokens: 8, disk_hit_tokens: 0 });
 }
 
 #[test]
@@ -69,11 +46,7 @@ fn a_hit_leaves_the_last_prompt_token_to_compute() {
     // both blocks are cached, but only the first is used: the prompt's last token needs its logits
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 4, 4)]);
     assert_eq!(s.request(2).unwrap().blocks.table()[0], 0);
-    assert_ne!(
-        s.request(2).unwrap().blocks.table()[1],
-        1,
-        "a cached block is never written into"
-    );
+    assert_ne!(s.request(2).unwrap().blocks.table()[1], 1, "a cached block is never written into");
 }
 
 #[test]
@@ -84,31 +57,11 @@ fn concurrent_requests_share_blocks_by_reference() {
     step(&mut s);
     add(&mut s, 2, [system, vec![60, 61, 62]].concat(), 5);
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![
-            ScheduledChunk {
-                id: 1,
-                start: 10,
-                len: 1,
-                samples: true,
-                draft: 0,
-                draft_span: None
-            },
-            chunk(2, 8, 3)
-        ]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true, draft: 0, draft_span: None }, chunk(2, 8, 3)]);
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, 1, 3]);
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (2, 2));
     s.finish(1);
-    assert_eq!(
-        (
-            s.pool().ref_count(0),
-            s.pool().ref_count(1),
-            s.pool().ref_count(2)
-        ),
-        (1, 1, 0)
-    );
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().ref_count(2)), (1, 1, 0));
     s.finish(2);
     assert_eq!(s.pool().num_free(), 8);
 }
@@ -127,11 +80,7 @@ fn eviction_takes_the_least_recently_used_blocks_tail_first() {
     add(&mut s, 3, (20..31).collect(), 1);
     let plan = step(&mut s);
     assert_eq!(s.request(3).unwrap().blocks.table(), vec![4, 5, 6, 7, 1, 0]);
-    let evicted: Vec<(u32, Vec<u32>)> = plan
-        .evicted
-        .iter()
-        .map(|e| (e.block, e.tokens.to_vec()))
-        .collect();
+    let evicted: Vec<(u32, Vec<u32>)> = plan.evicted.iter().map(|e| (e.block, e.tokens.to_vec())).collect();
     assert_eq!(evicted, vec![(1, vec![3, 4]), (0, vec![1, 2])]);
     // seq 2's prefix survived
     s.finish(3);
@@ -195,11 +144,7 @@ fn a_preempted_sequence_resumes_from_its_cached_blocks() {
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(2, 8, 1)]);
     assert_eq!(&s.request(2).unwrap().blocks.table()[..2], &[2, 3]);
-    assert_eq!(
-        s.request(2).unwrap().num_cached_tokens,
-        0,
-        "cached_tokens counts the first admission only"
-    );
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 0, "cached_tokens counts the first admission only");
 }
 
 #[test]
@@ -218,9 +163,7 @@ fn no_block_is_leaked_after_aborts() {
         // abort some mid-way, finish others at 6 tokens
         let ids: Vec<RequestId> = s.request_ids().collect();
         for id in ids {
-            if (id % 2 == 0 && s.request(id).unwrap().status == RequestStatus::Running)
-                || s.request(id).unwrap().num_generated() >= 6
-            {
+            if (id % 2 == 0 && s.request(id).unwrap().status == RequestStatus::Running) || s.request(id).unwrap().num_generated() >= 6 {
                 s.finish(id);
             }
         }
@@ -237,15 +180,8 @@ fn no_block_is_leaked_after_aborts() {
     assert!((0..24).all(|b| s.pool().ref_count(b) == 0));
     let mut ids: Vec<u32> = free(&s);
     ids.sort_unstable();
-    assert_eq!(
-        ids,
-        (0..24).collect::<Vec<_>>(),
-        "each block once in the free queue"
-    );
-    assert!(
-        s.prefix_stats().hit_tokens > 0,
-        "the shared system prompt was reused"
-    );
+    assert_eq!(ids, (0..24).collect::<Vec<_>>(), "each block once in the free queue");
+    assert!(s.prefix_stats().hit_tokens > 0, "the shared system prompt was reused");
 }
 
 #[test]
@@ -264,14 +200,7 @@ fn restored_blocks_continue_the_memory_hit() {
     assert_eq!(plan.chunks, vec![chunk(2, 20, 1)]);
     let table = s.request(2).unwrap().blocks.table().to_vec();
     assert_eq!(&table[..2], &[0, 1]);
-    assert_eq!(
-        plan.restores,
-        vec![Restore {
-            id: 2,
-            skip: 1,
-            blocks: table[2..5].to_vec()
-        }]
-    );
+    assert_eq!(plan.restores, vec![Restore { id: 2, skip: 1, blocks: table[2..5].to_vec() }]);
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 20);
     assert_eq!(s.prefix_stats().disk_hit_tokens, 12);
     // restored blocks are registered like computed ones
@@ -283,10 +212,7 @@ fn restored_blocks_continue_the_memory_hit() {
 
 #[test]
 fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
-    let config = TestConfig {
-        max_batch_tokens: 6,
-        ..cached_config(4)
-    };
+    let config = TestConfig { max_batch_tokens: 6, ..cached_config(4) };
     let mut s = config.scheduler(7);
     let prompt: Vec<u32> = (0..21).collect();
     add(&mut s, 1, prompt[..9].to_vec(), 1);
@@ -299,22 +225,9 @@ fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
     s.offer_restored(2, 1, 4);
     let plan = step(&mut s);
     // 5 budget tokens after seq 3's decode, 3 free blocks: restoring 1 block (then 5 tokens) fits
-    assert_eq!(
-        plan.chunks[1],
-        ScheduledChunk {
-            id: 2,
-            start: 12,
-            len: 5,
-            samples: false,
-            draft: 0,
-            draft_span: None
-        }
-    );
+    assert_eq!(plan.chunks[1], ScheduledChunk { id: 2, start: 12, len: 5, samples: false, draft: 0, draft_span: None });
     assert_eq!(plan.restores.len(), 1);
-    assert_eq!(
-        (plan.restores[0].skip, plan.restores[0].blocks.len()),
-        (1, 1)
-    );
+    assert_eq!((plan.restores[0].skip, plan.restores[0].blocks.len()), (1, 1));
     assert_eq!(s.request(2).unwrap().num_cached_tokens, 12);
     // a restorable run that starts after the memory hit cannot be used
     s.finish(2);
@@ -333,11 +246,7 @@ fn a_cache_salt_separates_prefixes_even_when_keys_collide() {
     add_salted(&mut s, 1, prompt.clone(), 1, Some(b"tenant-a"));
     step(&mut s);
     s.finish(1);
-    for (id, salt) in [
-        (2, Some(&b"tenant-b"[..])),
-        (3, None),
-        (4, Some(&b"tenant-a"[..])),
-    ] {
+    for (id, salt) in [(2, Some(&b"tenant-b"[..])), (3, None), (4, Some(&b"tenant-a"[..]))] {
         add_salted(&mut s, id, prompt.clone(), 1, salt);
         step(&mut s);
         s.finish(id);
@@ -355,10 +264,7 @@ fn a_held_sequence_waits_for_its_disk_read_and_others_pass_it() {
     assert!(s.has_runnable_work());
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 5)]);
     s.finish(2);
-    assert!(
-        s.has_work() && !s.has_runnable_work(),
-        "only a held sequence is left"
-    );
+    assert!(s.has_work() && !s.has_runnable_work(), "only a held sequence is left");
     assert!(step(&mut s).is_empty());
     s.offer_restored(1, 0, 0); // nothing was on disk after all
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 9)]);
@@ -375,23 +281,12 @@ fn a_held_sequence_keeps_its_memory_prefix_until_admitted() {
     add(&mut s, 2, prompt.clone(), 1);
     s.hold(2);
     // blocks 0 and 1 are pinned for seq 2: a 20-token prompt, which would evict them, must wait
-    assert_eq!(
-        (
-            s.pool().ref_count(0),
-            s.pool().ref_count(1),
-            s.pool().num_free()
-        ),
-        (1, 1, 4)
-    );
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().num_free()), (1, 1, 4));
     add(&mut s, 3, (100..120).collect(), 1);
     assert!(step(&mut s).is_empty());
     s.offer_restored(2, 2, 0);
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 1)]);
-    assert_eq!(
-        (s.pool().ref_count(0), s.pool().ref_count(1)),
-        (1, 1),
-        "the pin became the sequence's own hold"
-    );
+    assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (1, 1), "the pin became the sequence's own hold");
     s.finish(2);
     // a held sequence that is removed gives its pins back
     add(&mut s, 4, prompt, 1);

@@ -19,26 +19,13 @@ impl TestConfig {
     }
 
     pub fn with_pool(self, pool: BlockPool) -> Scheduler {
-        let config = SchedulerConfig {
-            max_batch_tokens: self.max_batch_tokens,
-            max_running: self.max_running,
-            max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding,
-        };
-        Scheduler::new(
-            config,
-            KvCacheManager::new(self.block_size, pool, self.prefix_caching),
-        )
+        let config = SchedulerConfig { max_batch_tokens: self.max_batch_tokens, max_running: self.max_running, max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding };
+        Scheduler::new(config, KvCacheManager::new(self.block_size, pool, self.prefix_caching))
     }
 }
 
 fn config(block_size: usize, max_batch_tokens: usize) -> TestConfig {
-    TestConfig {
-        block_size,
-        max_batch_tokens,
-        max_running: 16,
-        prefix_caching: false,
-        max_prefill_tokens_while_decoding: usize::MAX,
-    }
+    TestConfig { block_size, max_batch_tokens, max_running: 16, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }
 }
 
 /// Queues a greedy request (what `validate` passed: its prompt and a token fit).
@@ -46,13 +33,7 @@ pub(super) fn add(s: &mut Scheduler, id: RequestId, prompt: Vec<u32>, max_new_to
     add_salted(s, id, prompt, max_new_tokens, None);
 }
 
-pub(super) fn add_salted(
-    s: &mut Scheduler,
-    id: RequestId,
-    prompt: Vec<u32>,
-    max_new_tokens: usize,
-    salt: Option<&[u8]>,
-) {
+pub(super) fn add_salted(s: &mut Scheduler, id: RequestId, prompt: Vec<u32>, max_new_tokens: usize, salt: Option<&[u8]>) {
     let blocks = s.kv().new_blocks(salt);
     s.add(Request::for_test(id, prompt, max_new_tokens, blocks));
 }
@@ -64,25 +45,13 @@ fn prompt(n: usize) -> Vec<u32> {
 /// Runs the plan as a model would: one sampled token (`100 + id`) per sampling chunk.
 pub(super) fn step(s: &mut Scheduler) -> StepPlan {
     let plan = s.schedule();
-    let sampled: Vec<Vec<u32>> = plan
-        .chunks
-        .iter()
-        .filter(|c| c.samples)
-        .map(|c| vec![100 + c.id as u32])
-        .collect();
+    let sampled: Vec<Vec<u32>> = plan.chunks.iter().filter(|c| c.samples).map(|c| vec![100 + c.id as u32]).collect();
     s.complete_step(&plan, &sampled);
     plan
 }
 
 fn chunk(id: RequestId, start: usize, len: usize, samples: bool) -> ScheduledChunk {
-    ScheduledChunk {
-        id,
-        start,
-        len,
-        samples,
-        draft: 0,
-        draft_span: None,
-    }
+    ScheduledChunk { id, start, len, samples, draft: 0, draft_span: None }
 }
 
 #[test]
@@ -104,18 +73,12 @@ fn prompts_get_whole_blocks_in_admission_order() {
     add(&mut s, 1, prompt(9), 10);
     add(&mut s, 2, prompt(4), 10);
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![chunk(1, 0, 9, true), chunk(2, 0, 4, true)]
-    );
+    assert_eq!(plan.chunks, vec![chunk(1, 0, 9, true), chunk(2, 0, 4, true)]);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![3]);
     // decode: seq 1 has 10 tokens (fits its 3 blocks), seq 2 has 5 (needs a second block)
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![chunk(1, 9, 1, true), chunk(2, 4, 1, true)]
-    );
+    assert_eq!(plan.chunks, vec![chunk(1, 9, 1, true), chunk(2, 4, 1, true)]);
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![3, 4]);
     assert_eq!(s.request(1).unwrap().tokens.len(), 11);
     assert_eq!(s.request(1).unwrap().num_computed_tokens, 10);
@@ -127,20 +90,11 @@ fn long_prompts_are_chunked_and_mixed_with_decodes() {
     add(&mut s, 1, prompt(3), 10);
     add(&mut s, 2, prompt(18), 10);
     // step 1: seq 1 whole (3), seq 2's first 5 tokens
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![chunk(1, 0, 3, true), chunk(2, 0, 5, false)]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 5, false)]);
     // step 2: seq 1 decodes, seq 2 continues with 7
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![chunk(1, 3, 1, true), chunk(2, 5, 7, false)]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 5, 7, false)]);
     // step 3: decode + the remaining 6, which samples
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![chunk(1, 4, 1, true), chunk(2, 12, 6, true)]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 12, 6, true)]);
     assert_eq!(s.request(2).unwrap().num_computed_tokens, 18);
     assert_eq!(s.request(2).unwrap().tokens.len(), 19);
     // seq 1 took block 4 for its fifth token before seq 2 grew in the same step
@@ -158,10 +112,7 @@ fn admission_is_first_come_first_served_and_waits_for_blocks() {
     assert_eq!(s.num_waiting(), 2);
     s.finish(1);
     assert_eq!(s.pool().num_free(), 6);
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 0, 16, true), chunk(3, 0, 2, true)]);
     // seq 1's blocks (no prefix caching) went back to the front of the queue
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, 1, 2, 3]);
     assert_eq!(s.request(3).unwrap().blocks.table(), vec![4]);
@@ -180,23 +131,12 @@ fn the_newest_sequence_is_preempted_and_recomputed_later() {
     assert_eq!(plan.chunks, vec![chunk(1, 7, 1, true)]);
     assert_eq!(plan.preempted, vec![2]);
     let seq2 = s.request(2).unwrap();
-    assert_eq!(
-        (
-            seq2.num_computed_tokens,
-            seq2.blocks.table().len(),
-            seq2.num_preemptions
-        ),
-        (0, 0, 1)
-    );
+    assert_eq!((seq2.num_computed_tokens, seq2.blocks.table().len(), seq2.num_preemptions), (0, 0, 1));
     assert_eq!(seq2.tokens.len(), 9, "generated tokens are kept");
     assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![2, 3]);
     // seq 1 now needs block 3 of its table: it takes the front of the free queue, id 2
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![chunk(1, 8, 1, true)],
-        "seq 2's 9 tokens need 3 blocks; only 1 is free"
-    );
+    assert_eq!(plan.chunks, vec![chunk(1, 8, 1, true)], "seq 2's 9 tokens need 3 blocks; only 1 is free");
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     assert_eq!(s.num_preemptions(), 1);
     // when seq 1 finishes, seq 2 recomputes prompt and generated tokens in one chunk and samples
@@ -217,10 +157,7 @@ fn preemption_takes_the_newest_running_sequence_first() {
     // token 5 needs a third block everywhere: seq 3 (the newest) is preempted, seqs 1 and 2 take its
     // blocks (4, then 5)
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]
-    );
+    assert_eq!(plan.chunks, vec![chunk(1, 4, 1, true), chunk(2, 4, 1, true)]);
     assert_eq!(plan.preempted, vec![3]);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 4]);
     assert_eq!(s.request(2).unwrap().blocks.table(), vec![2, 3, 5]);
@@ -250,73 +187,32 @@ fn removing_sequences_returns_every_block() {
 
 #[test]
 fn the_running_limit_holds_back_admission() {
-    let mut s = TestConfig {
-        block_size: 4,
-        max_batch_tokens: 100,
-        max_running: 2,
-        prefix_caching: false,
-        max_prefill_tokens_while_decoding: usize::MAX,
-    }
-    .scheduler(20);
+    let mut s = TestConfig { block_size: 4, max_batch_tokens: 100, max_running: 2, prefix_caching: false, max_prefill_tokens_while_decoding: usize::MAX }.scheduler(20);
     for id in 1..=3 {
         add(&mut s, id, prompt(4), 10);
     }
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks.iter().map(|c| c.id).collect::<Vec<_>>(),
-        vec![1, 2]
-    );
+    assert_eq!(plan.chunks.iter().map(|c| c.id).collect::<Vec<_>>(), vec![1, 2]);
     s.finish(1);
     let plan = step(&mut s);
-    assert_eq!(
-        plan.chunks,
-        vec![chunk(2, 4, 1, true), chunk(3, 0, 4, true)]
-    );
+    assert_eq!(plan.chunks, vec![chunk(2, 4, 1, true), chunk(3, 0, 4, true)]);
 }
 
 #[test]
 fn prompts_arriving_during_decodes_are_prefilled_in_capped_chunks() {
-    let mut s = TestConfig {
-        max_prefill_tokens_while_decoding: 8,
-        ..config(4, 64)
-    }
-    .scheduler(40);
+    let mut s = TestConfig { max_prefill_tokens_while_decoding: 8, ..config(4, 64) }.scheduler(40);
     add(&mut s, 1, prompt(3), 10);
     add(&mut s, 2, prompt(20), 10);
     // nothing decodes yet: both prompts whole, in one step
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![chunk(1, 0, 3, true), chunk(2, 0, 20, true)]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 3, true), chunk(2, 0, 20, true)]);
     add(&mut s, 3, prompt(13), 10);
     // 1 and 2 decode; 3's prompt gets at most 8 tokens a step until it is in
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![
-            chunk(1, 3, 1, true),
-            chunk(2, 20, 1, true),
-            chunk(3, 0, 8, false)
-        ]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 3, 1, true), chunk(2, 20, 1, true), chunk(3, 0, 8, false)]);
     assert_eq!(s.request(3).unwrap().blocks.table(), vec![7, 8]);
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![
-            chunk(1, 4, 1, true),
-            chunk(2, 21, 1, true),
-            chunk(3, 8, 5, true)
-        ]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 4, 1, true), chunk(2, 21, 1, true), chunk(3, 8, 5, true)]);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 9]);
     assert_eq!(s.request(3).unwrap().blocks.table(), vec![7, 8, 10, 11]);
-    assert_eq!(
-        step(&mut s).chunks,
-        vec![
-            chunk(1, 5, 1, true),
-            chunk(2, 22, 1, true),
-            chunk(3, 13, 1, true)
-        ]
-    );
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 5, 1, true), chunk(2, 22, 1, true), chunk(3, 13, 1, true)]);
 }
 
 /// Speculative decoding (`engine::spec`): a decoding request's chunk carries its n-gram guesses; the
@@ -328,51 +224,15 @@ fn guesses_ride_in_the_decode_chunk_and_rejected_ones_give_their_blocks_back() {
     let mut s = config(4, 64).scheduler(16);
     // ... 2 3 4 [5 6 7 1] ... 2 3 | 4: the suffix 2 3 4 was seen before, followed by 5 6 7 1
     add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
-    s.request_mut(1).unwrap().spec = Some(SpecState {
-        config: SpecConfig {
-            k: 4,
-            min_n: 2,
-            max_n: 3,
-            auto: false,
-            draft: false,
-        },
-        ..Default::default()
-    });
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false, draft: false }, ..Default::default() });
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 0,
-            len: 10,
-            samples: true,
-            draft: 0,
-            draft_span: None
-        }]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 0, len: 10, samples: true, draft: 0, draft_span: None }]);
     s.complete_step(&plan, &[vec![4]]);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 10,
-            len: 5,
-            samples: true,
-            draft: 4,
-            draft_span: None
-        }]
-    );
-    assert_eq!(
-        s.request(1).unwrap().spec.as_ref().unwrap().draft,
-        vec![5, 6, 7, 1]
-    );
-    assert_eq!(
-        s.request(1).unwrap().blocks.table(),
-        vec![0, 1, 2, 3],
-        "positions 10..15 need a fourth block"
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 5, samples: true, draft: 4, draft_span: None }]);
+    assert_eq!(s.request(1).unwrap().spec.as_ref().unwrap().draft, vec![5, 6, 7, 1]);
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2, 3], "positions 10..15 need a fourth block");
     // the model kept no guess and said 9: positions 0..11 are computed, block 3 held nothing kept
     s.complete_step(&plan, &[vec![9]]);
     let req = s.request(1).unwrap();
@@ -383,45 +243,19 @@ fn guesses_ride_in_the_decode_chunk_and_rejected_ones_give_their_blocks_back() {
     assert_eq!((spec.drafts, spec.drafted, spec.accepted), (1, 4, 0));
     // 1 2 3 4 5 6 7 1 2 3 4 9: no suffix of 2 or 3 seen before; a plain decode
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 11,
-            len: 1,
-            samples: true,
-            draft: 0,
-            draft_span: None
-        }]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 11, len: 1, samples: true, draft: 0, draft_span: None }]);
     s.complete_step(&plan, &[vec![2]]);
     // ... 9 2: "9 2" was not seen, and neither was anything longer: no guess; then 2 3 -> 4 9 2 3
     let plan = s.schedule();
     assert_eq!(plan.chunks[0].draft, 0);
     s.complete_step(&plan, &[vec![3]]);
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 13,
-            len: 5,
-            samples: true,
-            draft: 4,
-            draft_span: None
-        }]
-    );
-    assert_eq!(
-        s.request(1).unwrap().spec.as_ref().unwrap().draft,
-        vec![4, 9, 2, 3]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 13, len: 5, samples: true, draft: 4, draft_span: None }]);
+    assert_eq!(s.request(1).unwrap().spec.as_ref().unwrap().draft, vec![4, 9, 2, 3]);
     // two guesses kept and the model's own token: 3 new tokens, positions 0..16 computed
     s.complete_step(&plan, &[vec![4, 9, 5]]);
     let req = s.request(1).unwrap();
-    assert_eq!(
-        (req.num_computed_tokens, &req.tokens[13..]),
-        (16, &[3, 4, 9, 5][..])
-    );
+    assert_eq!((req.num_computed_tokens, &req.tokens[13..]), (16, &[3, 4, 9, 5][..]));
     assert_eq!(req.blocks.table().len(), 4);
     let spec = req.spec.as_ref().unwrap();
     assert_eq!((spec.drafts, spec.drafted, spec.accepted), (2, 8, 2));
@@ -435,45 +269,17 @@ fn guesses_give_way_to_a_short_pool_and_never_pass_the_token_limit() {
     // 3 blocks of 4: a 10-token prompt and its next token fill them; guesses would need a fourth
     let mut s = config(4, 64).scheduler(3);
     add(&mut s, 1, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 100);
-    s.request_mut(1).unwrap().spec = Some(SpecState {
-        config: SpecConfig {
-            k: 4,
-            min_n: 2,
-            max_n: 3,
-            auto: false,
-            draft: false,
-        },
-        ..Default::default()
-    });
+    s.request_mut(1).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false, draft: false }, ..Default::default() });
     let plan = s.schedule();
     s.complete_step(&plan, &[vec![4]]);
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 10,
-            len: 1,
-            samples: true,
-            draft: 0,
-            draft_span: None
-        }]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 1, samples: true, draft: 0, draft_span: None }]);
     assert!(plan.preempted.is_empty());
     s.finish(1);
     // two tokens left to generate: one guess at most (the step then gives at most two)
     let mut s = config(4, 64).scheduler(16);
     add(&mut s, 2, vec![1, 2, 3, 4, 5, 6, 7, 1, 2, 3], 3);
-    s.request_mut(2).unwrap().spec = Some(SpecState {
-        config: SpecConfig {
-            k: 4,
-            min_n: 2,
-            max_n: 3,
-            auto: false,
-            draft: false,
-        },
-        ..Default::default()
-    });
+    s.request_mut(2).unwrap().spec = Some(SpecState { config: SpecConfig { k: 4, min_n: 2, max_n: 3, auto: false, draft: false }, ..Default::default() });
     let plan = s.schedule();
     s.complete_step(&plan, &[vec![4]]);
     let plan = s.schedule();
@@ -487,71 +293,28 @@ fn guesses_give_way_to_a_short_pool_and_never_pass_the_token_limit() {
 #[test]
 fn a_draft_model_follows_the_prompt_and_its_cells_come_with_cached_blocks() {
     use super::spec::{SpecConfig, SpecState};
-    let draft = SpecState {
-        config: SpecConfig {
-            k: 3,
-            min_n: 2,
-            max_n: 3,
-            auto: false,
-            draft: true,
-        },
-        ..Default::default()
-    };
-    let mut s = TestConfig {
-        prefix_caching: true,
-        ..config(4, 6)
-    }
-    .scheduler(16);
+    let draft = SpecState { config: SpecConfig { k: 3, min_n: 2, max_n: 3, auto: false, draft: true }, ..Default::default() };
+    let mut s = TestConfig { prefix_caching: true, ..config(4, 6) }.scheduler(16);
     add(&mut s, 1, prompt(10), 100);
     s.request_mut(1).unwrap().spec = Some(draft.clone());
     // a 6-token step budget: the prompt in two chunks, the draft model beside each
     let plan = step(&mut s);
-    assert_eq!(
-        (plan.chunks[0].len, plan.chunks[0].draft_span),
-        (6, Some((0, 6)))
-    );
+    assert_eq!((plan.chunks[0].len, plan.chunks[0].draft_span), (6, Some((0, 6))));
     let plan = step(&mut s);
-    assert_eq!(
-        (
-            plan.chunks[0].start,
-            plan.chunks[0].len,
-            plan.chunks[0].draft_span
-        ),
-        (6, 4, Some((6, 10)))
-    );
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].len, plan.chunks[0].draft_span), (6, 4, Some((6, 10))));
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2]);
     assert_eq!([0, 1, 2].map(|b| s.pool().draft_cells(b)), [4, 4, 2]);
     // decode: three guesses from the draft model (placeholders until the engine writes them); it
     // computes position 10 (the newest token), then guesses positions 11..14
     let plan = s.schedule();
-    assert_eq!(
-        plan.chunks,
-        vec![ScheduledChunk {
-            id: 1,
-            start: 10,
-            len: 4,
-            samples: true,
-            draft: 3,
-            draft_span: Some((10, 11))
-        }]
-    );
+    assert_eq!(plan.chunks, vec![ScheduledChunk { id: 1, start: 10, len: 4, samples: true, draft: 3, draft_span: Some((10, 11)) }]);
     assert!(s.request(1).unwrap().spec.as_ref().unwrap().from_model);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2, 3]);
     // every guess kept, and the model's token: positions 0..14 computed; the draft model wrote 10..13
     s.complete_step(&plan, &[vec![7, 8, 9, 5]]);
     let spec = s.request(1).unwrap().spec.as_ref().unwrap();
-    assert_eq!(
-        (
-            s.request(1).unwrap().num_computed_tokens,
-            spec.draft_computed
-        ),
-        (14, 13)
-    );
-    assert_eq!(
-        spec.acceptance(true),
-        4.0 / 5.0,
-        "recorded as the draft model's"
-    );
+    assert_eq!((s.request(1).unwrap().num_computed_tokens, spec.draft_computed), (14, 13));
+    assert_eq!(spec.acceptance(true), 4.0 / 5.0, "recorded as the draft model's");
     assert_eq!([2, 3].map(|b| s.pool().draft_cells(b)), [4, 1]);
     // next: it catches up over position 13 and the newest token at 14
     let plan = s.schedule();
@@ -559,18 +322,8 @@ fn a_draft_model_follows_the_prompt_and_its_cells_come_with_cached_blocks() {
     // one guess kept of three: 16 computed, the draft's cells through 15
     s.complete_step(&plan, &[vec![1, 2]]);
     let req = s.request(1).unwrap();
-    assert_eq!(
-        (
-            req.num_computed_tokens,
-            req.spec.as_ref().unwrap().draft_computed
-        ),
-        (16, 16)
-    );
-    assert_eq!(
-        req.blocks.table(),
-        vec![0, 1, 2, 3],
-        "the guesses' fifth block went back"
-    );
+    assert_eq!((req.num_computed_tokens, req.spec.as_ref().unwrap().draft_computed), (16, 16));
+    assert_eq!(req.blocks.table(), vec![0, 1, 2, 3], "the guesses' fifth block went back");
     assert_eq!(s.pool().draft_cells(3), 4);
     // the same prompt again: the cached blocks bring the draft model's cells (the hit stops one block
     // short of the last token); the rest follows the prompt chunk
@@ -579,10 +332,7 @@ fn a_draft_model_follows_the_prompt_and_its_cells_come_with_cached_blocks() {
     let plan = s.schedule();
     let mine = plan.chunks.iter().find(|c| c.id == 2).unwrap();
     assert_eq!((mine.start, mine.draft_span), (8, Some((8, 10))));
-    assert_eq!(
-        s.request(2).unwrap().spec.as_ref().unwrap().draft_computed,
-        8
-    );
+    assert_eq!(s.request(2).unwrap().spec.as_ref().unwrap().draft_computed, 8);
     // finished and evicted, a block is handed out anew without the draft's cells
     s.finish(1);
     s.finish(2);
@@ -593,23 +343,40 @@ fn a_draft_model_follows_the_prompt_and_its_cells_come_with_cached_blocks() {
         let plan = s.schedule();
         // blocks new to the table (cached ones evicted among them) hold none of the draft's cells
         let table = s.request(3).unwrap().blocks.table().to_vec();
-        assert!(
-            table[held..].iter().all(|&b| s.pool().draft_cells(b) == 0),
-            "{table:?}"
-        );
+        assert!(table[held..].iter().all(|&b| s.pool().draft_cells(b) == 0), "{table:?}");
         held = table.len();
-        let sampled: Vec<Vec<u32>> = plan
-            .chunks
-            .iter()
-            .filter(|c| c.samples)
-            .map(|_| vec![1])
-            .collect();
+        let sampled: Vec<Vec<u32>> = plan.chunks.iter().filter(|c| c.samples).map(|_| vec![1]).collect();
         s.complete_step(&plan, &sampled);
     }
     assert_eq!(held, 16);
-    assert_eq!(
-        s.pool().num_cached(),
-        16,
-        "every block of the new prompt cached, the old ones evicted"
-    );
+    assert_eq!(s.pool().num_cached(), 16, "every block of the new prompt cached, the old ones evicted");
+}
+
+/// A request whose prefix hit brings no draft cells (a request without speculation computed it) catches
+/// its draft model up a step's budget at a time, decoding meanwhile, and guesses once it is a budget
+/// behind at most.
+#[test]
+fn a_draft_model_far_behind_catches_up_a_budget_per_step() {
+    use super::spec::{SpecConfig, SpecState};
+    let mut s = TestConfig { prefix_caching: true, ..config(4, 6) }.scheduler(32);
+    add(&mut s, 1, prompt(30), 1);
+    while s.request(1).is_some_and(|r| r.num_generated() == 0) {
+        step(&mut s);
+    }
+    s.finish(1);
+    add(&mut s, 2, prompt(30), 100);
+    s.request_mut(2).unwrap().spec = Some(SpecState { config: SpecConfig { k: 3, min_n: 2, max_n: 3, auto: false, draft: true }, ..Default::default() });
+    // the hit covers 28 tokens, none of them the draft's: the prompt's last chunk carries 6 of catching up
+    let plan = step(&mut s);
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].len, plan.chunks[0].draft_span), (28, 2, Some((0, 6))));
+    let spans: Vec<_> = (0..4)
+        .map(|_| {
+            let plan = step(&mut s);
+            (plan.chunks[0].start, plan.chunks[0].draft, plan.chunks[0].draft_span)
+        })
+        .collect();
+    // decodes without guesses while more than a budget behind, catching up a budget each; then guesses
+    assert_eq!(spans, vec![(30, 0, Some((6, 12))), (31, 0, Some((12, 18))), (32, 0, Some((18, 24))), (33, 0, Some((24, 30)))]);
+    let plan = s.schedule();
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].draft, plan.chunks[0].draft_span), (34, 3, Some((30, 35))));
 }

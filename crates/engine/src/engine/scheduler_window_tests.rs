@@ -9,23 +9,9 @@ fn windowed(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool
     windowed_chunks(window, sinks, num_blocks, prefix_caching, 64)
 }
 
-fn windowed_chunks(
-    window: usize,
-    sinks: usize,
-    num_blocks: usize,
-    prefix_caching: bool,
-    max_batch_tokens: usize,
-) -> Scheduler {
-    let config = SchedulerConfig {
-        max_batch_tokens,
-        max_running: 16,
-        max_prefill_tokens_while_decoding: usize::MAX,
-    };
-    Scheduler::new(
-        config,
-        KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching)
-            .with_window(Some(KvWindow { window, sinks })),
-    )
+fn windowed_chunks(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool, max_batch_tokens: usize) -> Scheduler {
+    let config = SchedulerConfig { max_batch_tokens, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
+    Scheduler::new(config, KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_window(Some(KvWindow { window, sinks })))
 }
 
 fn prompt(n: usize) -> Vec<u32> {
@@ -44,21 +30,11 @@ fn blocks_behind_the_window_return_to_the_pool_and_are_reused_first() {
     }
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1, 2, 3]);
     step(&mut s); // decode at 14: the next query (15) sees 8.. only, so block 1 (4..8) is dead
-    assert_eq!(
-        s.request(1).unwrap().blocks.table(),
-        vec![0, NULL_BLOCK, 2, 3]
-    );
-    assert_eq!(
-        s.pool().free_ids().next(),
-        Some(1),
-        "a released block is reused first"
-    );
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, NULL_BLOCK, 2, 3]);
+    assert_eq!(s.pool().free_ids().next(), Some(1), "a released block is reused first");
     step(&mut s); // decode at 15
     step(&mut s); // decode at 16 takes a fifth block: the one just released
-    assert_eq!(
-        s.request(1).unwrap().blocks.table(),
-        vec![0, NULL_BLOCK, 2, 3, 1]
-    );
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, NULL_BLOCK, 2, 3, 1]);
 }
 
 #[test]
@@ -70,19 +46,11 @@ fn a_long_sequence_holds_its_sinks_and_its_window_only() {
         let table = &s.request(1).unwrap().blocks.table();
         let held = table.iter().filter(|&&b| b != NULL_BLOCK).count();
         // the sink block, the 2 or 3 blocks of the last 8..11 positions, and the block the next token needs
-        assert!(
-            held <= 5,
-            "{held} blocks held at {} tokens",
-            table.len() * 4
-        );
+        assert!(held <= 5, "{held} blocks held at {} tokens", table.len() * 4);
         assert_eq!(table[0], 0, "the sinks stay");
         assert_eq!(s.pool().num_free(), 6 - held);
     }
-    assert_eq!(
-        s.request(1).unwrap().num_computed_tokens,
-        509,
-        "500 tokens in a pool of 24 slots"
-    );
+    assert_eq!(s.request(1).unwrap().num_computed_tokens, 509, "500 tokens in a pool of 24 slots");
     assert_eq!(s.num_preemptions(), 0);
     s.finish(1);
     assert_eq!(s.pool().num_free(), 6, "every block back");
@@ -93,10 +61,7 @@ fn without_sinks_nothing_before_the_window_is_kept() {
     let mut s = windowed(4, 0, 20, false);
     add(&mut s, 1, prompt(20), 100);
     step(&mut s); // prefill 20; the next query (20) sees 16.. (the block holding 17)
-    assert_eq!(
-        s.request(1).unwrap().blocks.table(),
-        vec![NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 4]
-    );
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 4]);
     assert_eq!(s.pool().num_free(), 19);
 }
 
@@ -112,11 +77,7 @@ fn released_blocks_are_never_served_as_a_prefix() {
     assert_eq!(s.pool().num_cached(), 1);
     add(&mut s, 2, prompt(40), 100);
     step(&mut s);
-    assert_eq!(
-        s.request(2).unwrap().num_cached_tokens,
-        4,
-        "the same prompt hits the sink block only"
-    );
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 4, "the same prompt hits the sink block only");
     assert_eq!(s.request(2).unwrap().blocks.table()[0], 0, "shared");
 }
 
@@ -144,12 +105,7 @@ fn a_preempted_windowed_request_recomputes_and_releases_again() {
     assert!(s.num_preemptions() > 0);
     for id in [1, 2] {
         if let Some(r) = s.request(id).filter(|r| r.num_computed_tokens > 0) {
-            let held = r
-                .blocks
-                .table()
-                .iter()
-                .filter(|&&b| b != NULL_BLOCK)
-                .count();
+            let held = r.blocks.table().iter().filter(|&&b| b != NULL_BLOCK).count();
             assert!(held <= 5);
         }
     }
@@ -168,10 +124,7 @@ fn blocks_cached_before_the_window_opened_a_gap_leave_the_cache_with_it() {
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, 1]);
     assert_eq!(s.pool().num_cached(), 2);
     step(&mut s);
-    assert_eq!(
-        s.request(1).unwrap().blocks.table(),
-        vec![0, NULL_BLOCK, 2, 3]
-    );
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, NULL_BLOCK, 2, 3]);
     assert_eq!(s.pool().num_cached(), 1, "only the sink block");
     for _ in 0..10 {
         step(&mut s);

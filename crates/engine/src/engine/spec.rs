@@ -11,13 +11,13 @@
 //!   plans what the draft model computes (`ScheduledChunk::draft_span`); the engine runs it before the
 //!   target's step.
 //! - **Verification** (`verify`): row i of the chunk's logits is the model's distribution after the
-//!   newest token and guesses 0..i. Greedy: guess i is kept while it is the argmax; the first row where it
-//!   is not gives the model's token instead, and if every guess is kept the last row gives one more. With
-//!   temperature, a guess x is kept with probability p(x) (the target's sampling distribution; both
-//!   proposers' are a point mass on x, the draft model's greedy guess included, so Leviathan et al.'s
-//!   min(1, p/q) is p(x)); on rejection the token is drawn from p with x removed, renormalized. Either
-//!   way the output has exactly the target's distribution, and at temperature 0 the tokens are those of
-//!   decoding one at a time (both numerics give a token the same logits whatever else its step computes).
+//!   newest token and guesses 0..i. Each row's token is drawn as decoding one token at a time would draw
+//!   it (greedy: the argmax; with temperature, with the random number that position would use), and
+//!   guess i is kept while it is that token; the first row where it is not gives its token instead, and
+//!   if every guess is kept the last row gives one more. Both proposers' distributions are a point mass
+//!   on their guess (the draft model's is its argmax), so this is Leviathan et al.'s rule: the output
+//!   has exactly the target's distribution, and the same tokens as without speculation, greedy or
+//!   seeded (both numerics give a token the same logits whatever else its step computes).
 //! - **Rollback**: the cells of rejected guesses were written; `num_computed_tokens` stops after the kept
 //!   ones, so they are overwritten later, blocks holding nothing kept are released, and the prefix cache
 //!   only ever registers blocks of computed, kept tokens. The draft model's cells are valid up to the
@@ -45,13 +45,7 @@ pub struct SpecConfig {
 
 impl Default for SpecConfig {
     fn default() -> Self {
-        SpecConfig {
-            k: 4,
-            min_n: 2,
-            max_n: 4,
-            auto: false,
-            draft: false,
-        }
+        SpecConfig { k: 4, min_n: 2, max_n: 4, auto: false, draft: false }
     }
 }
 
@@ -154,26 +148,16 @@ impl Controller {
     }
 
     /// How many of its proposed guesses each request carries: `requests[i]` = (acceptance α, guesses
-    /// proposed, seconds each guess costs before the step: the draft model's step, 0 for the n-gram
+    /// proposed, seconds each guess costs before the step: the draft model's pass, 0 for the n-gram
     /// proposer); `base_tokens`: the step's tokens without guesses; `base_outputs`: tokens the step gives
     /// without guesses (its decodes). Before the step cost is known, every proposed guess.
-    pub fn choose(
-        &self,
-        base_tokens: usize,
-        base_outputs: usize,
-        requests: &[(f64, usize, f64)],
-    ) -> Vec<usize> {
-        let Some((a, b)) = self.cost() else {
-            return requests.iter().map(|r| r.1).collect();
-        };
+    pub fn choose(&self, base_tokens: usize, base_outputs: usize, requests: &[(f64, usize, f64)]) -> Vec<usize> {
+        let Some((a, b)) = self.cost() else { return requests.iter().map(|r| r.1).collect() };
         let mut take = vec![0; requests.len()];
         let (mut tokens, mut time) = (base_outputs as f64, a + b * base_tokens as f64);
         loop {
             // the next guess of each request: α^(j+1) expected tokens for b plus its drafting
-            let best = (0..requests.len())
-                .filter(|&i| take[i] < requests[i].1)
-                .map(|i| (i, requests[i].0.powi(take[i] as i32 + 1), b + requests[i].2))
-                .max_by(|x, y| (x.1 / x.2).total_cmp(&(y.1 / y.2)));
+            let best = (0..requests.len()).filter(|&i| take[i] < requests[i].1).map(|i| (i, requests[i].0.powi(take[i] as i32 + 1), b + requests[i].2)).max_by(|x, y| (x.1 / x.2).total_cmp(&(y.1 / y.2)));
             match best {
                 Some((i, gain, cost)) if gain / cost > tokens / time => {
                     take[i] += 1;
@@ -184,18 +168,30 @@ impl Controller {
             }
         }
     }
+
+    /// The expected tokens per second of a step carrying `take[i]` of request i's guesses (as `choose`
+    /// gets them) over the same step without guesses: what the controller expects to gain. `None`
+    /// before the step cost is known or without decodes.
+    pub fn gain(&self, base_tokens: usize, base_outputs: usize, requests: &[(f64, usize, f64)], take: &[usize]) -> Option<f64> {
+        let (a, b) = self.cost()?;
+        if base_outputs == 0 {
+            return None;
+        }
+        let base_time = a + b * base_tokens as f64;
+        let (mut tokens, mut time) = (base_outputs as f64, base_time);
+        for (r, &n) in requests.iter().zip(take) {
+            tokens += (1..=n).map(|j| r.0.powi(j as i32)).sum::<f64>();
+            time += n as f64 * (b + r.2);
+        }
+        Some((tokens / time) / (base_outputs as f64 / base_time))
+    }
 }
 
 /// The n-gram proposal after `tokens`: the up to `k` tokens that followed the latest earlier occurrence
 /// of the longest suffix (`max_n` down to `min_n` tokens) found in `tokens`, or what followed the
 /// occurrence in `prediction` nearest position `generated` (the output's length so far); the longer of
 /// the two proposals. Empty when nothing matches.
-pub fn propose_ngram(
-    tokens: &[u32],
-    prediction: &[u32],
-    generated: usize,
-    c: &SpecConfig,
-) -> Vec<u32> {
+pub fn propose_ngram(tokens: &[u32], prediction: &[u32], generated: usize, c: &SpecConfig) -> Vec<u32> {
     if c.k == 0 {
         return Vec::new();
     }
@@ -206,28 +202,13 @@ pub fn propose_ngram(
         let suffix = &tokens[tokens.len() - n..];
         // the latest occurrence that ends before the suffix itself, in the sequence and in the
         // prediction; the longer proposal wins (the prediction's on a tie: the client's own guess)
-        let after = |seq: &[u32], end: Option<usize>| {
-            end.map_or(Vec::new(), |end| {
-                seq[end..(end + c.k).min(seq.len())].to_vec()
-            })
-        };
-        let ours = after(
-            tokens,
-            (n..tokens.len())
-                .rev()
-                .find(|&end| &tokens[end - n..end] == suffix),
-        );
+        let after = |seq: &[u32], end: Option<usize>| end.map_or(Vec::new(), |end| seq[end..(end + c.k).min(seq.len())].to_vec());
+        let ours = after(tokens, (n..tokens.len()).rev().find(|&end| &tokens[end - n..end] == suffix));
         // in the prediction, the occurrence nearest the output's own position (it guesses the output
         // from its start; the latest occurrence would skip ahead in a text that repeats itself)
-        let near = (n..prediction.len())
-            .filter(|&end| &prediction[end - n..end] == suffix)
-            .min_by_key(|&end| (end.abs_diff(generated), usize::MAX - end));
+        let near = (n..prediction.len()).filter(|&end| &prediction[end - n..end] == suffix).min_by_key(|&end| (end.abs_diff(generated), usize::MAX - end));
         let theirs = after(prediction, near);
-        let best = if theirs.len() >= ours.len() {
-            theirs
-        } else {
-            ours
-        };
+        let best = if theirs.len() >= ours.len() { theirs } else { ours };
         if !best.is_empty() {
             return best;
         }
@@ -264,32 +245,19 @@ mod tests {
     use crate::sampler::SamplingParams;
 
     fn c(k: usize) -> SpecConfig {
-        SpecConfig {
-            k,
-            min_n: 2,
-            max_n: 3,
-            auto: false,
-            draft: false,
-        }
+        SpecConfig { k, min_n: 2, max_n: 3, auto: false, draft: false }
     }
 
     #[test]
     fn the_controller_fits_the_step_cost_and_guesses_only_where_it_pays() {
         let mut ctl = Controller::default();
-        assert_eq!(
-            ctl.choose(1, 1, &[(0.9, 4, 0.0)]),
-            vec![4],
-            "no cost model yet: every guess"
-        );
+        assert_eq!(ctl.choose(1, 1, &[(0.9, 4, 0.0)]), vec![4], "no cost model yet: every guess");
         // a memory-bound step: 10 ms, and 0.5 ms per token
         for n in [1, 1, 5, 9, 1, 64, 512, 3] {
             ctl.observe(n, 0.010 + 0.0005 * n as f64);
         }
         let (a, b) = ctl.cost().unwrap();
-        assert!(
-            (a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9,
-            "{a} {b}"
-        );
+        assert!((a - 0.010).abs() < 1e-9 && (b - 0.0005).abs() < 1e-9, "{a} {b}");
         // one stream: guesses that are usually kept pay, up to the proposal
         assert_eq!(ctl.choose(1, 1, &[(0.9, 4, 0.0)]), vec![4]);
         // ones that are rarely kept do not: 0.02 tokens for 0.5 ms, against 1 token per 10.5 ms
@@ -307,12 +275,16 @@ mod tests {
             busy.observe(n, 0.001 + 0.01 * n as f64);
         }
         assert_eq!(busy.choose(8, 8, &[(0.6, 4, 0.0); 8]), vec![0; 8]);
-        // a draft model whose step costs a third of the target's (3.5 ms): at α 0.8 two guesses pay (the
-        // third, 0.51 tokens for 4 ms, not against 2.44 per 18.5 ms), at α 0.6 one (0.6 tokens for 4 ms
-        // against 1 per 10.5 ms), at α 0.3 none
+        // a draft model whose pass costs a third of the target's step (3.5 ms): at α 0.8 two guesses pay
+        // (the third, 0.51 tokens for 4 ms, not against 2.44 per 18.5 ms), at α 0.6 one (0.6 tokens for
+        // 4 ms against 1 per 10.5 ms), at α 0.3 none
         assert_eq!(ctl.choose(1, 1, &[(0.8, 4, 0.0035)]), vec![2]);
         assert_eq!(ctl.choose(1, 1, &[(0.6, 4, 0.0035)]), vec![1]);
         assert_eq!(ctl.choose(1, 1, &[(0.3, 4, 0.0035)]), vec![0]);
+        // the gain it expects: 1.8 tokens in 14.5 ms against 1 in 10.5 ms
+        let g = ctl.gain(1, 1, &[(0.8, 4, 0.0035)], &[1]).unwrap();
+        assert!((g - 1.8 / 0.0145 * 0.0105).abs() < 1e-9, "{g}");
+        assert_eq!(ctl.gain(1, 1, &[(0.8, 4, 0.0035)], &[0]), Some(1.0));
     }
 
     #[test]
@@ -354,43 +326,23 @@ mod tests {
     #[test]
     fn the_prediction_is_searched_too_and_the_longer_proposal_wins() {
         let prediction = [10, 11, 12, 13, 14];
-        assert_eq!(
-            propose_ngram(&[1, 11, 12], &prediction, 2, &c(2)),
-            vec![13, 14]
-        );
+        assert_eq!(propose_ngram(&[1, 11, 12], &prediction, 2, &c(2)), vec![13, 14]);
         // the prediction's end proposes nothing
         assert!(propose_ngram(&[1, 13, 14], &prediction, 2, &c(2)).is_empty());
         // the sequence's own match runs into its end (two tokens); the prediction's gives three
-        assert_eq!(
-            propose_ngram(&[5, 11, 12, 11, 12], &[10, 11, 12, 13, 14, 15], 3, &c(3)),
-            vec![13, 14, 15]
-        );
+        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &[10, 11, 12, 13, 14, 15], 3, &c(3)), vec![13, 14, 15]);
         // on a tie, the prediction's; in a prediction that repeats itself, the occurrence nearest the
         // output's position
-        assert_eq!(
-            propose_ngram(&[9, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 2, &c(1)),
-            vec![3]
-        );
-        assert_eq!(
-            propose_ngram(&[9, 1, 2, 3, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 5, &c(1)),
-            vec![4]
-        );
-        assert_eq!(
-            propose_ngram(&[5, 11, 12, 11, 12], &prediction, 3, &c(3)),
-            vec![13, 14]
-        );
-        assert_eq!(
-            propose_ngram(&[11, 12, 9, 7, 6, 11, 12], &[], 0, &c(3)),
-            vec![9, 7, 6]
-        );
+        assert_eq!(propose_ngram(&[9, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 2, &c(1)), vec![3]);
+        assert_eq!(propose_ngram(&[9, 1, 2, 3, 1, 2], &[1, 2, 3, 1, 2, 4, 1, 2, 5], 5, &c(1)), vec![4]);
+        assert_eq!(propose_ngram(&[5, 11, 12, 11, 12], &prediction, 3, &c(3)), vec![13, 14]);
+        assert_eq!(propose_ngram(&[11, 12, 9, 7, 6, 11, 12], &[], 0, &c(3)), vec![9, 7, 6]);
     }
 
     #[test]
     fn greedy_verification_keeps_the_agreeing_prefix_and_adds_the_models_token() {
         let mut s = Sampler::new(SamplingParams::greedy());
-        let row = |best: usize| -> Vec<f32> {
-            (0..8).map(|i| if i == best { 1.0 } else { 0.0 }).collect()
-        };
+        let row = |best: usize| -> Vec<f32> { (0..8).map(|i| if i == best { 1.0 } else { 0.0 }).collect() };
         let rows = [row(3), row(4), row(6), row(7)];
         let rows: Vec<&[f32]> = rows.iter().map(|r| &r[..]).collect();
         assert_eq!(verify(&mut s, &rows, &[3, 4, 5], &[1]), vec![3, 4, 6]);

@@ -20,20 +20,12 @@ pub enum StopOutcome {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
-            held: String::new(),
-            matched: None,
-        }
+        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), matched: None }
     }
 
     pub fn push(&mut self, delta: &str) -> StopOutcome {
         self.held.push_str(delta);
-        let first_stop = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
-            .min_by_key(|&(at, _)| at);
+        let first_stop = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s))).min_by_key(|&(at, _)| at);
         if let Some((at, stop)) = first_stop {
             self.matched = Some(stop.clone());
             let out = self.held[..at].to_string();
@@ -41,12 +33,7 @@ impl StopMatcher {
             return StopOutcome::Stopped(out);
         }
         // Hold back the longest tail that begins some stop string.
-        let keep = self
-            .stops
-            .iter()
-            .map(|s| longest_tail_that_prefixes(&self.held, s))
-            .max()
-            .unwrap_or(0);
+        let keep = self.stops.iter().map(|s| longest_tail_that_prefixes(&self.held, s)).max().unwrap_or(0);
         let cut = self.held.len() - keep;
         let out = self.held[..cut].to_string();
         self.held.drain(..cut);
@@ -68,11 +55,7 @@ impl StopMatcher {
 fn longest_tail_that_prefixes(text: &str, stop: &str) -> usize {
     (1..stop.len().min(text.len() + 1))
         .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n)
-                && stop.is_char_boundary(n)
-                && text.ends_with(&stop[..n])
-        })
+        .find(|&n| text.is_char_boundary(text.len() - n) && stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
         .unwrap_or(0)
 }
 
@@ -86,17 +69,11 @@ mod tests {
         assert_eq!(m.push("hello </"), StopOutcome::Continue("hello ".into()));
         assert_eq!(m.push("en"), StopOutcome::Continue("".into()));
         assert_eq!(m.push("try"), StopOutcome::Continue("</entry".into()));
-        assert_eq!(
-            m.push(" and </end> more"),
-            StopOutcome::Stopped(" and ".into())
-        );
+        assert_eq!(m.push(" and </end> more"), StopOutcome::Stopped(" and ".into()));
         let mut m = StopMatcher::new(vec!["ab".into(), "x".into()]);
         assert_eq!(m.push("za"), StopOutcome::Continue("z".into()));
         assert_eq!(m.finish(), "a");
-        assert_eq!(
-            StopMatcher::new(vec!["é!".into()]).push("café"),
-            StopOutcome::Continue("caf".into())
-        );
+        assert_eq!(StopMatcher::new(vec!["é!".into()]).push("café"), StopOutcome::Continue("caf".into()));
     }
 
     use proptest::prelude::*;
@@ -107,15 +84,9 @@ mod tests {
     fn config(cases: u32) -> ProptestConfig {
         let base = ProptestConfig::default();
         ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() {
-                base.cases
-            } else {
-                cases
-            },
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() { base.cases } else { cases },
             rng_seed: match base.rng_seed {
-                proptest::test_runner::RngSeed::Random => {
-                    proptest::test_runner::RngSeed::Fixed(0x5709)
-                }
+                proptest::test_runner::RngSeed::Random => proptest::test_runner::RngSeed::Fixed(0x5709),
                 fixed => fixed,
             },
             failure_persistence: None,
@@ -127,59 +98,37 @@ mod tests {
     const ALPHABET: [char; 8] = ['a', 'b', 'c', ' ', '\n', 'é', '日', '🍕'];
 
     fn chars(max: usize) -> impl Strategy<Value = String> {
-        prop::collection::vec(prop::sample::select(ALPHABET.to_vec()), 0..max)
-            .prop_map(|v| v.into_iter().collect())
+        prop::collection::vec(prop::sample::select(ALPHABET.to_vec()), 0..max).prop_map(|v| v.into_iter().collect())
     }
 
     /// A text, its stop strings (0-4; each a piece of the text or a short random string, possibly empty),
     /// and the deltas it arrives in (split at random char boundaries).
     fn stream() -> impl Strategy<Value = (String, Vec<String>, Vec<String>)> {
         let stop = (any::<bool>(), any::<Index>(), 1..5usize, chars(4));
-        (
-            chars(40),
-            prop::collection::vec(stop, 0..=4),
-            prop::collection::vec(any::<Index>(), 0..12),
-        )
-            .prop_map(|(text, stops, cuts)| {
-                let bounds: Vec<usize> = text
-                    .char_indices()
-                    .map(|(i, _)| i)
-                    .chain([text.len()])
-                    .collect();
-                let stops = stops
-                    .into_iter()
-                    .map(|(from_text, at, len, random)| {
-                        if from_text && !text.is_empty() {
-                            let start = at.index(bounds.len() - 1);
-                            text[bounds[start]..bounds[(start + len).min(bounds.len() - 1)]]
-                                .to_string()
-                        } else {
-                            random
-                        }
-                    })
-                    .collect();
-                let mut cuts: Vec<usize> = cuts
-                    .iter()
-                    .map(|i| bounds[i.index(bounds.len())])
-                    .chain([0, text.len()])
-                    .collect();
-                cuts.sort_unstable();
-                cuts.dedup();
-                let deltas = cuts
-                    .windows(2)
-                    .map(|w| text[w[0]..w[1]].to_string())
-                    .collect();
-                (text, stops, deltas)
-            })
+        (chars(40), prop::collection::vec(stop, 0..=4), prop::collection::vec(any::<Index>(), 0..12)).prop_map(|(text, stops, cuts)| {
+            let bounds: Vec<usize> = text.char_indices().map(|(i, _)| i).chain([text.len()]).collect();
+            let stops = stops
+                .into_iter()
+                .map(|(from_text, at, len, random)| {
+                    if from_text && !text.is_empty() {
+                        let start = at.index(bounds.len() - 1);
+                        text[bounds[start]..bounds[(start + len).min(bounds.len() - 1)]].to_string()
+                    } else {
+                        random
+                    }
+                })
+                .collect();
+            let mut cuts: Vec<usize> = cuts.iter().map(|i| bounds[i.index(bounds.len())]).chain([0, text.len()]).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let deltas = cuts.windows(2).map(|w| text[w[0]..w[1]].to_string()).collect();
+            (text, stops, deltas)
+        })
     }
 
     /// Where the first stop string begins in `text` (empty stop strings are ignored), if any does.
     fn first_stop(text: &str, stops: &[String]) -> Option<usize> {
-        stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
+        stops.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
     }
 
     /// The naive answer: the text received up to the first delta after which it holds a stop string,

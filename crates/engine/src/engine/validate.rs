@@ -74,11 +74,7 @@ pub struct HeldBlocks {
 
 impl HeldBlocks {
     /// One group of every layer, no window.
-    pub const ONE_GROUP: HeldBlocks = HeldBlocks {
-        full_groups: 1,
-        capped_groups: 0,
-        cap: 0,
-    };
+    pub const ONE_GROUP: HeldBlocks = HeldBlocks { full_groups: 1, capped_groups: 0, cap: 0 };
 
     /// Blocks held by a sequence of `len` positions.
     pub fn blocks(&self, len: usize, block_size: usize) -> usize {
@@ -168,69 +164,34 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
         return prompt("the prompt is empty".into());
     }
     if n >= max_len {
-        return prompt(format!(
-            "this model's maximum context length is {max_len} tokens; the prompt has {n} tokens"
-        ));
+        return prompt(format!("this model's maximum context length is {max_len} tokens; the prompt has {n} tokens"));
     }
     if let Some(&bad) = p.prompt.iter().find(|&&t| t as usize >= limits.vocab_size) {
-        return prompt(format!(
-            "token id {bad} is outside the vocabulary ({} tokens)",
-            limits.vocab_size
-        ));
+        return prompt(format!("token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size));
     }
     // The prompt and one generated token must fit the whole KV cache (the scheduler's admission test);
     // under a window or in sliding layer groups, the blocks a sequence holds at once.
     let blocks = limits.held.blocks(n + 1, limits.block_size);
     if blocks * limits.block_size > limits.kv_cache_tokens {
-        return prompt(format!(
-            "the prompt has {n} tokens; the KV cache holds {} tokens in all (raise --kv-memory)",
-            limits.kv_cache_tokens
-        ));
+        return prompt(format!("the prompt has {n} tokens; the KV cache holds {} tokens in all (raise --kv-memory)", limits.kv_cache_tokens));
     }
     let room = max_len - n;
     p.max_new_tokens = match p.max_new_tokens {
-        Some(0) => {
-            return Err(RequestError::invalid(
-                Field::MaxTokens,
-                "max_tokens must be at least 1. Given: 0".into(),
-            ))
-        }
+        Some(0) => return Err(RequestError::invalid(Field::MaxTokens, "max_tokens must be at least 1. Given: 0".into())),
         Some(m) => Some(m.min(room)),
         None => Some(room),
     };
     if p.stop.len() > MAX_STOP_STRINGS {
-        return Err(RequestError::invalid(
-            Field::Stop,
-            format!(
-                "at most {MAX_STOP_STRINGS} stop sequences are allowed. Given: {}",
-                p.stop.len()
-            ),
-        ));
+        return Err(RequestError::invalid(Field::Stop, format!("at most {MAX_STOP_STRINGS} stop sequences are allowed. Given: {}", p.stop.len())));
     }
-    if let Some(&bad) = p
-        .stop_token_ids
-        .iter()
-        .find(|&&t| t as usize >= limits.vocab_size)
-    {
-        return Err(RequestError::invalid(
-            Field::StopTokenIds,
-            format!(
-                "stop token id {bad} is outside the vocabulary ({} tokens)",
-                limits.vocab_size
-            ),
-        ));
+    if let Some(&bad) = p.stop_token_ids.iter().find(|&&t| t as usize >= limits.vocab_size) {
+        return Err(RequestError::invalid(Field::StopTokenIds, format!("stop token id {bad} is outside the vocabulary ({} tokens)", limits.vocab_size)));
     }
     if let Some(k) = p.logprobs.filter(|&k| k > MAX_LOGPROBS) {
-        return Err(RequestError::invalid(
-            Field::Logprobs,
-            format!("at most {MAX_LOGPROBS} log-probability alternatives per token. Given: {k}"),
-        ));
+        return Err(RequestError::invalid(Field::Logprobs, format!("at most {MAX_LOGPROBS} log-probability alternatives per token. Given: {k}")));
     }
     if p.cache_salt.as_deref() == Some("") {
-        return Err(RequestError::invalid(
-            Field::CacheSalt,
-            "cache_salt must not be empty".into(),
-        ));
+        return Err(RequestError::invalid(Field::CacheSalt, "cache_salt must not be empty".into()));
     }
     check_sampling(&p.sampling)?;
     Ok(ValidatedRequest(p))
@@ -238,63 +199,21 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
 
 /// Rejects values that would make sampling undefined, naming the parameter, the limit and the value.
 fn check_sampling(s: &SamplingParams) -> Result<(), RequestError> {
-    let check = |ok: bool, field: Field, m: String| {
-        if ok {
-            Ok(())
-        } else {
-            Err(RequestError::invalid(field, m))
-        }
-    };
-    check(
-        s.temperature.is_finite() && s.temperature >= 0.0,
-        Field::Temperature,
-        format!("temperature must be >= 0. Given: {}", s.temperature),
-    )?;
-    check(
-        s.top_p > 0.0 && s.top_p <= 1.0,
-        Field::TopP,
-        format!("top_p must be in (0, 1]. Given: {}", s.top_p),
-    )?;
-    check(
-        (0.0..=1.0).contains(&s.min_p),
-        Field::MinP,
-        format!("min_p must be in [0, 1]. Given: {}", s.min_p),
-    )?;
+    let check = |ok: bool, field: Field, m: String| if ok { Ok(()) } else { Err(RequestError::invalid(field, m)) };
+    check(s.temperature.is_finite() && s.temperature >= 0.0, Field::Temperature, format!("temperature must be >= 0. Given: {}", s.temperature))?;
+    check(s.top_p > 0.0 && s.top_p <= 1.0, Field::TopP, format!("top_p must be in (0, 1]. Given: {}", s.top_p))?;
+    check((0.0..=1.0).contains(&s.min_p), Field::MinP, format!("min_p must be in [0, 1]. Given: {}", s.min_p))?;
     let rp = s.repetition_penalty;
-    check(
-        rp.is_finite() && rp > 0.0,
-        Field::RepetitionPenalty,
-        format!("repetition_penalty must be > 0. Given: {rp}"),
-    )?;
-    check(
-        (-2.0..=2.0).contains(&s.presence_penalty),
-        Field::PresencePenalty,
-        format!(
-            "presence_penalty must be in [-2, 2]. Given: {}",
-            s.presence_penalty
-        ),
-    )?;
-    check(
-        (-2.0..=2.0).contains(&s.frequency_penalty),
-        Field::FrequencyPenalty,
-        format!(
-            "frequency_penalty must be in [-2, 2]. Given: {}",
-            s.frequency_penalty
-        ),
-    )
+    check(rp.is_finite() && rp > 0.0, Field::RepetitionPenalty, format!("repetition_penalty must be > 0. Given: {rp}"))?;
+    check((-2.0..=2.0).contains(&s.presence_penalty), Field::PresencePenalty, format!("presence_penalty must be in [-2, 2]. Given: {}", s.presence_penalty))?;
+    check((-2.0..=2.0).contains(&s.frequency_penalty), Field::FrequencyPenalty, format!("frequency_penalty must be in [-2, 2]. Given: {}", s.frequency_penalty))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
-        max_model_len: 64,
-        vocab_size: 100,
-        kv_cache_tokens: 48,
-        block_size: 16,
-        held: HeldBlocks::ONE_GROUP,
-    };
+    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, held: HeldBlocks::ONE_GROUP };
 
     fn field_of(p: GenerateParams) -> Field {
         match validate(p, &LIMITS) {
@@ -306,130 +225,29 @@ mod tests {
     #[test]
     fn each_refusal_names_its_field() {
         let ok = || GenerateParams::greedy(vec![1, 2, 3], 10);
-        assert_eq!(
-            field_of(GenerateParams {
-                prompt: vec![],
-                ..ok()
-            }),
-            Field::Prompt
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                prompt: vec![1; 64],
-                ..ok()
-            }),
-            Field::Prompt
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                prompt: vec![100],
-                ..ok()
-            }),
-            Field::Prompt
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                prompt: vec![1; 48],
-                ..ok()
-            }),
-            Field::Prompt,
-            "48 + 1 tokens need 4 blocks of the 3"
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                max_new_tokens: Some(0),
-                ..ok()
-            }),
-            Field::MaxTokens
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                stop: vec!["a".into(); 5],
-                ..ok()
-            }),
-            Field::Stop
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                stop_token_ids: vec![100],
-                ..ok()
-            }),
-            Field::StopTokenIds
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                logprobs: Some(21),
-                ..ok()
-            }),
-            Field::Logprobs
-        );
-        assert_eq!(
-            field_of(GenerateParams {
-                cache_salt: Some(String::new()),
-                ..ok()
-            }),
-            Field::CacheSalt
-        );
-        let sampling = |s: SamplingParams| GenerateParams {
-            sampling: s,
-            ..ok()
-        };
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                temperature: -1.0,
-                ..SamplingParams::greedy()
-            })),
-            Field::Temperature
-        );
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                top_p: 0.0,
-                ..SamplingParams::greedy()
-            })),
-            Field::TopP
-        );
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                min_p: 2.0,
-                ..SamplingParams::greedy()
-            })),
-            Field::MinP
-        );
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                repetition_penalty: f32::NAN,
-                ..SamplingParams::greedy()
-            })),
-            Field::RepetitionPenalty
-        );
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                presence_penalty: 3.0,
-                ..SamplingParams::greedy()
-            })),
-            Field::PresencePenalty
-        );
-        assert_eq!(
-            field_of(sampling(SamplingParams {
-                frequency_penalty: -3.0,
-                ..SamplingParams::greedy()
-            })),
-            Field::FrequencyPenalty
-        );
+        assert_eq!(field_of(GenerateParams { prompt: vec![], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![1; 64], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![100], ..ok() }), Field::Prompt);
+        assert_eq!(field_of(GenerateParams { prompt: vec![1; 48], ..ok() }), Field::Prompt, "48 + 1 tokens need 4 blocks of the 3");
+        assert_eq!(field_of(GenerateParams { max_new_tokens: Some(0), ..ok() }), Field::MaxTokens);
+        assert_eq!(field_of(GenerateParams { stop: vec!["a".into(); 5], ..ok() }), Field::Stop);
+        assert_eq!(field_of(GenerateParams { stop_token_ids: vec![100], ..ok() }), Field::StopTokenIds);
+        assert_eq!(field_of(GenerateParams { logprobs: Some(21), ..ok() }), Field::Logprobs);
+        assert_eq!(field_of(GenerateParams { cache_salt: Some(String::new()), ..ok() }), Field::CacheSalt);
+        let sampling = |s: SamplingParams| GenerateParams { sampling: s, ..ok() };
+        assert_eq!(field_of(sampling(SamplingParams { temperature: -1.0, ..SamplingParams::greedy() })), Field::Temperature);
+        assert_eq!(field_of(sampling(SamplingParams { top_p: 0.0, ..SamplingParams::greedy() })), Field::TopP);
+        assert_eq!(field_of(sampling(SamplingParams { min_p: 2.0, ..SamplingParams::greedy() })), Field::MinP);
+        assert_eq!(field_of(sampling(SamplingParams { repetition_penalty: f32::NAN, ..SamplingParams::greedy() })), Field::RepetitionPenalty);
+        assert_eq!(field_of(sampling(SamplingParams { presence_penalty: 3.0, ..SamplingParams::greedy() })), Field::PresencePenalty);
+        assert_eq!(field_of(sampling(SamplingParams { frequency_penalty: -3.0, ..SamplingParams::greedy() })), Field::FrequencyPenalty);
     }
 
     #[test]
     fn max_tokens_is_clamped_to_the_context() {
         let v = validate(GenerateParams::greedy(vec![1; 10], 32_000), &LIMITS).unwrap();
         assert_eq!(v.max_new_tokens(), 54);
-        let v = validate(
-            GenerateParams {
-                max_new_tokens: None,
-                ..GenerateParams::greedy(vec![1; 10], 1)
-            },
-            &LIMITS,
-        )
-        .unwrap();
+        let v = validate(GenerateParams { max_new_tokens: None, ..GenerateParams::greedy(vec![1; 10], 1) }, &LIMITS).unwrap();
         assert_eq!(v.max_new_tokens(), 54);
         let v = validate(GenerateParams::greedy(vec![1; 10], 5), &LIMITS).unwrap();
         assert_eq!(v.max_new_tokens(), 5);

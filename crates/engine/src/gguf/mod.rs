@@ -49,16 +49,10 @@ impl TensorView<'_> {
 impl GgufFile {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = std::fs::File::open(&path).map_err(|source| Error::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let file = std::fs::File::open(&path).map_err(|source| Error::Open { path: path.clone(), source })?;
         // SAFETY: the map is read-only; a file truncated underneath us by another process is outside what
         // any mmap-based reader (llama.cpp included) can defend against.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Open { path: path.clone(), source })?;
         Self::from_bytes_inner(path, Bytes::Mapped(map))
     }
 
@@ -72,25 +66,9 @@ impl GgufFile {
             Bytes::Mapped(m) => m,
             Bytes::Owned(v) => v,
         })?;
-        let index = header
-            .metadata
-            .iter()
-            .enumerate()
-            .map(|(i, (k, _))| (k.clone(), i))
-            .collect();
-        let tensor_index = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(GgufFile {
-            path,
-            bytes,
-            header,
-            index,
-            tensor_index,
-        })
+        let index = header.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+        let tensor_index = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(GgufFile { path, bytes, header, index, tensor_index })
     }
 
     /// Tells the OS that bytes `offset..offset + len` of the map will not be read again soon (their
@@ -100,9 +78,7 @@ impl GgufFile {
         if let Bytes::Mapped(m) = &self.bytes {
             // SAFETY: a read-only file mapping; after MADV_DONTNEED its pages are re-read from the file
             // on the next access, so no reader can observe a difference.
-            let _ = unsafe {
-                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
-            };
+            let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
         }
     }
 
@@ -128,94 +104,59 @@ impl GgufFile {
     }
 
     fn required(&self, key: &str) -> Result<&Value> {
-        self.get(key)
-            .ok_or_else(|| Error::Metadata(format!("missing key {key:?}")))
+        self.get(key).ok_or_else(|| Error::Metadata(format!("missing key {key:?}")))
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str> {
-        self.required(key)?
-            .as_str()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not a string")))
+        self.required(key)?.as_str().ok_or_else(|| Error::Metadata(format!("{key:?} is not a string")))
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64> {
-        self.required(key)?
-            .as_u64()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not an unsigned integer")))
+        self.required(key)?.as_u64().ok_or_else(|| Error::Metadata(format!("{key:?} is not an unsigned integer")))
     }
 
     pub fn get_f32(&self, key: &str) -> Result<f32> {
-        self.required(key)?
-            .as_f32()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not a number")))
+        self.required(key)?.as_f32().ok_or_else(|| Error::Metadata(format!("{key:?} is not a number")))
     }
 
     pub fn get_bool_or(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| Error::Metadata(format!("{key:?} is not a bool"))),
+            Some(v) => v.as_bool().ok_or_else(|| Error::Metadata(format!("{key:?} is not a bool"))),
         }
     }
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
-        let arr = self
-            .required(key)?
-            .as_array()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
+        let arr = self.required(key)?.as_array().ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
         arr.iter()
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-string")))
-            })
+            .map(|v| v.as_str().ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-string"))))
             .collect()
     }
 
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
-        let arr = self
-            .required(key)?
-            .as_array()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
+        let arr = self.required(key)?.as_array().ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
         arr.iter()
-            .map(|v| {
-                v.as_f32()
-                    .ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-number")))
-            })
+            .map(|v| v.as_f32().ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-number"))))
             .collect()
     }
 
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>> {
-        let arr = self
-            .required(key)?
-            .as_array()
-            .ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
+        let arr = self.required(key)?.as_array().ok_or_else(|| Error::Metadata(format!("{key:?} is not an array")))?;
         arr.iter()
-            .map(|v| {
-                v.as_i64()
-                    .ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-integer")))
-            })
+            .map(|v| v.as_i64().ok_or_else(|| Error::Metadata(format!("{key:?} holds a non-integer"))))
             .collect()
     }
 
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index
-            .get(name)
-            .map(|&i| &self.header.tensors[i])
+        self.tensor_index.get(name).map(|&i| &self.header.tensors[i])
     }
 
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
+        let info = self.tensor_info(name).ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
         // Bounds were checked at parse time.
         let start = info.file_offset as usize;
         let bytes = &self.raw()[start..start + info.num_bytes as usize];
-        Ok(TensorView {
-            dtype: info.dtype,
-            dims: &info.dims,
-            bytes,
-        })
+        Ok(TensorView { dtype: info.dtype, dims: &info.dims, bytes })
     }
 }

@@ -65,10 +65,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        Ok(self
-            .take(N as u64, what)?
-            .try_into()
-            .expect("take returned N bytes"))
+        Ok(self.take(N as u64, what)?.try_into().expect("take returned N bytes"))
     }
 
     fn u32(&mut self, what: &str) -> Result<u32> {
@@ -101,11 +98,7 @@ impl<'a> Cursor<'a> {
             7 => match u8::from_le_bytes(self.array(key)?) {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => {
-                    return Err(bad(format!(
-                        "metadata {key:?}: bool byte {b} is neither 0 nor 1"
-                    )))
-                }
+                b => return Err(bad(format!("metadata {key:?}: bool byte {b} is neither 0 nor 1"))),
             },
             8 => Value::String(self.string(key)?),
             9 => self.array_value(key, depth)?,
@@ -118,17 +111,13 @@ impl<'a> Cursor<'a> {
 
     fn array_value(&mut self, key: &str, depth: u32) -> Result<Value> {
         if depth >= MAX_ARRAY_DEPTH {
-            return Err(bad(format!(
-                "metadata {key:?}: arrays nested deeper than {MAX_ARRAY_DEPTH}"
-            )));
+            return Err(bad(format!("metadata {key:?}: arrays nested deeper than {MAX_ARRAY_DEPTH}")));
         }
         let elem_type = self.u32(key)?;
         let len = self.u64(key)?;
         // Every element takes at least one byte: refuse counts the file cannot hold before allocating.
         if len > self.remaining() {
-            return Err(bad(format!(
-                "metadata {key:?}: array of {len} items is longer than the file"
-            )));
+            return Err(bad(format!("metadata {key:?}: array of {len} items is longer than the file")));
         }
         let mut items = Vec::with_capacity(len as usize);
         for _ in 0..len {
@@ -141,17 +130,13 @@ impl<'a> Cursor<'a> {
 /// Parse the header of a GGUF file held in `bytes` (usually a memory map of the whole file).
 pub fn parse_header(bytes: &[u8]) -> Result<Header> {
     let mut cur = Cursor { bytes, pos: 0 };
-    let magic = cur
-        .take(4, "magic")
-        .map_err(|_| bad("file is shorter than the 4-byte GGUF magic"))?;
+    let magic = cur.take(4, "magic").map_err(|_| bad("file is shorter than the 4-byte GGUF magic"))?;
     if magic != MAGIC {
         return Err(bad(format!("wrong magic {magic:02x?}: not a GGUF file")));
     }
     let version = cur.u32("version")?;
     if !(2..=3).contains(&version) {
-        return Err(bad(format!(
-            "unsupported GGUF version {version} (supported: 2, 3)"
-        )));
+        return Err(bad(format!("unsupported GGUF version {version} (supported: 2, 3)")));
     }
     let num_tensors = cur.u64("tensor count")?;
     let num_kv = cur.u64("metadata count")?;
@@ -169,11 +154,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header> {
         None => DEFAULT_ALIGNMENT,
         Some((_, v)) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 16 => a,
-            _ => {
-                return Err(bad(format!(
-                    "general.alignment {v:?} is not a power of two"
-                )))
-            }
+            _ => return Err(bad(format!("general.alignment {v:?} is not a power of two"))),
         },
     };
     let mut raw_tensors = Vec::with_capacity(num_tensors as usize);
@@ -186,13 +167,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header> {
         .into_iter()
         .map(|(info, rel)| place_tensor(info, rel, alignment, data_offset, data_len))
         .collect::<Result<Vec<_>>>()?;
-    Ok(Header {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(Header { version, metadata, tensors, alignment, data_offset })
 }
 
 /// Reads one tensor info; returns it with `file_offset` still relative to the data section.
@@ -200,40 +175,22 @@ fn read_tensor_info(cur: &mut Cursor, index: u64) -> Result<(TensorInfo, u64)> {
     let name = cur.string(&format!("tensor #{index} name"))?;
     let n_dims = cur.u32(&name)?;
     if n_dims == 0 || n_dims > MAX_DIMS {
-        return Err(bad(format!(
-            "tensor {name:?}: {n_dims} dimensions (1..={MAX_DIMS} supported)"
-        )));
+        return Err(bad(format!("tensor {name:?}: {n_dims} dimensions (1..={MAX_DIMS} supported)")));
     }
-    let dims = (0..n_dims)
-        .map(|_| cur.u64(&name))
-        .collect::<Result<Vec<_>>>()?;
+    let dims = (0..n_dims).map(|_| cur.u64(&name)).collect::<Result<Vec<_>>>()?;
     let type_id = cur.u32(&name)?;
-    let dtype = GgmlType::from_ggml_id(type_id).ok_or_else(|| {
-        bad(format!(
-            "tensor {name:?}: unsupported tensor type id {type_id}"
-        ))
-    })?;
+    let dtype = GgmlType::from_ggml_id(type_id)
+        .ok_or_else(|| bad(format!("tensor {name:?}: unsupported tensor type id {type_id}")))?;
     let rel_offset = cur.u64(&name)?;
     let num_bytes = tensor_bytes(&name, &dims, dtype)?;
-    Ok((
-        TensorInfo {
-            name,
-            dims,
-            dtype,
-            file_offset: 0,
-            num_bytes,
-        },
-        rel_offset,
-    ))
+    Ok((TensorInfo { name, dims, dtype, file_offset: 0, num_bytes }, rel_offset))
 }
 
 fn tensor_bytes(name: &str, dims: &[u64], dtype: GgmlType) -> Result<u64> {
     let overflow = || bad(format!("tensor {name:?}: shape {dims:?} overflows"));
     let row_len = dims[0];
     if row_len == 0 || dims.iter().any(|&d| d == 0) {
-        return Err(bad(format!(
-            "tensor {name:?}: empty dimension in shape {dims:?}"
-        )));
+        return Err(bad(format!("tensor {name:?}: empty dimension in shape {dims:?}")));
     }
     let block = dtype.block_len() as u64;
     if row_len % block != 0 {
@@ -242,27 +199,13 @@ fn tensor_bytes(name: &str, dims: &[u64], dtype: GgmlType) -> Result<u64> {
             dtype.name()
         )));
     }
-    let row_bytes = (row_len / block)
-        .checked_mul(dtype.block_bytes() as u64)
-        .ok_or_else(overflow)?;
-    dims[1..]
-        .iter()
-        .try_fold(row_bytes, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(overflow)
+    let row_bytes = (row_len / block).checked_mul(dtype.block_bytes() as u64).ok_or_else(overflow)?;
+    dims[1..].iter().try_fold(row_bytes, |acc, &d| acc.checked_mul(d)).ok_or_else(overflow)
 }
 
-fn place_tensor(
-    mut info: TensorInfo,
-    rel: u64,
-    alignment: u64,
-    data_offset: u64,
-    data_len: u64,
-) -> Result<TensorInfo> {
+fn place_tensor(mut info: TensorInfo, rel: u64, alignment: u64, data_offset: u64, data_len: u64) -> Result<TensorInfo> {
     if rel % alignment != 0 {
-        return Err(bad(format!(
-            "tensor {:?}: offset {rel} is not aligned to {alignment}",
-            info.name
-        )));
+        return Err(bad(format!("tensor {:?}: offset {rel} is not aligned to {alignment}", info.name)));
     }
     let end = rel.checked_add(info.num_bytes);
     if end.is_none_or(|e| e > data_len) {

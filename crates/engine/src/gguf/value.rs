@@ -77,15 +77,10 @@ impl Value {
     /// A short rendering for `reckon info`: long arrays are summarised by their length.
     pub fn summary(&self) -> String {
         match self {
-            Value::String(s) if s.len() > 80 => {
-                format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(60)], s.len())
-            }
+            Value::String(s) if s.len() > 80 => format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(60)], s.len()),
             Value::String(s) => format!("{s:?}"),
             Value::Array(a) if a.len() > 8 => format!("[{} items]", a.len()),
-            Value::Array(a) => format!(
-                "[{}]",
-                a.iter().map(|v| v.summary()).collect::<Vec<_>>().join(", ")
-            ),
+            Value::Array(a) => format!("[{}]", a.iter().map(|v| v.summary()).collect::<Vec<_>>().join(", ")),
             Value::F32(v) => format!("{v}"),
             Value::F64(v) => format!("{v}"),
             Value::Bool(v) => format!("{v}"),

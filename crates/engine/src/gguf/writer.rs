@@ -30,19 +30,8 @@ impl GgufWriter {
     }
 
     /// Adds a tensor; `dims[0]` is the row length, `bytes` its stored data in `dtype`'s layout.
-    pub fn tensor(
-        &mut self,
-        name: &str,
-        dtype: GgmlType,
-        dims: &[u64],
-        bytes: Vec<u8>,
-    ) -> &mut Self {
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            dtype,
-            dims: dims.to_vec(),
-            bytes,
-        });
+    pub fn tensor(&mut self, name: &str, dtype: GgmlType, dims: &[u64], bytes: Vec<u8>) -> &mut Self {
+        self.tensors.push(PendingTensor { name: name.to_string(), dtype, dims: dims.to_vec(), bytes });
         self
     }
 

@@ -28,9 +28,7 @@ impl SimdLevel {
 
     /// `scalar`, `avx2` or `avx512`.
     pub fn from_name(name: &str) -> Option<SimdLevel> {
-        SimdLevel::ALL
-            .into_iter()
-            .find(|l| l.name().eq_ignore_ascii_case(name))
+        SimdLevel::ALL.into_iter().find(|l| l.name().eq_ignore_ascii_case(name))
     }
 
     /// The best level this CPU supports, whatever the cap.
@@ -88,8 +86,7 @@ impl CpuFeatures {
     pub fn best_level(&self) -> SimdLevel {
         if !(self.avx2 && self.fma && self.f16c) {
             SimdLevel::Scalar
-        } else if self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni && self.avx512dq
-        {
+        } else if self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni && self.avx512dq {
             SimdLevel::Avx512
         } else {
             SimdLevel::Avx2
@@ -108,11 +105,7 @@ impl CpuFeatures {
             ("avx512dq", self.avx512dq),
             ("avx512vnni", self.avx512vnni),
         ];
-        all.iter()
-            .filter(|(_, on)| *on)
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(" ")
+        all.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect::<Vec<_>>().join(" ")
     }
 }
 
@@ -149,10 +142,7 @@ pub fn simd_level() -> SimdLevel {
 
 /// All levels usable on this CPU, lowest first (whatever the cap: tests compare them).
 pub fn available_levels() -> Vec<SimdLevel> {
-    SimdLevel::ALL
-        .into_iter()
-        .filter(|l| l.is_available())
-        .collect()
+    SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()
 }
 
 #[cfg(test)]

@@ -6,10 +6,7 @@ use super::{simd_level, SimdLevel};
 
 /// The unit tests' SIMD cap: `RECKON_SIMD`, else none.
 pub(crate) fn cap_from_env() -> SimdLevel {
-    std::env::var("RECKON_SIMD")
-        .ok()
-        .and_then(|v| SimdLevel::from_name(&v))
-        .unwrap_or(SimdLevel::Avx512)
+    std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)).unwrap_or(SimdLevel::Avx512)
 }
 
 /// For a test that needs kernels of `level`: whether they run here (within the cap). If not, the test
@@ -20,26 +17,15 @@ pub(crate) fn test_needs(level: SimdLevel, what: &str) -> bool {
         return true;
     }
     if let Some(required) = required_by_env() {
-        assert!(
-            required < level,
-            "{what} needs {} kernels, which RECKON_REQUIRE_SIMD={} requires; here they are {}",
-            level.name(),
-            required.name(),
-            simd_level().name()
-        );
+        assert!(required < level, "{what} needs {} kernels, which RECKON_REQUIRE_SIMD={} requires; here they are {}", level.name(), required.name(), simd_level().name());
     }
     eprintln!("note: no {} kernels here; {what} skipped", level.name());
     false
 }
 
 fn required_by_env() -> Option<SimdLevel> {
-    let v = std::env::var("RECKON_REQUIRE_SIMD")
-        .ok()
-        .filter(|v| !v.is_empty())?;
-    Some(
-        SimdLevel::from_name(&v)
-            .unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={v:?}: not scalar, avx2 or avx512")),
-    )
+    let v = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty())?;
+    Some(SimdLevel::from_name(&v).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={v:?}: not scalar, avx2 or avx512")))
 }
 
 /// The kernel tests loop over `available_levels()`; this one fails where the level CI requires is
@@ -47,11 +33,6 @@ fn required_by_env() -> Option<SimdLevel> {
 #[test]
 fn the_required_simd_level_is_present() {
     if let Some(required) = required_by_env() {
-        assert!(
-            simd_level() >= required,
-            "RECKON_REQUIRE_SIMD={} but the kernels run {}",
-            required.name(),
-            simd_level().name()
-        );
+        assert!(simd_level() >= required, "RECKON_REQUIRE_SIMD={} but the kernels run {}", required.name(), simd_level().name());
     }
 }

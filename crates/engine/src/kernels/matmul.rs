@@ -9,13 +9,9 @@
 //! quantized once per activation type and every matrix's rows share one parallel pass, so the threads
 //! meet once instead of once per matrix.
 
-use crate::kernels::ggml::{
-    activation_row_bytes, fill_pairs, multi_dot_kernel, multi_row_kernel, pair_dot_kernel,
-    prefetch_l2, quantize_row_ggml_x86, quantize_row_legacy_with_sides, vec_dot_kernel, GgmlType,
-    Line, PairActs, MULTI, PAIRS_PER_CALL,
-};
-use crate::kernels::packed::{self, ActSide, PackedInput, PackedMatrix, GROUP};
 use crate::pool;
+use crate::kernels::packed::{self, ActSide, PackedInput, PackedMatrix, GROUP};
+use crate::kernels::ggml::{activation_row_bytes, fill_pairs, quantize_row_legacy_with_sides, multi_dot_kernel, multi_row_kernel, pair_dot_kernel, prefetch_l2, quantize_row_ggml_x86, vec_dot_kernel, GgmlType, Line, PairActs, MULTI, PAIRS_PER_CALL};
 
 /// A weight matrix of `rows` output features by `cols` input features, stored row-major in `dtype`
 /// (`bytes`, ggml layout), and its packed copy if it has one: then the matmul runs the packed kernels
@@ -95,11 +91,7 @@ struct Prepared {
 
 impl Prepared {
     fn plain_of(&self, act: GgmlType) -> (usize, usize) {
-        let &(_, off, bytes) = self
-            .plain
-            .iter()
-            .find(|p| p.0 == act)
-            .expect("activation type prepared");
+        let &(_, off, bytes) = self.plain.iter().find(|p| p.0 == act).expect("activation type prepared");
         (off, bytes)
     }
 }
@@ -119,12 +111,7 @@ pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32]
 
 /// `matmul_many` over an input that `fill` writes first (see `FillRows`); the same results as calling
 /// `fill(0, n_tokens, x)` and then `matmul_many(x, ..)`.
-pub fn matmul_many_filled(
-    x: &mut [f32],
-    fill: FillRows,
-    xq: &mut Vec<u8>,
-    jobs: &mut [(QMatrix, &mut [f32])],
-) {
+pub fn matmul_many_filled(x: &mut [f32], fill: FillRows, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     // SAFETY: `x` is borrowed mutably for the call.
     unsafe { matmul_many_impl(x.as_mut_ptr(), x.len(), Some(fill), xq, jobs) }
 }
@@ -132,37 +119,20 @@ pub fn matmul_many_filled(
 /// # Safety
 /// `x_ptr..x_ptr + x_len` is one live buffer, writable when `fill` is given, not otherwise accessed
 /// during the call.
-unsafe fn matmul_many_impl(
-    x_ptr: *mut f32,
-    x_len: usize,
-    fill: Option<FillRows>,
-    xq: &mut Vec<u8>,
-    jobs: &mut [(QMatrix, &mut [f32])],
-) {
-    let Some(cols) = jobs.first().map(|j| j.0.cols) else {
-        return;
-    };
+unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+    let Some(cols) = jobs.first().map(|j| j.0.cols) else { return };
     let n_tokens = x_len / cols;
     let x_rows = SyncPtr(x_ptr);
     // Token rows first..last of x, for the one part that fills or quantizes them.
     let rows_of = move |first: usize, last: usize| {
         let x_rows = x_rows; // the whole wrapper (Sync), not its raw field
-                             // SAFETY: inside the buffer; parts take disjoint token ranges (see the callers).
+        // SAFETY: inside the buffer; parts take disjoint token ranges (see the callers).
         unsafe { std::slice::from_raw_parts_mut(x_rows.0.add(first * cols), (last - first) * cols) }
     };
     assert_eq!(x_len, n_tokens * cols, "matmul input is not [n, {cols}]");
     for (m, out) in jobs.iter() {
-        assert_eq!(
-            m.cols, cols,
-            "matmul_many: matrices of {} and {cols} columns",
-            m.cols
-        );
-        assert_eq!(
-            out.len(),
-            n_tokens * m.rows,
-            "matmul output is not [n, {}]",
-            m.rows
-        );
+        assert_eq!(m.cols, cols, "matmul_many: matrices of {} and {cols} columns", m.cols);
+        assert_eq!(out.len(), n_tokens * m.rows, "matmul output is not [n, {}]", m.rows);
     }
     if n_tokens == 0 {
         return;
@@ -176,77 +146,29 @@ unsafe fn matmul_many_impl(
     // ggml's pair layouts need every token before their sums, so they keep `prepare`.
     let packed_only = paths.iter().all(|p| matches!(p, Path::Packed { .. }));
     let (prepared, side_types) = if packed_only {
-        let (prepared, pair_types, side_types) = shape_prep(
-            cols,
-            n_tokens,
-            jobs,
-            &mut paths,
-            xq,
-            &mut layouts,
-            &mut sides,
-        );
+        let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
         debug_assert!(pair_types.is_empty(), "packed paths only");
         (prepared, Some(side_types))
     } else {
         if let Some(fill) = fill {
             fill(0, n_tokens, rows_of(0, n_tokens));
         }
-        (
-            prepare(
-                rows_of(0, n_tokens),
-                cols,
-                n_tokens,
-                jobs,
-                &mut paths,
-                xq,
-                &mut layouts,
-                &mut sides,
-            ),
-            None,
-        )
+        (prepare(rows_of(0, n_tokens), cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides), None)
     };
     let no_pairs: [GgmlType; 0] = [];
-    let prep = side_types.as_ref().map(|side_types| {
-        TokenPrep::new(
-            x_rows,
-            cols,
-            &prepared,
-            &no_pairs,
-            side_types,
-            xq,
-            &mut layouts,
-            &mut sides,
-        )
-    });
+    let prep = side_types.as_ref().map(|side_types| TokenPrep::new(x_rows, cols, &prepared, &no_pairs, side_types, xq, &mut layouts, &mut sides));
     // Prefill-sized batches in tasks of TOKENS_PER_PREP_TASK tokens, smaller ones a share per thread.
-    let prep_chunk = if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
-        TOKENS_PER_PREP_TASK
-    } else {
-        n_tokens.div_ceil(pool.threads())
-    };
-    let prep_parts = if prep.is_some() {
-        n_tokens.div_ceil(prep_chunk)
-    } else {
-        0
-    };
+    let prep_chunk = if n_tokens >= 2 * TOKENS_PER_PREP_TASK { TOKENS_PER_PREP_TASK } else { n_tokens.div_ceil(pool.threads()) };
+    let prep_parts = if prep.is_some() { n_tokens.div_ceil(prep_chunk) } else { 0 };
     let mats: Vec<QMatrix> = jobs.iter().map(|j| j.0).collect();
     // Taken last: nothing touches `jobs` again while the tasks write through these.
-    let outs: Vec<SyncPtr<f32>> = jobs
-        .iter_mut()
-        .map(|(_, out)| SyncPtr(out.as_mut_ptr()))
-        .collect();
+    let outs: Vec<SyncPtr<f32>> = jobs.iter_mut().map(|(_, out)| SyncPtr(out.as_mut_ptr())).collect();
     // Whole groups of GROUP rows per task (a multiple of MULTI), so the packed and multi-row kernels
     // cover every task; one task size for all matrices, so a small one (k, v) is a few tasks rather
     // than as many as a big one.
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-    let rows_per_task = total_rows
-        .div_ceil(pool.threads() * TASKS_PER_THREAD)
-        .next_multiple_of(GROUP);
-    let tasks: Vec<(usize, usize)> = mats
-        .iter()
-        .enumerate()
-        .flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r)))
-        .collect();
+    let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(GROUP);
+    let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
     // The tasks read the activations through a pointer taken without a reference to the buffer, and
     // make their slices only once every preparation part has written its tokens (`prepped`).
     let xq_base = SyncPtr(xq.as_ptr() as *mut u8);
@@ -273,36 +195,15 @@ unsafe fn matmul_many_impl(
         let (off, act_bytes) = prepared.plain_of(m.dtype.dot_activation_type());
         // SAFETY: inside `xq` (sized by the preparation), fully written before `wait_for` returned, and
         // not written again during this run.
-        let acts = unsafe {
-            std::slice::from_raw_parts(xq_base.0.add(off) as *const u8, n_tokens * act_bytes)
-        };
+        let acts = unsafe { std::slice::from_raw_parts(xq_base.0.add(off) as *const u8, n_tokens * act_bytes) };
         // SAFETY: rows first..last of matrix j belong to this task only; the output was sized above.
-        let out = RowsOut {
-            ptr: outs[j],
-            rows: m.rows,
-        };
+        let out = RowsOut { ptr: outs[j], rows: m.rows };
         match paths[j] {
             Path::Packed { side } => {
-                let input = PackedInput {
-                    xq: acts,
-                    row_bytes: act_bytes,
-                    side: &sides_ref[side],
-                };
+                let input = PackedInput { xq: acts, row_bytes: act_bytes, side: &sides_ref[side] };
                 unsafe { run_packed(m, first, last, n_tokens, &input, &out) }
             }
-            path => unsafe {
-                run_rows(
-                    m,
-                    path,
-                    first,
-                    last,
-                    n_tokens,
-                    acts,
-                    act_bytes,
-                    layouts_ref,
-                    &out,
-                )
-            },
+            path => unsafe { run_rows(m, path, first, last, n_tokens, acts, act_bytes, layouts_ref, &out) },
         }
     });
     drop(prep);
@@ -329,29 +230,10 @@ fn path(m: &QMatrix, n_tokens: usize) -> Path {
 /// paths (numbering them in `paths`); in parallel over tokens for prefill-sized batches. For calls that
 /// are not all packed (ggml numerics); packed-only calls prepare inside their matmul run.
 #[allow(clippy::too_many_arguments)]
-fn prepare(
-    x: &[f32],
-    cols: usize,
-    n_tokens: usize,
-    jobs: &[(QMatrix, &mut [f32])],
-    paths: &mut [Path],
-    xq: &mut Vec<u8>,
-    layouts: &mut Vec<PairActs>,
-    sides: &mut Vec<ActSide>,
-) -> Prepared {
-    let (prepared, pair_types, side_types) =
-        shape_prep(cols, n_tokens, jobs, paths, xq, layouts, sides);
+fn prepare(x: &[f32], cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> Prepared {
+    let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, paths, xq, layouts, sides);
     {
-        let prep = TokenPrep::new(
-            SyncPtr(x.as_ptr() as *mut f32),
-            cols,
-            &prepared,
-            &pair_types,
-            &side_types,
-            xq,
-            layouts,
-            sides,
-        );
+        let prep = TokenPrep::new(SyncPtr(x.as_ptr() as *mut f32), cols, &prepared, &pair_types, &side_types, xq, layouts, sides);
         if n_tokens >= 2 * TOKENS_PER_PREP_TASK {
             pool::current().run(n_tokens.div_ceil(TOKENS_PER_PREP_TASK), &|task| {
                 let first = task * TOKENS_PER_PREP_TASK;
@@ -375,15 +257,7 @@ fn prepare(
 /// and the activation types of the side tables (the first entries of `sides`; later ones are stale
 /// buffers kept for reuse). Nothing is quantized yet.
 #[allow(clippy::too_many_arguments)]
-fn shape_prep(
-    cols: usize,
-    n_tokens: usize,
-    jobs: &[(QMatrix, &mut [f32])],
-    paths: &mut [Path],
-    xq: &mut Vec<u8>,
-    layouts: &mut Vec<PairActs>,
-    sides: &mut Vec<ActSide>,
-) -> (Prepared, Vec<GgmlType>, Vec<GgmlType>) {
+fn shape_prep(cols: usize, n_tokens: usize, jobs: &[(QMatrix, &mut [f32])], paths: &mut [Path], xq: &mut Vec<u8>, layouts: &mut Vec<PairActs>, sides: &mut Vec<ActSide>) -> (Prepared, Vec<GgmlType>, Vec<GgmlType>) {
     let mut plain: Vec<(GgmlType, usize, usize)> = Vec::new();
     let mut pair_types: Vec<GgmlType> = Vec::new();
     let mut side_types: Vec<GgmlType> = Vec::new();
@@ -435,32 +309,15 @@ struct TokenPrep<'a> {
 
 impl<'a> TokenPrep<'a> {
     #[allow(clippy::too_many_arguments)]
-    fn new(
-        x: SyncPtr<f32>,
-        cols: usize,
-        prepared: &'a Prepared,
-        pair_types: &'a [GgmlType],
-        side_types: &[GgmlType],
-        xq: &mut [u8],
-        layouts: &mut [PairActs],
-        sides: &mut [ActSide],
-    ) -> Self {
+    fn new(x: SyncPtr<f32>, cols: usize, prepared: &'a Prepared, pair_types: &'a [GgmlType], side_types: &[GgmlType], xq: &mut [u8], layouts: &mut [PairActs], sides: &mut [ActSide]) -> Self {
         TokenPrep {
             x,
             cols,
             plain: &prepared.plain,
             pair_types,
             xq: SyncPtr(xq.as_mut_ptr()),
-            lines: layouts
-                .iter_mut()
-                .take(pair_types.len())
-                .map(|l| SyncPtr(l.lines.as_mut_ptr()))
-                .collect(),
-            sides: sides
-                .iter_mut()
-                .zip(side_types)
-                .map(|(s, &act)| (act, s.blocks, SidePtrs(s.ptrs())))
-                .collect(),
+            lines: layouts.iter_mut().take(pair_types.len()).map(|l| SyncPtr(l.lines.as_mut_ptr())).collect(),
+            sides: sides.iter_mut().zip(side_types).map(|(s, &act)| (act, s.blocks, SidePtrs(s.ptrs()))).collect(),
         }
     }
 
@@ -475,14 +332,10 @@ impl<'a> TokenPrep<'a> {
             for t in first..last {
                 // SAFETY: token t's row of this activation type is written by this call only, inside
                 // `xq` (sized for n_tokens rows of every type by `shape_prep`).
-                let q = unsafe {
-                    std::slice::from_raw_parts_mut(self.xq.0.add(off + t * bytes), bytes)
-                };
+                let q = unsafe { std::slice::from_raw_parts_mut(self.xq.0.add(off + t * bytes), bytes) };
                 // SAFETY: token t's input row, complete (filled, if at all, by this same part) and not
                 // written while this call reads it.
-                let x = unsafe {
-                    std::slice::from_raw_parts(self.x.0.add(t * cols) as *const f32, cols)
-                };
+                let x = unsafe { std::slice::from_raw_parts(self.x.0.add(t * cols) as *const f32, cols) };
                 let Some(&(_, blocks, ptrs)) = self.sides.iter().find(|s| s.0 == act) else {
                     quantize_row_ggml_x86(act, x, q);
                     continue;
@@ -490,9 +343,7 @@ impl<'a> TokenPrep<'a> {
                 let fused = matches!(act, GgmlType::Q8_0 | GgmlType::Q8_1) && {
                     // SAFETY: the table was shaped for n_tokens tokens of `act`, legacy entries for these
                     // types, `blocks` per token; token t's entries are this call's.
-                    let legacy_sides = unsafe {
-                        std::slice::from_raw_parts_mut(ptrs.0 .0.add(t * blocks), blocks)
-                    };
+                    let legacy_sides = unsafe { std::slice::from_raw_parts_mut(ptrs.0 .0.add(t * blocks), blocks) };
                     quantize_row_legacy_with_sides(act, x, q, legacy_sides)
                 };
                 if !fused {
@@ -503,11 +354,7 @@ impl<'a> TokenPrep<'a> {
             }
         }
         for (k, &t) in self.pair_types.iter().enumerate() {
-            let &(_, off, bytes) = self
-                .plain
-                .iter()
-                .find(|p| p.0 == t.dot_activation_type())
-                .expect("quantized above");
+            let &(_, off, bytes) = self.plain.iter().find(|p| p.0 == t.dot_activation_type()).expect("quantized above");
             let per_pair = crate::kernels::ggml::lines_per_pair(t, cols);
             let (p0, p1) = (first / 2, last.div_ceil(2));
             // SAFETY: rows first..last were written just above by this call (no one else writes them),
@@ -515,14 +362,8 @@ impl<'a> TokenPrep<'a> {
             // both are inside their buffers, sized by `shape_prep`.
             let (acts, lines) = unsafe {
                 (
-                    std::slice::from_raw_parts(
-                        self.xq.0.add(off + first * bytes) as *const u8,
-                        (last - first) * bytes,
-                    ),
-                    std::slice::from_raw_parts_mut(
-                        self.lines[k].0.add(p0 * per_pair),
-                        (p1 - p0) * per_pair,
-                    ),
+                    std::slice::from_raw_parts(self.xq.0.add(off + first * bytes) as *const u8, (last - first) * bytes),
+                    std::slice::from_raw_parts_mut(self.lines[k].0.add(p0 * per_pair), (p1 - p0) * per_pair),
                 )
             };
             fill_pairs(t, cols, acts, bytes, last - first, lines);
@@ -550,10 +391,7 @@ impl PrepCount {
     fn wait_for(&self, n: usize) {
         use std::sync::atomic::Ordering;
         while self.done.load(Ordering::Acquire) < n {
-            assert!(
-                !self.failed.load(Ordering::Relaxed),
-                "a matmul's activation preparation failed"
-            );
+            assert!(!self.failed.load(Ordering::Relaxed), "a matmul's activation preparation failed");
             std::hint::spin_loop();
         }
     }
@@ -587,19 +425,10 @@ const PACKED_CHUNK_BYTES: usize = 256 << 10;
 ///
 /// # Safety
 /// Rows `first..last` of `out` belong to this call alone; `first` is a multiple of GROUP.
-unsafe fn run_packed(
-    m: &QMatrix,
-    first: usize,
-    last: usize,
-    n_tokens: usize,
-    x: &PackedInput,
-    out: &RowsOut,
-) {
+unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, n_tokens: usize, x: &PackedInput, out: &RowsOut) {
     let p = m.packed.expect("chosen by path()");
     let tile = packed::tile_tokens(m.dtype);
-    let chunk = (PACKED_CHUNK_BYTES / x.row_bytes)
-        .max(1)
-        .next_multiple_of(tile);
+    let chunk = (PACKED_CHUNK_BYTES / x.row_bytes).max(1).next_multiple_of(tile);
     for c0 in (0..n_tokens).step_by(chunk) {
         let c1 = (c0 + chunk).min(n_tokens);
         for g in first / GROUP..last.div_ceil(GROUP) {
@@ -633,17 +462,7 @@ impl RowsOut {
 /// # Safety
 /// Rows `first..last` of `out` belong to this call alone.
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_rows(
-    m: &QMatrix,
-    path: Path,
-    first: usize,
-    last: usize,
-    n_tokens: usize,
-    acts: &[u8],
-    act_bytes: usize,
-    layouts: &[PairActs],
-    out: &RowsOut,
-) {
+unsafe fn run_rows(m: &QMatrix, path: Path, first: usize, last: usize, n_tokens: usize, acts: &[u8], act_bytes: usize, layouts: &[PairActs], out: &RowsOut) {
     let w_row_bytes = m.row_bytes();
     let rows_of = |r: usize, k: usize| &m.bytes[r * w_row_bytes..(r + k) * w_row_bytes];
     // The bytes of rows r..r + k, PREFETCH_AHEAD_BYTES further on (clamped to the matrix).
@@ -662,15 +481,7 @@ unsafe fn run_rows(
                 prefetch_ahead(first, MULTI);
                 for p0 in (0..paired.n_pairs).step_by(PAIRS_PER_CALL) {
                     let n_pairs = (paired.n_pairs - p0).min(PAIRS_PER_CALL);
-                    kernel(
-                        m.cols,
-                        rows_of(first, MULTI),
-                        w_row_bytes,
-                        paired,
-                        p0,
-                        n_pairs,
-                        &mut res,
-                    );
+                    kernel(m.cols, rows_of(first, MULTI), w_row_bytes, paired, p0, n_pairs, &mut res);
                     for r in 0..MULTI {
                         for k in 0..(2 * n_pairs).min(n_tokens - 2 * p0) {
                             out.store(2 * p0 + k, first + r, res[r * 2 * PAIRS_PER_CALL + k]);
@@ -684,10 +495,7 @@ unsafe fn run_rows(
             let kernel = multi_row_kernel(m.dtype).expect("chosen by path()");
             while first + MULTI <= last {
                 prefetch_ahead(first, MULTI);
-                for (k, &v) in kernel(m.cols, rows_of(first, MULTI), w_row_bytes, acts)
-                    .iter()
-                    .enumerate()
-                {
+                for (k, &v) in kernel(m.cols, rows_of(first, MULTI), w_row_bytes, acts).iter().enumerate() {
                     out.store(0, first + k, v);
                 }
                 first += MULTI;
@@ -702,15 +510,7 @@ unsafe fn run_rows(
                 for r0 in (first..last).step_by(SCATTER_ROWS) {
                     let r1 = (r0 + SCATTER_ROWS).min(last);
                     buf.resize((r1 - r0) * n_multi, 0.0);
-                    kernel(
-                        m.cols,
-                        rows_of(r0, r1 - r0),
-                        w_row_bytes,
-                        r1 - r0,
-                        acts,
-                        act_bytes,
-                        buf,
-                    );
+                    kernel(m.cols, rows_of(r0, r1 - r0), w_row_bytes, r1 - r0, acts, act_bytes, buf);
                     for t in 0..n_multi {
                         for r in r0..r1 {
                             out.store(t, r, buf[(r - r0) * n_multi + t]);
@@ -720,15 +520,7 @@ unsafe fn run_rows(
             });
             for r in first..last {
                 for t in n_multi..n_tokens {
-                    out.store(
-                        t,
-                        r,
-                        vec_dot_kernel(m.dtype)(
-                            m.cols,
-                            rows_of(r, 1),
-                            &acts[t * act_bytes..(t + 1) * act_bytes],
-                        ),
-                    );
+                    out.store(t, r, vec_dot_kernel(m.dtype)(m.cols, rows_of(r, 1), &acts[t * act_bytes..(t + 1) * act_bytes]));
                 }
             }
             return;
@@ -739,15 +531,7 @@ unsafe fn run_rows(
     let dot = vec_dot_kernel(m.dtype);
     for r in first..last {
         for t in 0..n_tokens {
-            out.store(
-                t,
-                r,
-                dot(
-                    m.cols,
-                    rows_of(r, 1),
-                    &acts[t * act_bytes..(t + 1) * act_bytes],
-                ),
-            );
+            out.store(t, r, dot(m.cols, rows_of(r, 1), &acts[t * act_bytes..(t + 1) * act_bytes]));
         }
     }
 }
@@ -763,35 +547,12 @@ mod tests {
     #[test]
     fn matmul_is_the_one_row_dot_for_every_batch_and_group() {
         let (cols, rows) = (512, 37); // 37 rows: a leftover below MULTI
-        let types = [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ];
-        let weights: Vec<Vec<u8>> = types
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| random_weight_rows(t, rows, cols, 10 + i as u64))
-            .collect();
-        let mats: Vec<QMatrix> = types
-            .iter()
-            .zip(&weights)
-            .map(|(&t, w)| QMatrix {
-                dtype: t,
-                rows,
-                cols,
-                bytes: w,
-                packed: None,
-            })
-            .collect();
+        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 10 + i as u64)).collect();
+        let mats: Vec<QMatrix> = types.iter().zip(&weights).map(|(&t, w)| QMatrix { dtype: t, rows, cols, bytes: w, packed: None }).collect();
         let mut rng = crate::sampler::Rng::new(3);
         for n in [1usize, 2, 3, 4, 7, 9, 16, 33, 40] {
-            let x: Vec<f32> = (0..n * cols)
-                .map(|_| rng.next_f64() as f32 * 4.0 - 2.0)
-                .collect();
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
             let mut xq = Vec::new();
             let mut singles = Vec::new();
             for m in &mats {
@@ -803,36 +564,17 @@ mod tests {
                 for t in 0..n {
                     quantize_row_ggml_x86(act, &x[t * cols..(t + 1) * cols], &mut q);
                     for r in 0..rows {
-                        let want = vec_dot_kernel(m.dtype)(
-                            cols,
-                            &m.bytes[r * m.row_bytes()..(r + 1) * m.row_bytes()],
-                            &q,
-                        );
-                        assert_eq!(
-                            out[t * rows + r].to_bits(),
-                            want.to_bits(),
-                            "{} n={n} token {t} row {r}",
-                            m.dtype
-                        );
+                        let want = vec_dot_kernel(m.dtype)(cols, &m.bytes[r * m.row_bytes()..(r + 1) * m.row_bytes()], &q);
+                        assert_eq!(out[t * rows + r].to_bits(), want.to_bits(), "{} n={n} token {t} row {r}", m.dtype);
                     }
                 }
                 singles.push(out);
             }
             let mut outs: Vec<Vec<f32>> = mats.iter().map(|_| vec![0.0f32; n * rows]).collect();
-            let mut jobs: Vec<(QMatrix, &mut [f32])> = mats
-                .iter()
-                .copied()
-                .zip(outs.iter_mut().map(|o| &mut o[..]))
-                .collect();
+            let mut jobs: Vec<(QMatrix, &mut [f32])> = mats.iter().copied().zip(outs.iter_mut().map(|o| &mut o[..])).collect();
             matmul_many(&x, &mut xq, &mut jobs);
             for ((m, got), want) in mats.iter().zip(&outs).zip(&singles) {
-                assert!(
-                    got.iter()
-                        .zip(want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{} n={n}: matmul_many differs",
-                    m.dtype
-                );
+                assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "{} n={n}: matmul_many differs", m.dtype);
             }
         }
     }
@@ -841,83 +583,32 @@ mod tests {
     /// batch: one token, tile remainders, and more tokens than one chunk of `run_packed` (400).
     #[test]
     fn packed_matmul_is_the_definition_for_every_batch() {
-        if !crate::kernels::cpu::tests::test_needs(
-            crate::kernels::cpu::SimdLevel::Avx2,
-            "packed matmul vs the definition",
-        ) {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed matmul vs the definition") {
             return;
         }
         let (cols, rows) = (768, 37);
-        let types = [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q8_0,
-            GgmlType::Q4_K,
-            GgmlType::Q6_K,
-        ];
-        let weights: Vec<Vec<u8>> = types
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| random_weight_rows(t, rows, cols, 20 + i as u64))
-            .collect();
-        let packs: Vec<_> = types
-            .iter()
-            .zip(&weights)
-            .map(|(&t, w)| packed::pack(t, rows, cols, w))
-            .collect();
-        let mats: Vec<QMatrix> = types
-            .iter()
-            .zip(&weights)
-            .zip(&packs)
-            .map(|((&t, w), p)| QMatrix {
-                dtype: t,
-                rows,
-                cols,
-                bytes: w,
-                packed: Some(p),
-            })
-            .collect();
+        let types = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
+        let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 20 + i as u64)).collect();
+        let packs: Vec<_> = types.iter().zip(&weights).map(|(&t, w)| packed::pack(t, rows, cols, w)).collect();
+        let mats: Vec<QMatrix> = types.iter().zip(&weights).zip(&packs).map(|((&t, w), p)| QMatrix { dtype: t, rows, cols, bytes: w, packed: Some(p) }).collect();
         let mut rng = crate::sampler::Rng::new(4);
         // 1-3 threads: decode-sized batches prepare their activations inside the parallel run (also with
         // fewer tokens than threads); 400 tokens go through several token chunks.
         for threads in [1usize, 2, 3] {
             pool::Pool::new(threads).install(|| {
                 for n in [1usize, 2, 3, 9, 31, 400] {
-                    let x: Vec<f32> = (0..n * cols)
-                        .map(|_| rng.next_f64() as f32 * 4.0 - 2.0)
-                        .collect();
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
                     for m in &mats {
                         let (mut xq, mut out) = (Vec::new(), vec![0.0f32; n * rows]);
                         m.matmul(&x, &mut xq, &mut out);
-                        assert_is_the_definition(
-                            m,
-                            &x,
-                            &out,
-                            &format!("{} n={n} threads={threads}", m.dtype),
-                        );
+                        assert_is_the_definition(m, &x, &out, &format!("{} n={n} threads={threads}", m.dtype));
                     }
                     // several activation types (side tables) in one call: Q8_1, Q8_0 and Q8_K
                     let (mut xq, mut outs) = (Vec::new(), vec![vec![0.0f32; n * rows]; 3]);
-                    let [a, b, c] = &mut outs[..] else {
-                        unreachable!()
-                    };
-                    matmul_many(
-                        &x,
-                        &mut xq,
-                        &mut [
-                            (mats[1], &mut a[..]),
-                            (mats[3], &mut b[..]),
-                            (mats[4], &mut c[..]),
-                        ],
-                    );
+                    let [a, b, c] = &mut outs[..] else { unreachable!() };
+                    matmul_many(&x, &mut xq, &mut [(mats[1], &mut a[..]), (mats[3], &mut b[..]), (mats[4], &mut c[..])]);
                     for (m, out) in [&mats[1], &mats[3], &mats[4]].into_iter().zip(&outs) {
-                        assert_is_the_definition(
-                            m,
-                            &x,
-                            out,
-                            &format!("matmul_many {} n={n} threads={threads}", m.dtype),
-                        );
+                        assert_is_the_definition(m, &x, out, &format!("matmul_many {} n={n} threads={threads}", m.dtype));
                     }
                 }
             });
@@ -931,13 +622,8 @@ mod tests {
         for tok in 0..x.len() / cols {
             quantize_row_ggml_x86(act, &x[tok * cols..(tok + 1) * cols], &mut q);
             for r in 0..rows {
-                let want =
-                    packed::reference::dot(m.dtype, cols, &m.bytes[r * rb..(r + 1) * rb], &q);
-                assert_eq!(
-                    out[tok * rows + r].to_bits(),
-                    want.to_bits(),
-                    "{what}: token {tok} row {r}"
-                );
+                let want = packed::reference::dot(m.dtype, cols, &m.bytes[r * rb..(r + 1) * rb], &q);
+                assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{what}: token {tok} row {r}");
             }
         }
     }

@@ -19,20 +19,12 @@ unsafe impl Sync for RowsPtr {}
 
 /// `f(first_row, out_rows, in_rows)` over `out` (rows of `dim`) and `input` (the same number of rows,
 /// `in_dim` wide; `in_dim` 0 for none), in parallel parts of whole rows when the pass is big enough.
-pub fn par_rows(
-    out: &mut [f32],
-    dim: usize,
-    input: &[f32],
-    in_dim: usize,
-    f: &(dyn Fn(usize, &mut [f32], &[f32]) + Sync),
-) {
+pub fn par_rows(out: &mut [f32], dim: usize, input: &[f32], in_dim: usize, f: &(dyn Fn(usize, &mut [f32], &[f32]) + Sync)) {
     let n = out.len() / dim;
     debug_assert_eq!(n * dim, out.len());
     debug_assert!(in_dim == 0 || input.len() >= n * in_dim);
     let pool = crate::pool::current();
-    let parts = (out.len() / PAR_MIN_ELEMS)
-        .clamp(1, 2 * pool.threads())
-        .min(n);
+    let parts = (out.len() / PAR_MIN_ELEMS).clamp(1, 2 * pool.threads()).min(n);
     if parts <= 1 {
         return f(0, out, &input[..n * in_dim]);
     }
@@ -41,38 +33,23 @@ pub fn par_rows(
         let ptr = ptr; // the whole wrapper (Sync), not its raw field
         let rows = p * n / parts..(p + 1) * n / parts;
         // SAFETY: parts have disjoint row ranges inside `out`, which outlives the run.
-        let o = unsafe {
-            std::slice::from_raw_parts_mut(ptr.0.add(rows.start * dim), rows.len() * dim)
-        };
-        f(
-            rows.start,
-            o,
-            &input[rows.start * in_dim..rows.end * in_dim],
-        );
+        let o = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(rows.start * dim), rows.len() * dim) };
+        f(rows.start, o, &input[rows.start * in_dim..rows.end * in_dim]);
     });
 }
 
 /// RMSNorm of every `dim`-long row of `x` into `out`: out = x / sqrt(mean(x²) + eps) * weight.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
-    par_rows(&mut out[..x.len()], dim, x, dim, &|_, out, x| {
-        rms_norm_here(x, weight, eps, out)
-    });
+    par_rows(&mut out[..x.len()], dim, x, dim, &|_, out, x| rms_norm_here(x, weight, eps, out));
 }
 
 /// `rms_norm` on the calling thread (for a part of a parallel run, e.g. a matmul's `FillRows`).
 pub fn rms_norm_here(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let dim = weight.len();
-    for (rows, out_rows) in x
-        .chunks(SCALE_ROWS * dim)
-        .zip(out.chunks_mut(SCALE_ROWS * dim))
-    {
+    for (rows, out_rows) in x.chunks(SCALE_ROWS * dim).zip(out.chunks_mut(SCALE_ROWS * dim)) {
         let scales = rms_scales(rows, dim, eps);
-        for ((row, out_row), &scale) in rows
-            .chunks_exact(dim)
-            .zip(out_rows.chunks_exact_mut(dim))
-            .zip(&scales)
-        {
+        for ((row, out_row), &scale) in rows.chunks_exact(dim).zip(out_rows.chunks_exact_mut(dim)).zip(&scales) {
             for ((o, &v), &w) in out_row.iter_mut().zip(row).zip(weight) {
                 *o = v * scale * w;
             }
@@ -91,11 +68,7 @@ pub struct SharedRows {
 
 impl SharedRows {
     pub fn new(buf: &mut [f32], dim: usize) -> Self {
-        SharedRows {
-            ptr: RowsPtr(buf.as_mut_ptr()),
-            len: buf.len(),
-            dim,
-        }
+        SharedRows { ptr: RowsPtr(buf.as_mut_ptr()), len: buf.len(), dim }
     }
 
     /// Rows `first..last`.
@@ -104,27 +77,16 @@ impl SharedRows {
     /// No one else uses these rows while the slice lives, and the buffer outlives it.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn rows(&self, first: usize, last: usize) -> &mut [f32] {
-        assert!(
-            first <= last && last * self.dim <= self.len,
-            "rows {first}..{last} of a buffer of {} rows",
-            self.len / self.dim
-        );
+        assert!(first <= last && last * self.dim <= self.len, "rows {first}..{last} of a buffer of {} rows", self.len / self.dim);
         // SAFETY: in bounds (checked); exclusive by the caller's promise.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.ptr.0.add(first * self.dim),
-                (last - first) * self.dim,
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.0.add(first * self.dim), (last - first) * self.dim) }
     }
 }
 
 /// RMSNorm in place (used for per-head q/k norms, where rows are heads).
 pub fn rms_norm_inplace(x: &mut [f32], weight: &[f32], eps: f32) {
     let dim = weight.len();
-    par_rows(x, dim, &[], 0, &|_, x, _| {
-        rms_norm_inplace_here(x, weight, eps)
-    });
+    par_rows(x, dim, &[], 0, &|_, x, _| rms_norm_inplace_here(x, weight, eps));
 }
 
 /// `rms_norm_inplace` on the calling thread.
@@ -170,9 +132,7 @@ fn rms_scales(rows: &[f32], dim: usize, eps: f32) -> [f32; SCALE_ROWS] {
 }
 /// `acc += x`, element-wise (residual connections).
 pub fn add_inplace(acc: &mut [f32], x: &[f32]) {
-    par_rows(acc, 1, x, 1, &|_, acc, x| {
-        acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b)
-    });
+    par_rows(acc, 1, x, 1, &|_, acc, x| acc.iter_mut().zip(x).for_each(|(a, &b)| *a += b));
 }
 
 pub fn scale_inplace(x: &mut [f32], s: f32) {
@@ -223,23 +183,13 @@ unsafe fn gelu_mul_avx512(gate: &mut [f32], up: &[f32]) -> usize {
         let g = gate.as_mut_ptr().add(i);
         let x = _mm512_loadu_ps(g);
         let u = _mm512_loadu_ps(up.as_ptr().add(i));
-        let bits = _mm512_cvtepu16_epi32(_mm512_cvtps_ph::<
-            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-        >(x));
+        let bits = _mm512_cvtepu16_epi32(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x));
         // 32-bit gathers at 2·bits (the table has one spare entry at the end for the top half).
         let looked = _mm512_i32gather_epi32::<2>(bits, table as *const i32);
         let gelu = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(looked));
         let mut r = _mm512_mul_ps(gelu, u);
-        r = _mm512_mask_mov_ps(
-            r,
-            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi),
-            _mm512_mul_ps(x, u),
-        );
-        r = _mm512_mask_mov_ps(
-            r,
-            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo),
-            _mm512_setzero_ps(),
-        );
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi), _mm512_mul_ps(x, u));
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo), _mm512_setzero_ps());
         _mm512_storeu_ps(g, r);
     }
     n
@@ -256,12 +206,7 @@ fn gelu_f32(x: f32) -> f32 {
 /// one stays inside).
 fn gelu_f16_table() -> &'static [f16] {
     static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|bits| f16::from_f32(gelu_f32(f16::from_bits(bits).to_f32())))
-            .chain([f16::ZERO])
-            .collect()
-    })
+    TABLE.get_or_init(|| (0..=u16::MAX).map(|bits| f16::from_f32(gelu_f32(f16::from_bits(bits).to_f32()))).chain([f16::ZERO]).collect())
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -286,11 +231,7 @@ impl Rope {
     pub fn new(style: RopeStyle, rot_dim: usize, base: f32) -> Self {
         // theta_i = pos * base^(-2i/rot_dim)
         let theta_scale = base.powf(-2.0 / rot_dim as f32);
-        Rope {
-            style,
-            theta_scale,
-            half: rot_dim / 2,
-        }
+        Rope { style, theta_scale, half: rot_dim / 2 }
     }
 
     /// Rotates every head of one token's `[n_heads, head_dim]` vector in place for position `pos`.
@@ -345,13 +286,8 @@ mod tests {
     #[test]
     fn gelu_mul_vector_equals_scalar() {
         let mut rng = crate::sampler::Rng::new(9);
-        let mut x: Vec<f32> = (0..4096)
-            .map(|_| (rng.next_f64() as f32 - 0.5) * 30.0)
-            .collect();
-        x.extend([
-            -10.0, 10.0, -10.000001, 9.999999, 0.0, -0.0, 1e-8, -1e-8, 65504.0, 1e6, -1e6, 6.1e-5,
-            3.0e-8,
-        ]);
+        let mut x: Vec<f32> = (0..4096).map(|_| (rng.next_f64() as f32 - 0.5) * 30.0).collect();
+        x.extend([-10.0, 10.0, -10.000001, 9.999999, 0.0, -0.0, 1e-8, -1e-8, 65504.0, 1e6, -1e6, 6.1e-5, 3.0e-8]);
         x.resize(x.len().next_multiple_of(16) + 5, 0.5); // and a tail
         let up: Vec<f32> = (0..x.len()).map(|i| 0.25 + i as f32 * 1e-3).collect();
         let mut want = x.clone();
@@ -359,12 +295,7 @@ mod tests {
         let mut got = x.clone();
         gelu_mul(&mut got, &up);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "x = {} (index {i}): {g} vs {w}",
-                x[i]
-            );
+            assert_eq!(g.to_bits(), w.to_bits(), "x = {} (index {i}): {g} vs {w}", x[i]);
         }
     }
 
@@ -375,9 +306,7 @@ mod tests {
         let mut rng = crate::sampler::Rng::new(5);
         let weight: Vec<f32> = (0..dim).map(|_| rng.next_f64() as f32 + 0.5).collect();
         for n in [1usize, 3, 4, 7, 9] {
-            let x: Vec<f32> = (0..n * dim)
-                .map(|_| (rng.next_f64() as f32 - 0.5) * 8.0)
-                .collect();
+            let x: Vec<f32> = (0..n * dim).map(|_| (rng.next_f64() as f32 - 0.5) * 8.0).collect();
             let want: Vec<f32> = x
                 .chunks_exact(dim)
                 .flat_map(|row| {
@@ -386,10 +315,7 @@ mod tests {
                         sum += (v * v) as f64;
                     }
                     let scale = 1.0 / ((sum / dim as f64) as f32 + 1e-5).sqrt();
-                    row.iter()
-                        .zip(&weight)
-                        .map(move |(&v, &w)| v * scale * w)
-                        .collect::<Vec<_>>()
+                    row.iter().zip(&weight).map(move |(&v, &w)| v * scale * w).collect::<Vec<_>>()
                 })
                 .collect();
             let mut got = vec![0.0; n * dim];
@@ -398,11 +324,7 @@ mod tests {
             rms_norm_inplace(&mut inplace, &weight, 1e-5);
             for i in 0..n * dim {
                 assert_eq!(got[i].to_bits(), want[i].to_bits(), "n={n} element {i}");
-                assert_eq!(
-                    inplace[i].to_bits(),
-                    want[i].to_bits(),
-                    "in place, n={n} element {i}"
-                );
+                assert_eq!(inplace[i].to_bits(), want[i].to_bits(), "in place, n={n} element {i}");
             }
         }
     }

@@ -135,14 +135,9 @@ impl BlockPool {
         if n > self.free.len() {
             return None;
         }
-        let blocks: Vec<u32> = (0..n)
-            .map(|_| self.free.pop_front().expect("counted"))
-            .collect();
+        let blocks: Vec<u32> = (0..n).map(|_| self.free.pop_front().expect("counted")).collect();
         for &b in &blocks {
-            debug_assert_eq!(
-                self.ref_counts[b as usize], 0,
-                "block {b} was free and held"
-            );
+            debug_assert_eq!(self.ref_counts[b as usize], 0, "block {b} was free and held");
             self.ref_counts[b as usize] = 1;
             self.draft_cells[b as usize] = 0;
             self.evict(b);
@@ -151,31 +146,16 @@ impl BlockPool {
     }
 
     fn evict(&mut self, b: u32) {
-        let Some(entry) = self.entries[b as usize].take() else {
-            return;
-        };
-        let same_key = self
-            .by_hash
-            .get_mut(&entry.hash)
-            .expect("cached blocks are indexed");
+        let Some(entry) = self.entries[b as usize].take() else { return };
+        let same_key = self.by_hash.get_mut(&entry.hash).expect("cached blocks are indexed");
         same_key.retain(|&x| x != b);
         if same_key.is_empty() {
             self.by_hash.remove(&entry.hash);
         }
         self.num_cached -= 1;
         self.generations[b as usize] = self.generations[b as usize].wrapping_add(1);
-        let CacheEntry {
-            hash,
-            parent_hash,
-            tokens,
-            ..
-        } = entry;
-        self.evicted.push(EvictedBlock {
-            block: b,
-            hash,
-            parent_hash,
-            tokens,
-        });
+        let CacheEntry { hash, parent_hash, tokens, .. } = entry;
+        self.evicted.push(EvictedBlock { block: b, hash, parent_hash, tokens });
     }
 
     /// Cached blocks evicted since the last call, in eviction order.
@@ -188,11 +168,7 @@ impl BlockPool {
     /// the back, last block first, so a shared prefix outlives the suffixes built on it.
     /// Entries released by a window (`NULL_BLOCK`) are skipped.
     pub fn release(&mut self, block_table: &[u32]) {
-        for &b in block_table
-            .iter()
-            .rev()
-            .filter(|&&b| b != super::window::NULL_BLOCK)
-        {
+        for &b in block_table.iter().rev().filter(|&&b| b != super::window::NULL_BLOCK) {
             let count = &mut self.ref_counts[b as usize];
             assert!(*count > 0, "block {b} released more often than it was held");
             *count -= 1;
@@ -225,13 +201,7 @@ impl BlockPool {
     /// The longest run of cached blocks holding a sequence's first full blocks: `root` is the parent key of
     /// its first block, `hashes[i]` the key of block `i`, `tokens` the sequence's tokens (at least
     /// `hashes.len()` blocks of them). Takes nothing.
-    pub fn lookup(
-        &self,
-        root: BlockHash,
-        hashes: &[BlockHash],
-        tokens: &[u32],
-        block_size: usize,
-    ) -> Vec<u32> {
+    pub fn lookup(&self, root: BlockHash, hashes: &[BlockHash], tokens: &[u32], block_size: usize) -> Vec<u32> {
         self.lookup_from(root, hashes, tokens, block_size, 0)
     }
 
@@ -239,14 +209,7 @@ impl BlockPool {
     /// layer group's, whose earlier blocks may be gone): block `first` is matched by its key, its parent's
     /// key and its tokens (its parent block may have been evicted), each later one also as the child of
     /// the block matched before it.
-    pub fn lookup_from(
-        &self,
-        root: BlockHash,
-        hashes: &[BlockHash],
-        tokens: &[u32],
-        block_size: usize,
-        first: usize,
-    ) -> Vec<u32> {
+    pub fn lookup_from(&self, root: BlockHash, hashes: &[BlockHash], tokens: &[u32], block_size: usize, first: usize) -> Vec<u32> {
         let mut hit: Vec<u32> = Vec::new();
         for (i, hash) in hashes.iter().enumerate().skip(first) {
             let want = &tokens[i * block_size..(i + 1) * block_size];
@@ -254,12 +217,8 @@ impl BlockPool {
             let parent_hash = if i == 0 { root } else { hashes[i - 1] };
             let found = self.by_hash.get(hash).and_then(|blocks| {
                 blocks.iter().copied().find(|&b| {
-                    let e = self.entries[b as usize]
-                        .as_ref()
-                        .expect("indexed blocks are cached");
-                    (e.parent == parent || (i == first && i > 0))
-                        && e.parent_hash == parent_hash
-                        && &*e.tokens == want
+                    let e = self.entries[b as usize].as_ref().expect("indexed blocks are cached");
+                    (e.parent == parent || (i == first && i > 0)) && e.parent_hash == parent_hash && &*e.tokens == want
                 })
             });
             match found {
@@ -272,10 +231,7 @@ impl BlockPool {
 
     /// Of these blocks, how many nobody holds (taking them shrinks the free queue).
     pub fn num_unheld(&self, blocks: &[u32]) -> usize {
-        blocks
-            .iter()
-            .filter(|&&b| self.ref_counts[b as usize] == 0)
-            .count()
+        blocks.iter().filter(|&&b| self.ref_counts[b as usize] == 0).count()
     }
 
     /// Adds one hold on each block (found by `lookup`), taking unheld ones out of the free queue.
@@ -291,23 +247,11 @@ impl BlockPool {
     /// Registers a full, computed block: `hash` is its key, `parent_hash` its parent's key (the sequence's
     /// root key for a first block), `parent` the block before it in the same sequence. A block already
     /// cached (found by a lookup) keeps its entry.
-    pub fn register(
-        &mut self,
-        block: u32,
-        hash: BlockHash,
-        parent_hash: BlockHash,
-        parent: Option<u32>,
-        tokens: &[u32],
-    ) {
+    pub fn register(&mut self, block: u32, hash: BlockHash, parent_hash: BlockHash, parent: Option<u32>, tokens: &[u32]) {
         if self.entries[block as usize].is_some() {
             return;
         }
-        let entry = CacheEntry {
-            hash,
-            parent_hash,
-            parent: parent.map(|p| (p, self.generations[p as usize])),
-            tokens: tokens.into(),
-        };
+        let entry = CacheEntry { hash, parent_hash, parent: parent.map(|p| (p, self.generations[p as usize])), tokens: tokens.into() };
         self.entries[block as usize] = Some(entry);
         self.by_hash.entry(hash).or_default().push(block);
         self.num_cached += 1;
@@ -324,12 +268,7 @@ impl BlockPool {
         let held = (0..self.num_blocks() as u32).filter(|&b| self.ref_counts[b as usize] > 0);
         let describe = |b: u32| {
             let e = self.entries[b as usize].as_ref()?;
-            Some(EvictedBlock {
-                block: b,
-                hash: e.hash,
-                parent_hash: e.parent_hash,
-                tokens: e.tokens.clone(),
-            })
+            Some(EvictedBlock { block: b, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone() })
         };
         self.free.iter().chain(held).filter_map(describe).collect()
     }

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -74,8 +74,7 @@ impl KvFormat {
     /// Bytes of one block's keys and values (`KvStorage::block_bytes`).
     fn data_len(&self) -> u64 {
         let dtypes = super::KvDtypes::from_code(self.dtype).unwrap_or(super::KvDtypes::F16);
-        self.block_size as u64
-            * dtypes.bytes_per_token(self.num_layers as usize, self.kv_dim as usize) as u64
+        self.block_size as u64 * dtypes.bytes_per_token(self.num_layers as usize, self.kv_dim as usize) as u64
     }
 
     fn file_len(&self) -> u64 {
@@ -129,9 +128,7 @@ impl Index {
     /// Deletes least recently used files until the total fits `max_bytes`.
     fn trim(&mut self, dir: &Path, max_bytes: u64) {
         while self.total_bytes > max_bytes {
-            let Some((_, &old)) = self.by_use.iter().next() else {
-                break;
-            };
+            let Some((_, &old)) = self.by_use.iter().next() else { break };
             self.remove(old);
             let _ = fs::remove_file(file_name(dir, old));
         }
@@ -163,9 +160,7 @@ fn checksum(data: &[u8]) -> u64 {
             *lane = (*lane ^ w).wrapping_mul(K).rotate_left(29);
         }
     }
-    let mut h = lanes
-        .iter()
-        .fold(0u64, |h, &l| (h ^ l).wrapping_mul(K).rotate_left(29));
+    let mut h = lanes.iter().fold(0u64, |h, &l| (h ^ l).wrapping_mul(K).rotate_left(29));
     for &b in strides.remainder() {
         h = (h ^ b as u64).wrapping_mul(K);
     }
@@ -190,47 +185,24 @@ fn read_header(r: &mut impl Read) -> io::Result<Option<Header>> {
     }
     let u32_at = |o: usize| u32::from_le_bytes(fixed[o..o + 4].try_into().expect("4 bytes"));
     let u128_at = |o: usize| u128::from_le_bytes(fixed[o..o + 16].try_into().expect("16 bytes"));
-    let format = KvFormat {
-        model: u128_at(8),
-        num_layers: u32_at(24),
-        kv_dim: u32_at(28),
-        block_size: u32_at(32),
-        dtype: u32_at(36),
-        version: u32_at(40),
-    };
+    let format = KvFormat { model: u128_at(8), num_layers: u32_at(24), kv_dim: u32_at(28), block_size: u32_at(32), dtype: u32_at(36), version: u32_at(40) };
     if format.block_size == 0 || format.block_size > 1 << 16 {
         return Ok(None);
     }
     let mut rest = vec![0u8; 4 * format.block_size as usize + 16];
     r.read_exact(&mut rest)?;
     let n = 4 * format.block_size as usize;
-    let tokens = rest[..n]
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect();
+    let tokens = rest[..n].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
     let data_len = u64::from_le_bytes(rest[n..n + 8].try_into().expect("8 bytes"));
     let checksum = u64::from_le_bytes(rest[n + 8..n + 16].try_into().expect("8 bytes"));
-    Ok(Some(Header {
-        format,
-        hash: u128_at(44),
-        parent_hash: u128_at(60),
-        tokens,
-        data_len,
-        checksum,
-    }))
+    Ok(Some(Header { format, hash: u128_at(44), parent_hash: u128_at(60), tokens, data_len, checksum }))
 }
 
 fn write_file(dir: &Path, format: &KvFormat, block: &BlockFile) -> io::Result<u64> {
     let mut buf = Vec::with_capacity(format.header_len() + block.data.len());
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&format.model.to_le_bytes());
-    for x in [
-        format.num_layers,
-        format.kv_dim,
-        format.block_size,
-        format.dtype,
-        format.version,
-    ] {
+    for x in [format.num_layers, format.kv_dim, format.block_size, format.dtype, format.version] {
         buf.extend_from_slice(&x.to_le_bytes());
     }
     buf.extend_from_slice(&block.hash.to_le_bytes());
@@ -259,44 +231,24 @@ impl DiskTier {
         let index = Arc::new(Mutex::new(index));
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<BlockFile>(QUEUE_LEN);
-        let (dir, idx, max_bytes, pending) = (
-            config.dir.clone(),
-            index.clone(),
-            config.max_bytes,
-            queued.clone(),
-        );
-        let writer = std::thread::Builder::new()
-            .name("reckon-kv-disk".into())
-            .spawn(move || {
-                for block in rx {
-                    let known = idx
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .files
-                        .contains_key(&block.hash);
-                    if !known {
-                        match write_file(&dir, &format, &block) {
-                            Ok(bytes) => {
-                                let mut index = idx.lock().unwrap_or_else(|e| e.into_inner());
-                                index.insert(block.hash, bytes);
-                                index.trim(&dir, max_bytes);
-                            }
-                            Err(e) => tracing::warn!(
-                                "prefix cache dir {}: cannot write a block: {e}",
-                                dir.display()
-                            ),
+        let (dir, idx, max_bytes, pending) = (config.dir.clone(), index.clone(), config.max_bytes, queued.clone());
+        let writer = std::thread::Builder::new().name("reckon-kv-disk".into()).spawn(move || {
+            for block in rx {
+                let known = idx.lock().unwrap_or_else(|e| e.into_inner()).files.contains_key(&block.hash);
+                if !known {
+                    match write_file(&dir, &format, &block) {
+                        Ok(bytes) => {
+                            let mut index = idx.lock().unwrap_or_else(|e| e.into_inner());
+                            index.insert(block.hash, bytes);
+                            index.trim(&dir, max_bytes);
                         }
+                        Err(e) => tracing::warn!("prefix cache dir {}: cannot write a block: {e}", dir.display()),
                     }
-                    pending.fetch_sub(1, Ordering::Relaxed);
                 }
-            })?;
-        Ok(DiskTier {
-            dir: config.dir.clone(),
-            format,
-            index,
-            queued,
-            writer: Some((tx, writer)),
-        })
+                pending.fetch_sub(1, Ordering::Relaxed);
+            }
+        })?;
+        Ok(DiskTier { dir: config.dir.clone(), format, index, queued, writer: Some((tx, writer)) })
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -334,14 +286,7 @@ impl DiskTier {
     pub fn store(&self, block: BlockFile, wait: bool) {
         let Some((tx, _)) = &self.writer else { return };
         self.queued.fetch_add(1, Ordering::Relaxed);
-        let sent = if wait {
-            tx.send(block).is_ok()
-        } else {
-            !matches!(
-                tx.try_send(block),
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_))
-            )
-        };
+        let sent = if wait { tx.send(block).is_ok() } else { !matches!(tx.try_send(block), Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) };
         if !sent {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             tracing::debug!("prefix cache dir: writer behind, a block was not saved");
@@ -369,13 +314,7 @@ impl DiskTier {
 
     /// `Ok(None)`: a sound file for other tokens (a key collision); `Err(Some(why))`: a file not to use
     /// again; `Err(None)`: no file.
-    fn read_verified(
-        &self,
-        path: &Path,
-        hash: BlockHash,
-        parent_hash: BlockHash,
-        tokens: &[u32],
-    ) -> Result<Option<Vec<u8>>, Option<String>> {
+    fn read_verified(&self, path: &Path, hash: BlockHash, parent_hash: BlockHash, tokens: &[u32]) -> Result<Option<Vec<u8>>, Option<String>> {
         let bad = |why: String| Err(Some(why));
         let mut f = match fs::File::open(path) {
             Ok(f) => f,
@@ -394,11 +333,7 @@ impl DiskTier {
             return bad("its key does not match its name".into());
         }
         if h.data_len != self.format.data_len() {
-            return bad(format!(
-                "the header gives {} data bytes, the format {}",
-                h.data_len,
-                self.format.data_len()
-            ));
+            return bad(format!("the header gives {} data bytes, the format {}", h.data_len, self.format.data_len()));
         }
         if h.parent_hash != parent_hash || h.tokens != tokens {
             return Ok(None);
@@ -408,11 +343,7 @@ impl DiskTier {
             return bad(e.to_string());
         }
         if data.len() as u64 != h.data_len {
-            return bad(format!(
-                "{} data bytes, the header says {}",
-                data.len(),
-                h.data_len
-            ));
+            return bad(format!("{} data bytes, the header says {}", data.len(), h.data_len));
         }
         if checksum(&data) != h.checksum {
             return bad("checksum mismatch".into());
@@ -447,17 +378,8 @@ fn scan(dir: &Path, format: &KvFormat) -> io::Result<Index> {
         let header = fs::File::open(&path).and_then(|mut f| read_header(&mut f));
         let meta = fs::metadata(&path);
         match (header, meta) {
-            (Ok(Some(h)), Ok(m))
-                if h.format == *format
-                    && h.data_len == format.data_len()
-                    && m.len() == format.file_len()
-                    && path == file_name(dir, h.hash) =>
-            {
-                found.push((
-                    m.modified().unwrap_or(std::time::UNIX_EPOCH),
-                    h.hash,
-                    m.len(),
-                ));
+            (Ok(Some(h)), Ok(m)) if h.format == *format && h.data_len == format.data_len() && m.len() == format.file_len() && path == file_name(dir, h.hash) => {
+                found.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), h.hash, m.len()));
             }
             (Ok(Some(h)), Ok(_)) if h.format != *format => other_format += 1,
             _ => unreadable += 1,
@@ -467,10 +389,7 @@ fn scan(dir: &Path, format: &KvFormat) -> io::Result<Index> {
         tracing::warn!("prefix cache dir {}: ignoring {other_format} block files of another model or KV format", dir.display());
     }
     if unreadable > 0 {
-        tracing::warn!(
-            "prefix cache dir {}: ignoring {unreadable} unreadable or truncated block files",
-            dir.display()
-        );
+        tracing::warn!("prefix cache dir {}: ignoring {unreadable} unreadable or truncated block files", dir.display());
     }
     found.sort();
     let mut index = Index::default();

@@ -17,14 +17,7 @@ pub struct FreeQueue {
 impl FreeQueue {
     /// All of `0..n`, in order.
     pub fn new(n: u32) -> Self {
-        let mut q = FreeQueue {
-            prev: vec![NIL; n as usize],
-            next: vec![NIL; n as usize],
-            queued: vec![false; n as usize],
-            head: NIL,
-            tail: NIL,
-            len: 0,
-        };
+        let mut q = FreeQueue { prev: vec![NIL; n as usize], next: vec![NIL; n as usize], queued: vec![false; n as usize], head: NIL, tail: NIL, len: 0 };
         for b in 0..n {
             q.push_back(b);
         }
@@ -88,8 +81,6 @@ impl FreeQueue {
 
     /// Front first.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(Some(self.head).filter(|&h| h != NIL), |&b| {
-            Some(self.next[b as usize]).filter(|&n| n != NIL)
-        })
+        std::iter::successors(Some(self.head).filter(|&h| h != NIL), |&b| Some(self.next[b as usize]).filter(|&n| n != NIL))
     }
 }

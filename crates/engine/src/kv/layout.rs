@@ -38,11 +38,7 @@ pub struct KvLayout {
 impl KvLayout {
     /// One group of every layer: a page holds all `n_layers`.
     pub fn uniform(n_layers: usize) -> Self {
-        KvLayout {
-            windows: vec![None],
-            place: (0..n_layers).map(|l| (0, l)).collect(),
-            slots: n_layers,
-        }
+        KvLayout { windows: vec![None], place: (0..n_layers).map(|l| (0, l)).collect(), slots: n_layers }
     }
 
     /// Groups for layers whose windows are `layer_windows` (`None`: global): the layers of each kind in
@@ -64,9 +60,7 @@ impl KvLayout {
         }
         let (mut windows, mut place) = (Vec::new(), vec![(0, 0); layer_windows.len()]);
         for kind in kinds {
-            let layers: Vec<usize> = (0..layer_windows.len())
-                .filter(|&l| layer_windows[l] == kind)
-                .collect();
+            let layers: Vec<usize> = (0..layer_windows.len()).filter(|&l| layer_windows[l] == kind).collect();
             for group in layers.chunks(slots) {
                 for (slot, &l) in group.iter().enumerate() {
                     place[l] = (windows.len(), slot);
@@ -74,11 +68,7 @@ impl KvLayout {
                 windows.push(kind);
             }
         }
-        KvLayout {
-            windows,
-            place,
-            slots,
-        }
+        KvLayout { windows, place, slots }
     }
 
     pub fn num_groups(&self) -> usize {
@@ -117,12 +107,7 @@ impl KvLayout {
     /// most `max_chunk` tokens.
     pub fn max_blocks_held(&self, len: usize, block_size: usize, max_chunk: usize) -> usize {
         let all = len.div_ceil(block_size);
-        (0..self.num_groups())
-            .map(|g| {
-                self.kv_window(g)
-                    .map_or(all, |w| all.min(w.max_blocks(block_size, max_chunk)))
-            })
-            .sum()
+        (0..self.num_groups()).map(|g| self.kv_window(g).map_or(all, |w| all.min(w.max_blocks(block_size, max_chunk)))).sum()
     }
 
     /// `(layers, window)` of each kind of layer, global first: what `reckon info` and `/metrics` report
@@ -157,8 +142,7 @@ pub struct LayerKindMemory {
 impl LayerKindMemory {
     /// Label of the kind: `full` or `sliding_window_{w}`.
     pub fn label(&self) -> String {
-        self.window
-            .map_or("full".to_string(), |w| format!("sliding_window_{w}"))
+        self.window.map_or("full".to_string(), |w| format!("sliding_window_{w}"))
     }
 }
 
@@ -166,32 +150,13 @@ impl KvLayout {
     /// Per kind of layer (global first), the bytes a token takes in its layers when one layer's key and
     /// value of a token take `cell_bytes`, and how many positions a sequence keeps there (steps of at
     /// most `max_chunk` tokens).
-    pub fn memory_by_kind(
-        &self,
-        cell_bytes: usize,
-        block_size: usize,
-        max_chunk: usize,
-    ) -> Vec<LayerKindMemory> {
+    pub fn memory_by_kind(&self, cell_bytes: usize, block_size: usize, max_chunk: usize) -> Vec<LayerKindMemory> {
         self.layer_kinds()
             .into_iter()
             .map(|(layers, window)| {
-                let kept = window.filter(|_| {
-                    self.is_hybrid() || self.num_groups() == 1 && self.windows[0].is_some()
-                });
-                let max_positions = kept.map(|w| {
-                    KvWindow {
-                        window: w,
-                        sinks: 0,
-                    }
-                    .max_blocks(block_size, max_chunk)
-                        * block_size
-                });
-                LayerKindMemory {
-                    layers,
-                    window,
-                    bytes_per_token: layers * cell_bytes,
-                    max_positions,
-                }
+                let kept = window.filter(|_| self.is_hybrid() || self.num_groups() == 1 && self.windows[0].is_some());
+                let max_positions = kept.map(|w| KvWindow { window: w, sinks: 0 }.max_blocks(block_size, max_chunk) * block_size);
+                LayerKindMemory { layers, window, bytes_per_token: layers * cell_bytes, max_positions }
             })
             .collect()
     }
@@ -215,16 +180,10 @@ mod tests {
         let l = KvLayout::hybrid(&gemma3(18));
         assert_eq!((l.num_groups(), l.slots()), (6, 3));
         // sliding layers first (layer 0 is one), then the global ones
-        assert_eq!(
-            (0..5).map(|g| l.window(g)).collect::<Vec<_>>(),
-            vec![Some(512); 5]
-        );
+        assert_eq!((0..5).map(|g| l.window(g)).collect::<Vec<_>>(), vec![Some(512); 5]);
         assert_eq!(l.window(5), None);
         assert_eq!([5, 11, 17].map(|x| l.place(x)), [(5, 0), (5, 1), (5, 2)]);
-        assert_eq!(
-            [0, 1, 2, 3, 4, 6].map(|x| l.place(x)),
-            [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-        );
+        assert_eq!([0, 1, 2, 3, 4, 6].map(|x| l.place(x)), [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]);
         assert_eq!(l.layer_kinds(), vec![(3, None), (15, Some(512))]);
         // every (group, slot) serves one layer
         let mut places: Vec<_> = (0..18).map(|x| l.place(x)).collect();
@@ -256,49 +215,19 @@ mod tests {
     fn memory_by_kind_reports_global_and_sliding_layers() {
         let (cell, bs) = (1024, 16); // Gemma-3-270M, f16: one KV head of 256
         let hybrid = KvLayout::hybrid(&gemma3(18)).memory_by_kind(cell, bs, 512);
-        assert_eq!(
-            hybrid[0],
-            LayerKindMemory {
-                layers: 3,
-                window: None,
-                bytes_per_token: 3 * 1024,
-                max_positions: None
-            }
-        );
-        assert_eq!(
-            hybrid[1],
-            LayerKindMemory {
-                layers: 15,
-                window: Some(512),
-                bytes_per_token: 15 * 1024,
-                max_positions: Some(65 * 16)
-            }
-        );
+        assert_eq!(hybrid[0], LayerKindMemory { layers: 3, window: None, bytes_per_token: 3 * 1024, max_positions: None });
+        assert_eq!(hybrid[1], LayerKindMemory { layers: 15, window: Some(512), bytes_per_token: 15 * 1024, max_positions: Some(65 * 16) });
         assert_eq!(hybrid[1].label(), "sliding_window_512");
         // one group: every layer keeps every position (the kernels still read the window only)
         let uniform = KvLayout::uniform(18);
-        assert_eq!(
-            uniform.memory_by_kind(cell, bs, 512),
-            vec![LayerKindMemory {
-                layers: 18,
-                window: None,
-                bytes_per_token: 18 * 1024,
-                max_positions: None
-            }]
-        );
-        assert_eq!(
-            KvLayout::hybrid(&gemma3(18)).page_bytes(cell, bs),
-            3 * 1024 * 16
-        );
+        assert_eq!(uniform.memory_by_kind(cell, bs, 512), vec![LayerKindMemory { layers: 18, window: None, bytes_per_token: 18 * 1024, max_positions: None }]);
+        assert_eq!(KvLayout::hybrid(&gemma3(18)).page_bytes(cell, bs), 3 * 1024 * 16);
     }
 
     #[test]
     fn one_kind_is_one_group() {
         assert_eq!(KvLayout::hybrid(&[None; 4]), KvLayout::uniform(4));
         let swa = KvLayout::hybrid(&[Some(64); 4]);
-        assert_eq!(
-            (swa.num_groups(), swa.slots(), swa.window(0)),
-            (1, 4, Some(64))
-        );
+        assert_eq!((swa.num_groups(), swa.slots(), swa.window(0)), (1, 4, Some(64)));
     }
 }

@@ -63,11 +63,7 @@ impl RequestBlocks {
 
     /// Blocks held now, over all groups.
     pub fn num_held(&self) -> usize {
-        self.tables
-            .iter()
-            .flatten()
-            .filter(|&&b| b != NULL_BLOCK)
-            .count()
+        self.tables.iter().flatten().filter(|&&b| b != NULL_BLOCK).count()
     }
 }
 
@@ -117,37 +113,22 @@ pub struct KvCacheManager {
 impl KvCacheManager {
     pub fn new(block_size: usize, pool: BlockPool, prefix_caching: bool) -> Self {
         assert!(block_size > 0, "blocks hold at least one token");
-        KvCacheManager {
-            block_size,
-            prefix_caching,
-            window: None,
-            sliding: vec![None],
-            pool,
-            stats: PrefixCacheStats::default(),
-        }
+        KvCacheManager { block_size, prefix_caching, window: None, sliding: vec![None], pool, stats: PrefixCacheStats::default() }
     }
 
     /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released as it
     /// grows. Its blocks are keyed under a root of their own, so they never serve (nor are served by) a
     /// sequence that attends to everything, also in a disk tier shared with another configuration.
     pub fn with_window(mut self, window: Option<KvWindow>) -> Self {
-        assert!(
-            window.is_none() || self.sliding.len() == 1,
-            "a KV window applies to a one-group layout"
-        );
+        assert!(window.is_none() || self.sliding.len() == 1, "a KV window applies to a one-group layout");
         self.window = window;
         self
     }
 
     /// A block table per layer group of `layout`, a sliding group's releasing what leaves its window.
     pub fn with_layout(mut self, layout: &KvLayout) -> Self {
-        assert!(
-            self.window.is_none() || !layout.is_hybrid(),
-            "a KV window applies to a one-group layout"
-        );
-        self.sliding = (0..layout.num_groups())
-            .map(|g| layout.kv_window(g))
-            .collect();
+        assert!(self.window.is_none() || !layout.is_hybrid(), "a KV window applies to a one-group layout");
+        self.sliding = (0..layout.num_groups()).map(|g| layout.kv_window(g)).collect();
         self
     }
 
@@ -209,29 +190,12 @@ impl KvCacheManager {
     pub fn new_blocks(&self, cache_salt: Option<&[u8]>) -> RequestBlocks {
         let mut root = cache_salt.map_or(self.pool.root(), |s| self.pool.salted_root(s));
         if let Some(w) = self.window {
-            root = self
-                .pool
-                .hash(root, &[u32::MAX, w.window as u32, w.sinks as u32]);
+            root = self.pool.hash(root, &[u32::MAX, w.window as u32, w.sinks as u32]);
         }
         // (the first group keeps the one-group key, so a one-group layout's keys are as before)
-        let group_root = |g: usize| {
-            if g == 0 {
-                root
-            } else {
-                self.pool.hash(root, &[u32::MAX - 1, g as u32])
-            }
-        };
-        let groups = (0..self.num_groups())
-            .map(|g| GroupKeys {
-                root: group_root(g),
-                ..GroupKeys::default()
-            })
-            .collect();
-        RequestBlocks {
-            tables: vec![Vec::new(); self.num_groups()],
-            groups,
-            ..RequestBlocks::default()
-        }
+        let group_root = |g: usize| if g == 0 { root } else { self.pool.hash(root, &[u32::MAX - 1, g as u32]) };
+        let groups = (0..self.num_groups()).map(|g| GroupKeys { root: group_root(g), ..GroupKeys::default() }).collect();
+        RequestBlocks { tables: vec![Vec::new(); self.num_groups()], groups, ..RequestBlocks::default() }
     }
 
     /// See `PrefixProbe` (the first group's blocks: the disk tier, which asks, serves one-group layouts
@@ -241,33 +205,16 @@ impl KvCacheManager {
         let mut hashes = Vec::with_capacity(max_blocks);
         let root = blocks.groups[0].root;
         self.extend_chain(root, &mut hashes, tokens, max_blocks);
-        let in_memory = if self.prefix_caching {
-            self.pool
-                .lookup(root, &hashes, tokens, self.block_size)
-                .len()
-        } else {
-            0
-        };
-        PrefixProbe {
-            root,
-            hashes,
-            in_memory,
-        }
+        let in_memory = if self.prefix_caching { self.pool.lookup(root, &hashes, tokens, self.block_size).len() } else { 0 };
+        PrefixProbe { root, hashes, in_memory }
     }
 
     /// Holds the cached blocks of a waiting request's prefix while the engine reads its next blocks
     /// from the disk tier (they must still be there at admission, for the read to continue them).
     pub fn pin_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) {
-        debug_assert!(
-            blocks.num_held() == 0 && blocks.pinned.is_empty(),
-            "pin a waiting request once"
-        );
+        debug_assert!(blocks.num_held() == 0 && blocks.pinned.is_empty(), "pin a waiting request once");
         let (_, hits) = self.cached_prefix(tokens, blocks);
-        let hit: Vec<u32> = hits
-            .into_iter()
-            .flatten()
-            .filter(|&b| b != NULL_BLOCK)
-            .collect();
+        let hit: Vec<u32> = hits.into_iter().flatten().filter(|&b| b != NULL_BLOCK).collect();
         self.pool.acquire(&hit);
         blocks.pinned = hit;
     }
@@ -283,34 +230,18 @@ impl KvCacheManager {
     /// prefix (and restorable blocks: fewer, down to none, when the pool is short) and blocks for the
     /// chunk. `None`, and nothing taken, when the free blocks do not suffice. `first_admission` counts
     /// the request in the prefix-cache statistics (a preempted request coming back is not counted again).
-    pub fn admit(
-        &mut self,
-        tokens: &[u32],
-        blocks: &mut RequestBlocks,
-        budget: usize,
-        first_admission: bool,
-    ) -> Option<Admission> {
+    pub fn admit(&mut self, tokens: &[u32], blocks: &mut RequestBlocks, budget: usize, first_admission: bool) -> Option<Admission> {
         debug_assert!(blocks.num_held() == 0, "waiting requests hold no blocks");
         let (m, hits) = self.cached_prefix(tokens, blocks);
         let (bs, groups) = (self.block_size, self.num_groups());
         let (mut restore, skip) = match blocks.restorable {
-            Some((first, n)) if m >= first && m < first + n && groups == 1 => {
-                (first + n - m, m - first)
-            }
+            Some((first, n)) if m >= first && m < first + n && groups == 1 => (first + n - m, m - first),
             _ => (0, 0),
         };
         // Free blocks this admission needs with `r` restored blocks (those need blocks too), in every
         // group. Unheld hit blocks sit in the free queue: taking them leaves the rest for new blocks.
-        let held: Vec<u32> = hits
-            .iter()
-            .flatten()
-            .copied()
-            .filter(|&b| b != NULL_BLOCK)
-            .collect();
-        let (len, free) = (
-            tokens.len(),
-            self.pool.num_free() - self.pool.num_unheld(&held),
-        );
+        let held: Vec<u32> = hits.iter().flatten().copied().filter(|&b| b != NULL_BLOCK).collect();
+        let (len, free) = (tokens.len(), self.pool.num_free() - self.pool.num_unheld(&held));
         let needed = |r: usize| {
             let computed = (m + r) * bs;
             groups * ((computed + (len - computed).min(budget)).div_ceil(bs) - m)
@@ -337,29 +268,16 @@ impl KvCacheManager {
             keys.released_to = hit.iter().take_while(|&&b| b == NULL_BLOCK).count();
             *table = hit;
         }
-        assert!(
-            self.allocate_slots(blocks, computed + n_new),
-            "the free blocks were counted"
-        );
+        assert!(self.allocate_slots(blocks, computed + n_new), "the free blocks were counted");
         let restore = (restore > 0).then(|| (skip, blocks.tables[0][m..m + restore].to_vec()));
-        Some(Admission {
-            num_computed_tokens: computed,
-            num_new_tokens: n_new,
-            restore,
-        })
+        Some(Admission { num_computed_tokens: computed, num_new_tokens: n_new, restore })
     }
 
     /// Grows the table to hold `num_tokens` positions; false (nothing taken) if the pool is short.
     pub fn allocate_slots(&mut self, blocks: &mut RequestBlocks, num_tokens: usize) -> bool {
         let want = num_tokens.div_ceil(self.block_size);
-        let missing: usize = blocks
-            .tables
-            .iter()
-            .map(|t| want.saturating_sub(t.len()))
-            .sum();
-        let Some(new) = self.pool.allocate(missing) else {
-            return false;
-        };
+        let missing: usize = blocks.tables.iter().map(|t| want.saturating_sub(t.len())).sum();
+        let Some(new) = self.pool.allocate(missing) else { return false };
         let mut new = new.into_iter();
         for table in &mut blocks.tables {
             let n = want.saturating_sub(table.len());
@@ -373,10 +291,7 @@ impl KvCacheManager {
     pub fn truncate(&mut self, blocks: &mut RequestBlocks, num_tokens: usize) {
         let keep = num_tokens.div_ceil(self.block_size);
         for (keys, table) in blocks.groups.iter().zip(&mut blocks.tables) {
-            debug_assert!(
-                keys.num_registered <= keep,
-                "a registered block is never speculative"
-            );
+            debug_assert!(keys.num_registered <= keep, "a registered block is never speculative");
             if table.len() > keep {
                 let rest = table.split_off(keep);
                 self.pool.release(&rest);
@@ -395,12 +310,7 @@ impl KvCacheManager {
 
     /// Registers the request's newly computed full blocks (its first `num_computed` tokens) in the prefix
     /// cache.
-    pub fn cache_full_blocks(
-        &mut self,
-        tokens: &[u32],
-        num_computed: usize,
-        blocks: &mut RequestBlocks,
-    ) {
+    pub fn cache_full_blocks(&mut self, tokens: &[u32], num_computed: usize, blocks: &mut RequestBlocks) {
         if !self.prefix_caching {
             return;
         }
@@ -419,13 +329,7 @@ impl KvCacheManager {
                     None => (keys.root, None),
                 };
                 if table[j] != NULL_BLOCK {
-                    self.pool.register(
-                        table[j],
-                        keys.hashes[j],
-                        parent_hash,
-                        parent,
-                        &tokens[j * bs..(j + 1) * bs],
-                    );
+                    self.pool.register(table[j], keys.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs]);
                 }
                 keys.num_registered = j + 1;
             }
@@ -443,11 +347,7 @@ impl KvCacheManager {
     /// prefix), or of the sliding groups' (they stay cached: a later hit needs only its window's blocks).
     fn release_dead(&mut self, blocks: &mut RequestBlocks, next: usize, sliding: bool) {
         for (g, (keys, table)) in blocks.groups.iter_mut().zip(&mut blocks.tables).enumerate() {
-            let w = if sliding {
-                self.sliding[g]
-            } else {
-                self.window
-            };
+            let w = if sliding { self.sliding[g] } else { self.window };
             let Some(w) = w else { continue };
             let dead = w.dead_blocks(next, self.block_size);
             let end = dead.end.min(table.len());
@@ -474,9 +374,7 @@ impl KvCacheManager {
     pub fn free(&mut self, blocks: &mut RequestBlocks) {
         let len = blocks.tables.iter().map(Vec::len).max().unwrap_or(0);
         // (`release` goes through its list backwards)
-        let order: Vec<u32> = (0..len)
-            .flat_map(|j| blocks.tables.iter().filter_map(move |t| t.get(j).copied()))
-            .collect();
+        let order: Vec<u32> = (0..len).flat_map(|j| blocks.tables.iter().filter_map(move |t| t.get(j).copied())).collect();
         self.pool.release(&order);
         blocks.tables.iter_mut().for_each(Vec::clear);
         self.pool.release(&std::mem::take(&mut blocks.pinned));
@@ -495,11 +393,7 @@ impl KvCacheManager {
     /// the blocks holding them (a sliding group's entries before its window `NULL_BLOCK`). `m` is the
     /// largest count that every full-attention group holds from the first block and every sliding group
     /// holds over the blocks a query at position `m * block_size` attends to. None with caching off.
-    fn cached_prefix(
-        &mut self,
-        tokens: &[u32],
-        blocks: &mut RequestBlocks,
-    ) -> (usize, Vec<Vec<u32>>) {
+    fn cached_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) -> (usize, Vec<Vec<u32>>) {
         let groups = self.num_groups();
         if !self.prefix_caching {
             return (0, vec![Vec::new(); groups]);
@@ -507,26 +401,12 @@ impl KvCacheManager {
         let bs = self.block_size;
         let max_blocks = (tokens.len() - 1) / bs;
         for keys in &mut blocks.groups {
-            Self::extend_chain_with(
-                &self.pool,
-                bs,
-                keys.root,
-                &mut keys.hashes,
-                tokens,
-                max_blocks,
-            );
+            Self::extend_chain_with(&self.pool, bs, keys.root, &mut keys.hashes, tokens, max_blocks);
         }
         let mut hits: Vec<Vec<u32>> = vec![Vec::new(); groups];
         let mut m = max_blocks;
-        for (g, keys) in blocks
-            .groups
-            .iter()
-            .enumerate()
-            .filter(|(g, _)| self.sliding[*g].is_none())
-        {
-            hits[g] = self
-                .pool
-                .lookup(keys.root, &keys.hashes[..max_blocks], tokens, bs);
+        for (g, keys) in blocks.groups.iter().enumerate().filter(|(g, _)| self.sliding[*g].is_none()) {
+            hits[g] = self.pool.lookup(keys.root, &keys.hashes[..max_blocks], tokens, bs);
             m = m.min(hits[g].len());
         }
         // the largest m (from the full groups' down) whose window every sliding group holds
@@ -534,9 +414,7 @@ impl KvCacheManager {
             for (g, keys) in blocks.groups.iter().enumerate() {
                 let Some(w) = self.sliding[g] else { continue };
                 let lo = w.first_live(m * bs, bs) / bs;
-                let run = self
-                    .pool
-                    .lookup_from(keys.root, &keys.hashes[..m], tokens, bs, lo);
+                let run = self.pool.lookup_from(keys.root, &keys.hashes[..m], tokens, bs, lo);
                 if run.len() < m - lo {
                     m -= 1;
                     continue 'm;
@@ -554,24 +432,11 @@ impl KvCacheManager {
     }
 
     /// Extends `hashes` (the keys of `tokens`' first blocks, chained from `root`) to `n_blocks` keys.
-    fn extend_chain(
-        &self,
-        root: BlockHash,
-        hashes: &mut Vec<BlockHash>,
-        tokens: &[u32],
-        n_blocks: usize,
-    ) {
+    fn extend_chain(&self, root: BlockHash, hashes: &mut Vec<BlockHash>, tokens: &[u32], n_blocks: usize) {
         Self::extend_chain_with(&self.pool, self.block_size, root, hashes, tokens, n_blocks);
     }
 
-    fn extend_chain_with(
-        pool: &BlockPool,
-        bs: usize,
-        root: BlockHash,
-        hashes: &mut Vec<BlockHash>,
-        tokens: &[u32],
-        n_blocks: usize,
-    ) {
+    fn extend_chain_with(pool: &BlockPool, bs: usize, root: BlockHash, hashes: &mut Vec<BlockHash>, tokens: &[u32], n_blocks: usize) {
         for j in hashes.len()..n_blocks {
             let parent = hashes.last().copied().unwrap_or(root);
             hashes.push(pool.hash(parent, &tokens[j * bs..(j + 1) * bs]));

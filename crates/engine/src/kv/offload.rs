@@ -44,10 +44,7 @@ struct Pending {
 pub struct DiskOffload {
     disk: Option<Arc<DiskTier>>,
     /// The reader's job queue and thread.
-    reader: Option<(
-        std::sync::mpsc::Sender<ReadJob>,
-        std::thread::JoinHandle<()>,
-    )>,
+    reader: Option<(std::sync::mpsc::Sender<ReadJob>, std::thread::JoinHandle<()>)>,
     pending: HashMap<u64, Pending>,
     root: BlockHash,
 }
@@ -58,15 +55,8 @@ impl DiskOffload {
         let disk = Arc::new(DiskTier::open(config, format)?);
         let (jobs, queue) = std::sync::mpsc::channel::<ReadJob>();
         let (d, bs) = (disk.clone(), format.block_size as usize);
-        let thread = std::thread::Builder::new()
-            .name("reckon-kv-read".into())
-            .spawn(move || read_blocks(&d, queue, bs))?;
-        Ok(DiskOffload {
-            disk: Some(disk),
-            reader: Some((jobs, thread)),
-            pending: HashMap::new(),
-            root: sha256_block_hash(format.model, &[format.version]),
-        })
+        let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, bs))?;
+        Ok(DiskOffload { disk: Some(disk), reader: Some((jobs, thread)), pending: HashMap::new(), root: sha256_block_hash(format.model, &[format.version]) })
     }
 
     /// The root key of every request's block chain: a model and KV format fingerprint, so files of
@@ -82,17 +72,8 @@ impl DiskOffload {
     /// If a new request's prompt blocks after those cached in memory are on disk, starts reading them
     /// (at most half the pool, and `RESTORE_MAX_BYTES`) and returns true: the request must wait for
     /// `reply`. `tokens`: the request's prompt.
-    pub fn start_restore(
-        &mut self,
-        id: u64,
-        probe: &PrefixProbe,
-        tokens: &[u32],
-        kv: &KvStorage,
-        reply: RestoreReply,
-    ) -> bool {
-        let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else {
-            return false;
-        };
+    pub fn start_restore(&mut self, id: u64, probe: &PrefixProbe, tokens: &[u32], kv: &KvStorage, reply: RestoreReply) -> bool {
+        let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else { return false };
         let max_blocks = (kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / kv.block_bytes().max(1));
         let (hashes, in_memory) = (&probe.hashes, probe.in_memory);
         let end = hashes.len().min(in_memory + max_blocks);
@@ -100,32 +81,14 @@ impl DiskOffload {
             return false;
         }
         let bs = kv.shape.block_size;
-        let parent = if in_memory == 0 {
-            probe.root
-        } else {
-            hashes[in_memory - 1]
-        };
+        let parent = if in_memory == 0 { probe.root } else { hashes[in_memory - 1] };
         let cancelled = Arc::new(AtomicBool::new(false));
         let tokens = tokens[in_memory * bs..end * bs].to_vec();
-        let job = ReadJob {
-            id,
-            first: in_memory,
-            parent,
-            hashes: hashes[in_memory..end].to_vec(),
-            tokens,
-            cancelled: cancelled.clone(),
-            reply,
-        };
+        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens, cancelled: cancelled.clone(), reply };
         if jobs.send(job).is_err() {
             return false;
         }
-        self.pending.insert(
-            id,
-            Pending {
-                cancelled,
-                restored: Vec::new(),
-            },
-        );
+        self.pending.insert(id, Pending { cancelled, restored: Vec::new() });
         true
     }
 
@@ -143,9 +106,7 @@ impl DiskOffload {
     /// Fills the blocks an admission assigned to a request's restored blocks (`skip`: the first one
     /// used), and drops the rest of what was read.
     pub fn write_restore(&mut self, kv: &mut KvStorage, id: u64, skip: usize, blocks: &[u32]) {
-        let Some(p) = self.pending.remove(&id) else {
-            return;
-        };
+        let Some(p) = self.pending.remove(&id) else { return };
         for (i, &b) in blocks.iter().enumerate() {
             kv.write_block(b, &p.restored[skip + i]);
         }
@@ -191,20 +152,13 @@ impl DiskOffload {
         }
         match Arc::try_unwrap(disk) {
             Ok(disk) => disk.close(),
-            Err(_) => tracing::warn!(
-                "prefix cache dir: still shared at shutdown; queued writes may be lost"
-            ),
+            Err(_) => tracing::warn!("prefix cache dir: still shared at shutdown; queued writes may be lost"),
         }
     }
 }
 
 fn block_file(kv: &KvStorage, e: EvictedBlock) -> BlockFile {
-    BlockFile {
-        hash: e.hash,
-        parent_hash: e.parent_hash,
-        data: kv.read_block(e.block),
-        tokens: e.tokens,
-    }
+    BlockFile { hash: e.hash, parent_hash: e.parent_hash, data: kv.read_block(e.block), tokens: e.tokens }
 }
 
 /// The reader thread: loads each job's blocks in order while they verify, then replies. Every job gets
@@ -217,16 +171,8 @@ fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_
                 if job.cancelled.load(Ordering::Relaxed) {
                     return Vec::new();
                 }
-                let parent = if k == 0 {
-                    job.parent
-                } else {
-                    job.hashes[k - 1]
-                };
-                match disk.load(
-                    hash,
-                    parent,
-                    &job.tokens[k * block_size..(k + 1) * block_size],
-                ) {
+                let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
+                match disk.load(hash, parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
                     Some(data) => blocks.push(data),
                     None => break,
                 }
@@ -234,12 +180,7 @@ fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_
             disk.touch_chain(&job.hashes[..blocks.len()]);
             blocks
         };
-        let blocks =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_default();
-        (job.reply)(RestoredBlocks {
-            id: job.id,
-            first: job.first,
-            blocks,
-        });
+        let blocks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_default();
+        (job.reply)(RestoredBlocks { id: job.id, first: job.first, blocks });
     }
 }

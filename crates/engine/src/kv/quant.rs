@@ -76,22 +76,13 @@ pub struct KvDtypes {
 }
 
 impl KvDtypes {
-    pub const F16: KvDtypes = KvDtypes {
-        k: KvDtype::F16,
-        v: KvDtype::F16,
-    };
+    pub const F16: KvDtypes = KvDtypes { k: KvDtype::F16, v: KvDtype::F16 };
 
     /// `q8_0` (keys and values) or `q8_0,q4_0` (keys, values).
     pub fn parse(spec: &str) -> Result<KvDtypes, String> {
-        let one = |s: &str| {
-            KvDtype::from_name(s.trim())
-                .ok_or_else(|| format!("unknown KV dtype '{}' (f16, q8_0, q4_0)", s.trim()))
-        };
+        let one = |s: &str| KvDtype::from_name(s.trim()).ok_or_else(|| format!("unknown KV dtype '{}' (f16, q8_0, q4_0)", s.trim()));
         let dtypes = match spec.split_once(',') {
-            Some((k, v)) => KvDtypes {
-                k: one(k)?,
-                v: one(v)?,
-            },
+            Some((k, v)) => KvDtypes { k: one(k)?, v: one(v)? },
             None => {
                 let d = one(spec)?;
                 KvDtypes { k: d, v: d }
@@ -105,11 +96,7 @@ impl KvDtypes {
 
     /// `q8_0`, or `q8_0,q4_0` when keys and values differ.
     pub fn name(&self) -> String {
-        if self.k == self.v {
-            self.k.name().to_string()
-        } else {
-            format!("{},{}", self.k.name(), self.v.name())
-        }
+        if self.k == self.v { self.k.name().to_string() } else { format!("{},{}", self.k.name(), self.v.name()) }
     }
 
     pub fn is_quantized(&self) -> bool {
@@ -130,10 +117,7 @@ impl KvDtypes {
     /// The dtypes of a `code`, if it is one.
     pub fn from_code(code: u32) -> Option<KvDtypes> {
         let d = |c: u32| KvDtype::ALL.get(c as usize).copied();
-        Some(KvDtypes {
-            k: d(code & 0xFF)?,
-            v: d(code >> 8)?,
-        })
+        Some(KvDtypes { k: d(code & 0xFF)?, v: d(code >> 8)? })
     }
 
     /// Whether quantized cells fit these heads and blocks: 32-value scale blocks, 16-cell vectors.
@@ -209,11 +193,7 @@ impl Region {
                     let (d, q) = quantize_q8_0(xb);
                     for (i, &q) in q.iter().enumerate() {
                         let dim = 32 * b + i;
-                        let idx = if keys {
-                            (dim / 4 * bs + c) * 4 + dim % 4
-                        } else {
-                            c * hd + dim
-                        };
+                        let idx = if keys { (dim / 4 * bs + c) * 4 + dim % 4 } else { c * hd + dim };
                         *region.add(idx) = q as u8;
                     }
                     d
@@ -222,27 +202,15 @@ impl Region {
                     let (d, n) = quantize_q4_0(xb);
                     for (i, &n) in n.iter().enumerate() {
                         let dim = 32 * b + i;
-                        let (idx, high) = if keys {
-                            ((dim / 8 * bs + c) * 4 + dim % 4, dim % 8 >= 4)
-                        } else {
-                            (c * hd / 2 + 16 * b + i % 16, i >= 16)
-                        };
+                        let (idx, high) = if keys { ((dim / 8 * bs + c) * 4 + dim % 4, dim % 8 >= 4) } else { (c * hd / 2 + 16 * b + i % 16, i >= 16) };
                         let byte = region.add(idx);
-                        *byte = if high {
-                            (*byte & 0x0F) | n << 4
-                        } else {
-                            (*byte & 0xF0) | n
-                        };
+                        *byte = if high { (*byte & 0x0F) | n << 4 } else { (*byte & 0xF0) | n };
                     }
                     d
                 }
                 KvDtype::F16 => unreachable!("f16 cells are not regions"),
             };
-            std::ptr::copy_nonoverlapping(
-                d.to_bits().to_le_bytes().as_ptr(),
-                region.add(at + 2 * (b * bs + c)),
-                2,
-            );
+            std::ptr::copy_nonoverlapping(d.to_bits().to_le_bytes().as_ptr(), region.add(at + 2 * (b * bs + c)), 2);
         }
     }
 
@@ -252,20 +220,10 @@ impl Region {
         let (hd, bs, at) = (self.hd, self.bs, self.scales_at());
         for (dim, q) in q.iter_mut().enumerate().take(hd) {
             *q = match self.dtype {
-                KvDtype::Q8_0 => {
-                    region[if keys {
-                        (dim / 4 * bs + c) * 4 + dim % 4
-                    } else {
-                        c * hd + dim
-                    }] as i8 as i32
-                }
+                KvDtype::Q8_0 => region[if keys { (dim / 4 * bs + c) * 4 + dim % 4 } else { c * hd + dim }] as i8 as i32,
                 KvDtype::Q4_0 => {
                     let (b, i) = (dim / 32, dim % 32);
-                    let (idx, high) = if keys {
-                        ((dim / 8 * bs + c) * 4 + dim % 4, dim % 8 >= 4)
-                    } else {
-                        (c * hd / 2 + 16 * b + i % 16, i >= 16)
-                    };
+                    let (idx, high) = if keys { ((dim / 8 * bs + c) * 4 + dim % 4, dim % 8 >= 4) } else { (c * hd / 2 + 16 * b + i % 16, i >= 16) };
                     let byte = region[idx];
                     (if high { byte >> 4 } else { byte & 0x0F }) as i32 - 8
                 }
@@ -273,11 +231,7 @@ impl Region {
             };
         }
         for (b, d) in d.iter_mut().enumerate().take(hd / 32) {
-            *d = f16::from_bits(u16::from_le_bytes([
-                region[at + 2 * (b * bs + c)],
-                region[at + 2 * (b * bs + c) + 1],
-            ]))
-            .to_f32();
+            *d = f16::from_bits(u16::from_le_bytes([region[at + 2 * (b * bs + c)], region[at + 2 * (b * bs + c) + 1]])).to_f32();
         }
     }
 }
@@ -290,19 +244,9 @@ mod tests {
     fn cells_read_back_what_was_written_within_the_quantization_step() {
         for dtype in [KvDtype::Q8_0, KvDtype::Q4_0] {
             for keys in [true, false] {
-                let r = Region {
-                    dtype,
-                    hd: 64,
-                    bs: 16,
-                };
+                let r = Region { dtype, hd: 64, bs: 16 };
                 let mut region = vec![0u8; r.bytes()];
-                let cells: Vec<Vec<f32>> = (0..16)
-                    .map(|c| {
-                        (0..64)
-                            .map(|i| ((c * 64 + i) as f32 * 0.37).sin() * (1.0 + c as f32))
-                            .collect()
-                    })
-                    .collect();
+                let cells: Vec<Vec<f32>> = (0..16).map(|c| (0..64).map(|i| ((c * 64 + i) as f32 * 0.37).sin() * (1.0 + c as f32)).collect()).collect();
                 for (c, x) in cells.iter().enumerate().rev() {
                     // SAFETY: the buffer holds the region.
                     unsafe { r.write(region.as_mut_ptr(), c, x, keys) };
@@ -316,10 +260,7 @@ mod tests {
                         // half a step (q4_0: a whole one at the clamped end, 8 levels up, 7 down), plus
                         // the scale's rounding to f16 times the largest quant
                         let steps = if dtype == KvDtype::Q8_0 { 0.5 } else { 1.0 };
-                        assert!(
-                            (got - v).abs() <= step * (steps + 128.0 / 2048.0) + 1e-6,
-                            "{dtype:?} keys {keys} cell {c} dim {i}: {got} vs {v}"
-                        );
+                        assert!((got - v).abs() <= step * (steps + 128.0 / 2048.0) + 1e-6, "{dtype:?} keys {keys} cell {c} dim {i}: {got} vs {v}");
                     }
                 }
             }
@@ -328,20 +269,11 @@ mod tests {
 
     #[test]
     fn dtypes_parse_and_refuse_mixed_f16() {
-        assert_eq!(
-            KvDtypes::parse("q8_0").unwrap(),
-            KvDtypes {
-                k: KvDtype::Q8_0,
-                v: KvDtype::Q8_0
-            }
-        );
+        assert_eq!(KvDtypes::parse("q8_0").unwrap(), KvDtypes { k: KvDtype::Q8_0, v: KvDtype::Q8_0 });
         assert_eq!(KvDtypes::parse("q8_0,q4_0").unwrap().name(), "q8_0,q4_0");
         assert!(KvDtypes::parse("q8_0,f16").is_err());
         assert!(KvDtypes::parse("q5_1").is_err());
         assert_eq!(KvDtypes::F16.bytes_per_token(30, 192), 30 * 2 * 384);
-        assert_eq!(
-            KvDtypes::parse("q8_0").unwrap().bytes_per_token(1, 64),
-            2 * 68
-        );
+        assert_eq!(KvDtypes::parse("q8_0").unwrap().bytes_per_token(1, 64), 2 * 68);
     }
 }

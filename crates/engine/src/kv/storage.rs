@@ -67,30 +67,14 @@ impl KvStorage {
 
     /// A storage whose blocks are `layout`'s pages (`shape.num_layers` is its slots).
     pub fn with_layout(shape: KvShape, layout: KvLayout) -> Self {
-        assert_eq!(
-            layout.slots(),
-            shape.num_layers,
-            "a block holds the layout's slots"
-        );
+        assert_eq!(layout.slots(), shape.num_layers, "a block holds the layout's slots");
         assert!(shape.kv_dim % shape.head_dim == 0, "kv_dim is whole heads");
-        shape
-            .dtypes
-            .check_shape(shape.head_dim, shape.block_size)
-            .expect("KV dtypes checked before the storage is made");
+        shape.dtypes.check_shape(shape.head_dim, shape.block_size).expect("KV dtypes checked before the storage is made");
         let cells = shape.num_blocks * shape.block_size;
-        let (k_bytes, v_bytes) = (
-            cells * shape.dtypes.k.bytes(shape.kv_dim),
-            cells * shape.dtypes.v.bytes(shape.kv_dim),
-        );
+        let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage {
-            shape,
-            layout,
-            data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2),
-            k_bytes,
-            v_bytes,
-        }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes }
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -110,20 +94,13 @@ impl KvStorage {
     }
 
     fn region(&self, dtype: KvDtype) -> Region {
-        Region {
-            dtype,
-            hd: self.shape.head_dim,
-            bs: self.shape.block_size,
-        }
+        Region { dtype, hd: self.shape.head_dim, bs: self.shape.block_size }
     }
 
     /// Byte ranges of `layer`'s keys and values in `data`.
     fn layer_ranges(&self, layer: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
         let at = layer * (self.k_bytes + self.v_bytes);
-        (
-            at..at + self.k_bytes,
-            at + self.k_bytes..at + self.k_bytes + self.v_bytes,
-        )
+        (at..at + self.k_bytes, at + self.k_bytes..at + self.k_bytes + self.v_bytes)
     }
 
     fn bytes(&self) -> &[u8] {
@@ -133,34 +110,19 @@ impl KvStorage {
 
     fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as `bytes`; every byte pattern is a valid f16.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast::<u8>(), 2 * self.data.len())
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.data.as_mut_ptr().cast::<u8>(), 2 * self.data.len()) }
     }
 
     /// A writer of `layer`'s cells that the parts of a parallel run share, each writing its own tokens'
     /// cells (see `LayerWriter::write`).
     pub fn layer_writer(&mut self, layer: usize) -> LayerWriter<'_> {
-        let (k, v) = (
-            self.region(self.shape.dtypes.k),
-            self.region(self.shape.dtypes.v),
-        );
+        let (k, v) = (self.region(self.shape.dtypes.k), self.region(self.shape.dtypes.v));
         let (rk, rv) = self.layer_ranges(layer);
         let (kv_dim, block_size) = (self.shape.kv_dim, self.shape.block_size);
         let base = self.bytes_mut().as_mut_ptr();
         // SAFETY: both ranges are inside the buffer.
         let (keys, values) = unsafe { (base.add(rk.start), base.add(rv.start)) };
-        LayerWriter {
-            keys,
-            values,
-            len_k: rk.len(),
-            len_v: rv.len(),
-            kv_dim,
-            block_size,
-            k,
-            v,
-            _storage: std::marker::PhantomData,
-        }
+        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, k, v, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
@@ -171,11 +133,7 @@ impl KvStorage {
 
     /// Bytes of one block: keys and values of every layer.
     pub fn block_bytes(&self) -> usize {
-        self.shape.block_size
-            * self
-                .shape
-                .dtypes
-                .bytes_per_token(self.shape.num_layers, self.shape.kv_dim)
+        self.shape.block_size * self.shape.dtypes.bytes_per_token(self.shape.num_layers, self.shape.kv_dim)
     }
 
     /// Byte ranges (in `data`) of block `b`'s keys then values, layer by layer.
@@ -218,10 +176,7 @@ impl KvStorage {
             return None;
         }
         let (rk, rv) = self.layer_ranges(layer);
-        Some((
-            &self.data[rk.start / 2..rk.end / 2],
-            &self.data[rv.start / 2..rv.end / 2],
-        ))
+        Some((&self.data[rk.start / 2..rk.end / 2], &self.data[rv.start / 2..rv.end / 2]))
     }
 
     /// All f16 keys and values of one layer, indexed by slot (f16 storage only).
@@ -276,16 +231,12 @@ impl LayerWriter<'_> {
     pub unsafe fn write(&self, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
         assert!(k.len() == d && v.len() == d, "a KV cell is [kv_dim]");
-        for (base, len, r, x, keys) in [
-            (self.keys, self.len_k, &self.k, k, true),
-            (self.values, self.len_v, &self.v, v, false),
-        ] {
+        for (base, len, r, x, keys) in [(self.keys, self.len_k, &self.k, k, true), (self.values, self.len_v, &self.v, v, false)] {
             if r.dtype == KvDtype::F16 {
                 assert!((slot + 1) * d * 2 <= len, "KV cell {slot} out of range");
                 // SAFETY: in bounds (checked), exclusive by the caller's promise, f16-aligned (the buffer
                 // holds f16); the storage outlives `self`.
-                let cell =
-                    unsafe { std::slice::from_raw_parts_mut(base.cast::<f16>().add(slot * d), d) };
+                let cell = unsafe { std::slice::from_raw_parts_mut(base.cast::<f16>().add(slot * d), d) };
                 // `half`'s slice conversion (F16C where present) rounds to nearest even, as `f16::from_f32`.
                 cell.convert_from_f32_slice(x);
                 continue;
@@ -310,14 +261,7 @@ mod tests {
 
     #[test]
     fn a_block_read_writes_back_into_another_block() {
-        let mut kv = KvStorage::new(KvShape {
-            num_layers: 2,
-            kv_dim: 3,
-            head_dim: 3,
-            block_size: 2,
-            num_blocks: 3,
-            dtypes: KvDtypes::F16,
-        });
+        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, head_dim: 3, block_size: 2, num_blocks: 3, dtypes: KvDtypes::F16 });
         for layer in 0..2 {
             for slot in 0..6 {
                 let x = (layer * 10 + slot) as f32;
@@ -329,30 +273,18 @@ mod tests {
         kv.write_block(2, &block1);
         assert_eq!(kv.read_block(2), block1);
         let (k, v) = kv.layer(1);
-        assert_eq!(
-            (k[4 * 3..6 * 3].to_vec(), v[4 * 3..6 * 3].to_vec()),
-            (k[2 * 3..4 * 3].to_vec(), v[2 * 3..4 * 3].to_vec())
-        );
+        assert_eq!((k[4 * 3..6 * 3].to_vec(), v[4 * 3..6 * 3].to_vec()), (k[2 * 3..4 * 3].to_vec(), v[2 * 3..4 * 3].to_vec()));
     }
 
     #[test]
     fn quantized_blocks_read_and_write_back_whole() {
         for dtypes in ["q8_0", "q4_0", "q8_0,q4_0"] {
             let dtypes = KvDtypes::parse(dtypes).unwrap();
-            let shape = KvShape {
-                num_layers: 2,
-                kv_dim: 128,
-                head_dim: 64,
-                block_size: 16,
-                num_blocks: 3,
-                dtypes,
-            };
+            let shape = KvShape { num_layers: 2, kv_dim: 128, head_dim: 64, block_size: 16, num_blocks: 3, dtypes };
             let mut kv = KvStorage::new(shape);
             for layer in 0..2 {
                 for slot in 0..48 {
-                    let k: Vec<f32> = (0..128)
-                        .map(|i| ((layer * 1000 + slot * 128 + i) as f32 * 0.1).sin())
-                        .collect();
+                    let k: Vec<f32> = (0..128).map(|i| ((layer * 1000 + slot * 128 + i) as f32 * 0.1).sin()).collect();
                     let v: Vec<f32> = k.iter().map(|x| x * 2.0 - 0.5).collect();
                     kv.write(layer, slot, &k, &v);
                 }

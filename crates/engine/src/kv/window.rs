@@ -63,10 +63,7 @@ impl KvWindow {
     /// Most blocks a sequence holds at once when its steps carry at most `max_chunk` tokens: the sinks,
     /// the window's blocks, and a chunk's.
     pub fn max_blocks(&self, block_size: usize, max_chunk: usize) -> usize {
-        self.sink_end(block_size) / block_size
-            + self.window.div_ceil(block_size)
-            + 1
-            + max_chunk.div_ceil(block_size)
+        self.sink_end(block_size) / block_size + self.window.div_ceil(block_size) + 1 + max_chunk.div_ceil(block_size)
     }
 
     /// The block table a query at `pos` reads through (positions renumbered so that what it attends to
@@ -79,17 +76,10 @@ impl KvWindow {
             return None;
         }
         let (sink_blocks, live) = (g.start / block_size, g.end / block_size);
-        let view: Vec<u32> = table[..sink_blocks]
-            .iter()
-            .chain(&table[live..])
-            .copied()
-            .collect();
+        let view: Vec<u32> = table[..sink_blocks].iter().chain(&table[live..]).copied().collect();
         // (a released block is never live for a later query; checked, as a read through one would be out
         // of the storage's bounds)
-        assert!(
-            view.iter().all(|&b| b != NULL_BLOCK),
-            "a query at {pos} reads a released block"
-        );
+        assert!(view.iter().all(|&b| b != NULL_BLOCK), "a query at {pos} reads a released block");
         Some((view, pos - g.len()))
     }
 }
@@ -100,10 +90,7 @@ mod tests {
 
     #[test]
     fn a_query_attends_to_the_sink_blocks_and_at_least_the_last_window_positions() {
-        let w = KvWindow {
-            window: 40,
-            sinks: 4,
-        };
+        let w = KvWindow { window: 40, sinks: 4 };
         assert_eq!(w.sink_end(16), 16);
         // pos 55: 55 + 1 - 40 = 16 is in block 1, so nothing is skipped
         assert!(w.gap(55, 16).is_empty());
@@ -117,10 +104,7 @@ mod tests {
             let attended = g.start.min(pos + 1) + (pos + 1 - g.end.max(g.start).min(pos + 1));
             if !g.is_empty() {
                 let recent = pos + 1 - g.end;
-                assert!(
-                    (40..40 + 16).contains(&recent),
-                    "pos {pos}: {recent} recent positions"
-                );
+                assert!((40..40 + 16).contains(&recent), "pos {pos}: {recent} recent positions");
                 assert_eq!(attended, 16 + recent);
             }
         }
@@ -128,29 +112,20 @@ mod tests {
 
     #[test]
     fn the_view_renumbers_positions_past_the_gap() {
-        let w = KvWindow {
-            window: 20,
-            sinks: 1,
-        };
+        let w = KvWindow { window: 20, sinks: 1 };
         let table = [7, NULL_BLOCK, NULL_BLOCK, 3, 9, 4];
         // pos 70: 70 + 1 - 20 = 51 is in block 3 (48..64): blocks 1 and 2 are skipped
         let (view, vpos) = w.view(&table, 70, 16).unwrap();
         assert_eq!(view, vec![7, 3, 9, 4]);
         assert_eq!(vpos, 70 - 32);
         // the slot of a position is the same through the view
-        assert_eq!(
-            view[vpos / 16] * 16 + (vpos % 16) as u32,
-            table[70 / 16] * 16 + 70 % 16
-        );
+        assert_eq!(view[vpos / 16] * 16 + (vpos % 16) as u32, table[70 / 16] * 16 + 70 % 16);
         assert_eq!(w.view(&[1, 2], 20, 16), None);
     }
 
     #[test]
     fn no_sinks_keep_no_blocks() {
-        let w = KvWindow {
-            window: 16,
-            sinks: 0,
-        };
+        let w = KvWindow { window: 16, sinks: 0 };
         assert_eq!(w.sink_end(16), 0);
         assert_eq!(w.dead_blocks(48, 16), 0..2);
         // no sink blocks, the window's block, one for a window off the block grid, a 512-token chunk's

@@ -27,10 +27,7 @@ impl Tracer for DumpDir {
             return;
         }
         let width = rows.len() / n;
-        let bytes: Vec<u8> = rows[(n - 1) * width..]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
+        let bytes: Vec<u8> = rows[(n - 1) * width..].iter().flat_map(|x| x.to_le_bytes()).collect();
         let _ = std::fs::write(self.0.join(format!("{name}-{layer}.f32")), bytes);
     }
 }
@@ -136,11 +133,7 @@ impl FfnWeights {
     pub fn load(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Self> {
         let (d, ff) = (cfg.d_model, cfg.ffn_dim);
         let n = |s: &str| format!("blk.{i}.{s}");
-        Ok(FfnWeights {
-            gate: ld.linear(&n("ffn_gate.weight"), ff, d)?,
-            up: ld.linear(&n("ffn_up.weight"), ff, d)?,
-            down: ld.linear(&n("ffn_down.weight"), d, ff)?,
-        })
+        Ok(FfnWeights { gate: ld.linear(&n("ffn_gate.weight"), ff, d)?, up: ld.linear(&n("ffn_up.weight"), ff, d)?, down: ld.linear(&n("ffn_down.weight"), d, ff)? })
     }
 
     /// Every matrix of a layer: attention's, then these.
@@ -160,24 +153,14 @@ pub(super) struct NormedInput<'w> {
 
 /// The matmuls of `jobs` over `xn` made from `x` as `input` says (`xn`: `[n, d_model]`, written). The
 /// add and the norm run inside the matmul's parallel run (`FillRows`), each token's row as alone.
-pub(super) fn normed_matmul(
-    input: &NormedInput,
-    eps: f32,
-    x: &mut [f32],
-    proj: &[f32],
-    xn: &mut [f32],
-    act_q: &mut Vec<u8>,
-    jobs: &mut [(QMatrix, &mut [f32])],
-) {
+pub(super) fn normed_matmul(input: &NormedInput, eps: f32, x: &mut [f32], proj: &[f32], xn: &mut [f32], act_q: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     let d = input.weight.len();
     let x_rows = ops::SharedRows::new(x, d);
     let fill = |first: usize, last: usize, out: &mut [f32]| {
         // SAFETY: the matmul hands each token range to one part; `x` is borrowed for the call.
         let x = unsafe { x_rows.rows(first, last) };
         if input.add_proj {
-            x.iter_mut()
-                .zip(&proj[first * d..last * d])
-                .for_each(|(a, &b)| *a += b);
+            x.iter_mut().zip(&proj[first * d..last * d]).for_each(|(a, &b)| *a += b);
         }
         ops::rms_norm_here(x, input.weight, eps, out);
     };
@@ -195,46 +178,24 @@ fn finish_qkv(ctx: &LayerCtx, w: &AttentionWeights, kv: &mut KvStorage, s: &mut 
     let n = ctx.queries.len();
     let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
     let writer = kv.layer_writer(ctx.kv_layer);
-    let (q, k, v) = (
-        ops::SharedRows::new(&mut s.q, q_dim),
-        ops::SharedRows::new(&mut s.k, kv_dim),
-        ops::SharedRows::new(&mut s.v, kv_dim),
-    );
+    let (q, k, v) = (ops::SharedRows::new(&mut s.q, q_dim), ops::SharedRows::new(&mut s.k, kv_dim), ops::SharedRows::new(&mut s.v, kv_dim));
     let tokens = |first: usize, last: usize| {
         // SAFETY: each token range goes to one part; the buffers are borrowed for the run.
-        let (q, k, v) = unsafe {
-            (
-                q.rows(first, last),
-                k.rows(first, last),
-                v.rows(first, last),
-            )
-        };
+        let (q, k, v) = unsafe { (q.rows(first, last), k.rows(first, last), v.rows(first, last)) };
         if let Some(biases) = &w.bias {
             for (buf, b) in [&mut *q, &mut *k, &mut *v].into_iter().zip(biases) {
-                buf.chunks_exact_mut(b.len())
-                    .for_each(|row| row.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
+                buf.chunks_exact_mut(b.len()).for_each(|row| row.iter_mut().zip(b).for_each(|(a, &b)| *a += b));
             }
         }
         if let Some([qn, kn]) = &w.qk_norm {
             ops::rms_norm_inplace_here(q, qn, c.norm_eps);
             ops::rms_norm_inplace_here(k, kn, c.norm_eps);
         }
-        for (i, (qp, &pos)) in ctx.queries[first..last]
-            .iter()
-            .zip(&ctx.positions[first..last])
-            .enumerate()
-        {
+        for (i, (qp, &pos)) in ctx.queries[first..last].iter().zip(&ctx.positions[first..last]).enumerate() {
             ctx.rope.apply(&mut q[i * q_dim..(i + 1) * q_dim], hd, pos);
-            ctx.rope
-                .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
+            ctx.rope.apply(&mut k[i * kv_dim..(i + 1) * kv_dim], hd, pos);
             // SAFETY: a batch's tokens have distinct cells, and this part alone handles this token.
-            unsafe {
-                writer.write(
-                    writer.slot(qp.block_table, qp.pos),
-                    &k[i * kv_dim..(i + 1) * kv_dim],
-                    &v[i * kv_dim..(i + 1) * kv_dim],
-                )
-            };
+            unsafe { writer.write(writer.slot(qp.block_table, qp.pos), &k[i * kv_dim..(i + 1) * kv_dim], &v[i * kv_dim..(i + 1) * kv_dim]) };
         }
     };
     let pool = crate::pool::current();
@@ -247,13 +208,7 @@ fn finish_qkv(ctx: &LayerCtx, w: &AttentionWeights, kv: &mut KvStorage, s: &mut 
 
 /// Makes `s.xn` from the residual stream as `input` says (see `normed_matmul`), leaves the attention
 /// output projected in `s.proj`: `proj = Wo·attn(rope(q), rope(k), v)` over the paged KV.
-pub(super) fn attention(
-    ctx: &LayerCtx,
-    w: &AttentionWeights,
-    input: &NormedInput,
-    kv: &mut KvStorage,
-    s: &mut Scratch,
-) {
+pub(super) fn attention(ctx: &LayerCtx, w: &AttentionWeights, input: &NormedInput, kv: &mut KvStorage, s: &mut Scratch) {
     let c = ctx.cfg;
     let n = ctx.queries.len();
     let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
@@ -262,21 +217,9 @@ pub(super) fn attention(
     super::resize(&mut s.k, n * kv_dim);
     super::resize(&mut s.v, n * kv_dim);
     crate::kernels::attention::prefetch_decode_kv(kv, ctx.kv_layer, ctx.queries);
-    let (wq, wk, wv) = (
-        w.wq.view(ctx.file),
-        w.wk.view(ctx.file),
-        w.wv.view(ctx.file),
-    );
+    let (wq, wk, wv) = (w.wq.view(ctx.file), w.wk.view(ctx.file), w.wv.view(ctx.file));
     let jobs = &mut [(wq, &mut s.q[..]), (wk, &mut s.k[..]), (wv, &mut s.v[..])];
-    normed_matmul(
-        input,
-        c.norm_eps,
-        &mut s.residual.x,
-        &s.proj,
-        &mut s.xn,
-        &mut s.act_q,
-        jobs,
-    );
+    normed_matmul(input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
     ctx.trace("attn_norm", &s.xn);
     finish_qkv(ctx, w, kv, s);
     ctx.trace("Qcur", &s.q);
@@ -297,6 +240,5 @@ pub(super) fn attention(
     attend(&shape, kv, ctx.kv_layer, ctx.queries, &s.q, &mut s.attn);
     ctx.trace("kqv_out", &s.attn);
     super::resize(&mut s.proj, n * c.d_model);
-    w.wo.view(ctx.file)
-        .matmul(&s.attn, &mut s.act_q, &mut s.proj);
+    w.wo.view(ctx.file).matmul(&s.attn, &mut s.act_q, &mut s.proj);
 }

@@ -19,9 +19,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "gemma3" => Ok(Arch::Gemma3),
-            other => Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, gemma3)"
-            ))),
+            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, gemma3)"))),
         }
     }
 
@@ -82,16 +80,10 @@ impl ModelConfig {
     fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Metadata(m));
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!(
-                "head_count {} is not a multiple of head_count_kv {}",
-                self.n_heads, self.n_kv_heads
-            ));
+            return bad(format!("head_count {} is not a multiple of head_count_kv {}", self.n_heads, self.n_kv_heads));
         }
         if self.rot_dim > self.head_dim || self.rot_dim % 2 != 0 {
-            return bad(format!(
-                "rope dimension {} does not fit head size {}",
-                self.rot_dim, self.head_dim
-            ));
+            return bad(format!("rope dimension {} does not fit head size {}", self.rot_dim, self.head_dim));
         }
         if self.n_layers == 0 || self.ffn_dim == 0 || self.vocab_size == 0 {
             return bad("block_count, feed_forward_length and vocab size must be positive".into());
@@ -114,8 +106,7 @@ impl ModelConfig {
 
     /// The sliding window of layer `il`, or None for a global layer.
     pub fn layer_window(&self, il: usize) -> Option<usize> {
-        self.sliding_window
-            .filter(|_| il % self.swa_period < self.swa_period - 1)
+        self.sliding_window.filter(|_| il % self.swa_period < self.swa_period - 1)
     }
 }
 
@@ -144,13 +135,9 @@ impl Meta<'_> {
         let n_heads = self.usize("attention.head_count")?;
         let d_model = self.usize("embedding_length")?;
         if n_heads == 0 || d_model == 0 {
-            return Err(Error::Metadata(
-                "head_count and embedding_length must be positive".into(),
-            ));
+            return Err(Error::Metadata("head_count and embedding_length must be positive".into()));
         }
-        let head_dim = self
-            .usize("attention.key_length")
-            .unwrap_or(d_model / n_heads);
+        let head_dim = self.usize("attention.key_length").unwrap_or(d_model / n_heads);
         let vocab_size = match self.usize("vocab_size") {
             Ok(v) => v,
             Err(_) => self.file.get_str_array("tokenizer.ggml.tokens")?.len(),

@@ -28,10 +28,10 @@ pub(super) fn config(meta: &Meta) -> Result<ModelConfig> {
 
 /// One decoder block.
 pub(super) struct Layer {
-    pub attn_norm: Vec<f32>,      // [d_model]
-    pub attn: AttentionWeights,   // with q/k norms, [head_dim] each
+    pub attn_norm: Vec<f32>, // [d_model]
+    pub attn: AttentionWeights, // with q/k norms, [head_dim] each
     pub post_attn_norm: Vec<f32>, // [d_model]
-    pub ffn_norm: Vec<f32>,       // [d_model]
+    pub ffn_norm: Vec<f32>,  // [d_model]
     pub ffn: FfnWeights,
     pub post_ffn_norm: Vec<f32>, // [d_model]
 }
@@ -41,10 +41,7 @@ impl Layer {
         let (d, hd) = (cfg.d_model, cfg.head_dim);
         let n = |s: &str| format!("blk.{i}.{s}");
         let mut attn = AttentionWeights::load(ld, cfg, i)?;
-        attn.qk_norm = Some([
-            ld.vector(&n("attn_q_norm.weight"), hd)?,
-            ld.vector(&n("attn_k_norm.weight"), hd)?,
-        ]);
+        attn.qk_norm = Some([ld.vector(&n("attn_q_norm.weight"), hd)?, ld.vector(&n("attn_k_norm.weight"), hd)?]);
         Ok(Layer {
             attn_norm: ld.vector(&n("attn_norm.weight"), d)?,
             attn,
@@ -62,16 +59,7 @@ impl Layer {
     pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
         let c = ctx.cfg;
         let n = ctx.queries.len();
-        attention(
-            ctx,
-            &self.attn,
-            &NormedInput {
-                weight: &self.attn_norm,
-                add_proj: false,
-            },
-            kv,
-            s,
-        );
+        attention(ctx, &self.attn, &NormedInput { weight: &self.attn_norm, add_proj: false }, kv, s);
         ops::rms_norm_inplace(&mut s.proj, &self.post_attn_norm, c.norm_eps);
         ops::add_inplace(&mut s.residual.x, &s.proj);
         ctx.trace("ffn_inp", &s.residual.x);
@@ -79,16 +67,9 @@ impl Layer {
         resize(&mut s.gate, n * c.ffn_dim);
         resize(&mut s.up, n * c.ffn_dim);
         let (w_gate, w_up) = (self.ffn.gate.view(ctx.file), self.ffn.up.view(ctx.file));
-        matmul_many(
-            &s.xn,
-            &mut s.act_q,
-            &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])],
-        );
+        matmul_many(&s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
         ops::gelu_mul(&mut s.gate, &s.up);
-        self.ffn
-            .down
-            .view(ctx.file)
-            .matmul(&s.gate, &mut s.act_q, &mut s.proj);
+        self.ffn.down.view(ctx.file).matmul(&s.gate, &mut s.act_q, &mut s.proj);
         ctx.trace("ffn_out", &s.proj);
         ops::rms_norm_inplace(&mut s.proj, &self.post_ffn_norm, c.norm_eps);
         ops::add_inplace(&mut s.residual.x, &s.proj);

@@ -45,48 +45,21 @@ impl Layer {
         let c = ctx.cfg;
         let n = ctx.queries.len();
         let add_proj = s.residual.take_owed();
-        attention(
-            ctx,
-            &self.attn,
-            &NormedInput {
-                weight: &self.attn_norm,
-                add_proj,
-            },
-            kv,
-            s,
-        );
+        attention(ctx, &self.attn, &NormedInput { weight: &self.attn_norm, add_proj }, kv, s);
         ctx.trace("attn_out", &s.proj);
         resize(&mut s.gate, n * c.ffn_dim);
         resize(&mut s.up, n * c.ffn_dim);
         let (w_gate, w_up) = (self.ffn.gate.view(ctx.file), self.ffn.up.view(ctx.file));
-        let ffn_input = NormedInput {
-            weight: &self.ffn_norm,
-            add_proj: true,
-        };
-        normed_matmul(
-            &ffn_input,
-            c.norm_eps,
-            &mut s.residual.x,
-            &s.proj,
-            &mut s.xn,
-            &mut s.act_q,
-            &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])],
-        );
+        let ffn_input = NormedInput { weight: &self.ffn_norm, add_proj: true };
+        normed_matmul(&ffn_input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
         ctx.trace("ffn_inp", &s.residual.x);
         // SwiGLU in the down projection's fill. One call per row, as ggml: swiglu's last partial vector
         // (if ffn_dim % 16 != 0) is per row.
         let (ffn, up) = (c.ffn_dim, &s.up[..]);
         let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
-            gate.chunks_exact_mut(ffn)
-                .zip(up[first * ffn..last * ffn].chunks_exact(ffn))
-                .for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
+            gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
         };
-        matmul_many_filled(
-            &mut s.gate,
-            &swiglu,
-            &mut s.act_q,
-            &mut [(self.ffn.down.view(ctx.file), &mut s.proj[..])],
-        );
+        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(self.ffn.down.view(ctx.file), &mut s.proj[..])]);
         ctx.trace("ffn_out", &s.proj);
         s.residual.owe_add();
         if ctx.tracer.is_some() {
@@ -95,3 +68,4 @@ impl Layer {
         }
     }
 }
+

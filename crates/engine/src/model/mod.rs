@@ -15,13 +15,13 @@ mod weights;
 pub use block::{DumpDir, Tracer};
 pub use config::{Arch, ModelConfig};
 
+use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kernels::attention::QueryPos;
-use crate::kernels::ggml::dequantize_row;
-use crate::kernels::ops::{self, Rope};
-pub use crate::kernels::packed::Numerics;
 use crate::kv::{KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, NULL_BLOCK};
+use crate::kernels::ops::{self, Rope};
+use crate::kernels::ggml::dequantize_row;
+pub use crate::kernels::packed::Numerics;
 use block::{LayerCtx, Residual};
 use weights::{load_weights, Weights};
 
@@ -76,19 +76,13 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            numerics: Numerics::default_for_cpu(),
-            dump_dir: None,
-        }
+        LoadOptions { numerics: Numerics::default_for_cpu(), dump_dir: None }
     }
 }
 
 impl From<Numerics> for LoadOptions {
     fn from(numerics: Numerics) -> Self {
-        LoadOptions {
-            numerics,
-            dump_dir: None,
-        }
+        LoadOptions { numerics, dump_dir: None }
     }
 }
 
@@ -112,29 +106,13 @@ impl Model {
     /// (`numerics()` tells which it got).
     pub fn load_with(file: GgufFile, options: impl Into<LoadOptions>) -> Result<Self> {
         let options = options.into();
-        let numerics = if options.numerics == Numerics::Packed
-            && !crate::kernels::packed::kernels_available()
-        {
-            Numerics::Ggml
-        } else {
-            options.numerics
-        };
+        let numerics = if options.numerics == Numerics::Packed && !crate::kernels::packed::kernels_available() { Numerics::Ggml } else { options.numerics };
         let config = ModelConfig::from_gguf(&file)?;
         let weights = load_weights(&file, &config, numerics)?;
         let rope_global = Rope::new(config.rope_style, config.rot_dim, config.rope_base);
         let rope_local = Rope::new(config.rope_style, config.rot_dim, config.rope_base_local);
-        let tracer = options
-            .dump_dir
-            .map(|d| Box::new(DumpDir(d)) as Box<dyn Tracer>);
-        Ok(Model {
-            config,
-            numerics,
-            file,
-            weights,
-            rope_global,
-            rope_local,
-            tracer,
-        })
+        let tracer = options.dump_dir.map(|d| Box::new(DumpDir(d)) as Box<dyn Tracer>);
+        Ok(Model { config, numerics, file, weights, rope_global, rope_local, tracer })
     }
 
     /// The matmul arithmetic this model was loaded with.
@@ -170,16 +148,10 @@ impl Model {
     pub fn decode_bytes_per_token(&self, depth: usize, dtypes: KvDtypes) -> u64 {
         let tensors = &self.file.header().tensors;
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
-        let weights: u64 = tensors
-            .iter()
-            .filter(|t| tied || t.name != "token_embd.weight")
-            .map(|t| t.num_bytes)
-            .sum();
+        let weights: u64 = tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(|t| t.num_bytes).sum();
         let c = &self.config;
         let per_layer_cell = (dtypes.k.bytes(c.kv_dim()) + dtypes.v.bytes(c.kv_dim())) as u64;
-        let kv: u64 = (0..c.n_layers)
-            .map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell)
-            .sum();
+        let kv: u64 = (0..c.n_layers).map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell).sum();
         weights + kv
     }
 
@@ -188,11 +160,7 @@ impl Model {
     pub fn kv_layout(&self, hybrid: bool) -> KvLayout {
         let c = &self.config;
         if hybrid {
-            KvLayout::hybrid(
-                &(0..c.n_layers)
-                    .map(|il| c.layer_window(il))
-                    .collect::<Vec<_>>(),
-            )
+            KvLayout::hybrid(&(0..c.n_layers).map(|il| c.layer_window(il)).collect::<Vec<_>>())
         } else {
             KvLayout::uniform(c.n_layers)
         }
@@ -209,120 +177,50 @@ impl Model {
     }
 
     /// A KV storage of `layout`'s pages (`kv_layout`), `num_blocks` of them.
-    pub fn new_kv_in(
-        &self,
-        layout: KvLayout,
-        dtypes: KvDtypes,
-        block_size: usize,
-        num_blocks: usize,
-    ) -> KvStorage {
+    pub fn new_kv_in(&self, layout: KvLayout, dtypes: KvDtypes, block_size: usize, num_blocks: usize) -> KvStorage {
         let c = &self.config;
-        assert_eq!(
-            layout.num_layers(),
-            c.n_layers,
-            "a layout of this model's layers"
-        );
-        KvStorage::with_layout(
-            KvShape {
-                num_layers: layout.slots(),
-                kv_dim: c.kv_dim(),
-                head_dim: c.head_dim,
-                block_size,
-                num_blocks,
-                dtypes,
-            },
-            layout,
-        )
+        assert_eq!(layout.num_layers(), c.n_layers, "a layout of this model's layers");
+        KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes }, layout)
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
-    pub fn forward<'s>(
-        &self,
-        seqs: &[SeqInput],
-        kv: &mut KvStorage,
-        scratch: &'s mut Scratch,
-    ) -> &'s [f32] {
+    pub fn forward<'s>(&self, seqs: &[SeqInput], kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
         self.forward_windowed(seqs, None, kv, scratch)
     }
 
     /// `forward` where every sequence attends to its sinks and its window only (`kv::window`); the
     /// block tables' entries the window released (`NULL_BLOCK`) are never read. (A window needs a
     /// one-group layout; a hybrid layout's sliding groups read their own window, from the kernels'.)
-    pub fn forward_windowed<'s>(
-        &self,
-        seqs: &[SeqInput],
-        window: Option<KvWindow>,
-        kv: &mut KvStorage,
-        scratch: &'s mut Scratch,
-    ) -> &'s [f32] {
+    pub fn forward_windowed<'s>(&self, seqs: &[SeqInput], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
         let layout = kv.layout().clone();
-        assert!(
-            window.is_none() || layout.num_groups() == 1,
-            "a KV window needs a one-group layout"
-        );
+        assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
         let mut views = Vec::new();
-        let positions: Vec<usize> = seqs
-            .iter()
-            .flat_map(|s| s.start_pos..s.start_pos + s.tokens.len())
-            .collect();
-        let places: Vec<Vec<Place>> = (0..layout.num_groups())
-            .map(|g| self.places(seqs, g, window, kv, &mut views))
-            .collect();
+        let positions: Vec<usize> = seqs.iter().flat_map(|s| s.start_pos..s.start_pos + s.tokens.len()).collect();
+        let places: Vec<Vec<Place>> = (0..layout.num_groups()).map(|g| self.places(seqs, g, window, kv, &mut views)).collect();
         let queries: Vec<Vec<QueryPos>> = places
             .iter()
             .enumerate()
-            .map(|(g, places)| {
-                places
-                    .iter()
-                    .map(|&(i, v, pos)| QueryPos {
-                        block_table: v.map_or(&seqs[i].block_tables[g][..], |v| &views[v][..]),
-                        pos,
-                    })
-                    .collect()
-            })
+            .map(|(g, places)| places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(&seqs[i].block_tables[g][..], |v| &views[v][..]), pos }).collect())
             .collect();
         let n = positions.len();
         debug_assert!(n > 0, "a step has tokens");
         let c = &self.config;
         self.embed(seqs, scratch);
         for il in 0..c.n_layers {
-            let rope = if c.layer_window(il).is_some() {
-                &self.rope_local
-            } else {
-                &self.rope_global
-            };
+            let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
             let (g, kv_layer) = layout.place(il);
-            let ctx = LayerCtx {
-                cfg: c,
-                file: &self.file,
-                layer: il,
-                kv_layer,
-                rope,
-                queries: &queries[g],
-                positions: &positions,
-                numerics: self.numerics,
-                tracer: self.tracer.as_deref(),
-            };
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, tracer: self.tracer.as_deref() };
             self.weights.layers.forward(&ctx, kv, scratch);
         }
         scratch.residual.settle(&scratch.proj);
         let rows = logit_rows(seqs);
         resize(&mut scratch.xn, rows.len() * c.d_model);
         for (out, &t) in scratch.xn.chunks_exact_mut(c.d_model).zip(&rows) {
-            ops::rms_norm(
-                &scratch.residual.x[t * c.d_model..(t + 1) * c.d_model],
-                &self.weights.output_norm,
-                c.norm_eps,
-                out,
-            );
+            ops::rms_norm(&scratch.residual.x[t * c.d_model..(t + 1) * c.d_model], &self.weights.output_norm, c.norm_eps, out);
         }
         resize(&mut scratch.logits, rows.len() * c.vocab_size);
         debug_assert!(n >= rows.len());
-        self.weights.output.view(&self.file).matmul(
-            &scratch.xn,
-            &mut scratch.act_q,
-            &mut scratch.logits,
-        );
+        self.weights.output.view(&self.file).matmul(&scratch.xn, &mut scratch.act_q, &mut scratch.logits);
         &scratch.logits
     }
 
@@ -342,28 +240,15 @@ impl Model {
 
     /// `for_each_logits` under a KV window (`kv::window`): what a windowed sequence predicts at each
     /// position (the skipped blocks stay allocated here, and are not read).
-    pub fn for_each_logits_windowed(
-        &self,
-        tokens: &[u32],
-        chunk: usize,
-        window: Option<KvWindow>,
-        mut f: impl FnMut(&[f32]),
-    ) {
+    pub fn for_each_logits_windowed(&self, tokens: &[u32], chunk: usize, window: Option<KvWindow>, mut f: impl FnMut(&[f32])) {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
         let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
         let tables = vec![(0..kv.shape.num_blocks as u32).collect::<Vec<u32>>()];
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
-            let input = SeqInput {
-                tokens: part,
-                start_pos: i * chunk,
-                block_tables: &tables,
-                logits: LogitsWanted::All,
-            };
-            self.forward_windowed(&[input], window, &mut kv, &mut scratch)
-                .chunks_exact(self.config.vocab_size)
-                .for_each(&mut f);
+            let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: &tables, logits: LogitsWanted::All };
+            self.forward_windowed(&[input], window, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
         }
     }
 
@@ -374,35 +259,15 @@ impl Model {
     /// it starts in. The engine validated the token ids and the scheduler sized the block tables; here
     /// they are only asserted in debug builds (an out-of-range id or block would still stop at a bounds
     /// check, never read past a buffer).
-    fn places(
-        &self,
-        seqs: &[SeqInput],
-        group: usize,
-        window: Option<KvWindow>,
-        kv: &KvStorage,
-        views: &mut Vec<Vec<u32>>,
-    ) -> Vec<Place> {
+    fn places(&self, seqs: &[SeqInput], group: usize, window: Option<KvWindow>, kv: &KvStorage, views: &mut Vec<Vec<u32>>) -> Vec<Place> {
         let bs = kv.shape.block_size;
         let mut places = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             let end = s.start_pos + s.tokens.len();
             let table = &s.block_tables[group];
-            debug_assert!(
-                s.tokens
-                    .iter()
-                    .all(|&t| (t as usize) < self.config.vocab_size),
-                "token ids within the vocabulary"
-            );
-            debug_assert!(
-                table.len() * bs >= end,
-                "the block table holds {end} positions"
-            );
-            debug_assert!(
-                table
-                    .iter()
-                    .all(|&b| (b as usize) < kv.shape.num_blocks || b == NULL_BLOCK),
-                "blocks within the KV storage"
-            );
+            debug_assert!(s.tokens.iter().all(|&t| (t as usize) < self.config.vocab_size), "token ids within the vocabulary");
+            debug_assert!(table.len() * bs >= end, "the block table holds {end} positions");
+            debug_assert!(table.iter().all(|&b| (b as usize) < kv.shape.num_blocks || b == NULL_BLOCK), "blocks within the KV storage");
             for pos in s.start_pos..end {
                 match window.and_then(|w| (!w.gap(pos, bs).is_empty()).then_some(w)) {
                     Some(w) => {
@@ -429,11 +294,7 @@ impl Model {
         let table = self.weights.embed.view(&self.file);
         let row_bytes = table.dtype.row_bytes(d).expect("checked at load");
         for (out, &t) in scratch.residual.x.chunks_exact_mut(d).zip(&tokens) {
-            dequantize_row(
-                table.dtype,
-                &table.bytes[t as usize * row_bytes..][..row_bytes],
-                out,
-            );
+            dequantize_row(table.dtype, &table.bytes[t as usize * row_bytes..][..row_bytes], out);
         }
         if let Some(scale) = self.config.embed_scale {
             ops::scale_inplace(&mut scratch.residual.x, scale);

@@ -20,9 +20,6 @@ pub(super) fn load_layer(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<Lay
 
 fn biases(ld: &Loader, cfg: &ModelConfig, i: usize) -> Result<[Vec<f32>; 3]> {
     let n = |s: &str| format!("blk.{i}.{s}");
-    Ok([
-        ld.vector(&n("attn_q.bias"), cfg.q_dim())?,
-        ld.vector(&n("attn_k.bias"), cfg.kv_dim())?,
-        ld.vector(&n("attn_v.bias"), cfg.kv_dim())?,
-    ])
+    Ok([ld.vector(&n("attn_q.bias"), cfg.q_dim())?, ld.vector(&n("attn_k.bias"), cfg.kv_dim())?, ld.vector(&n("attn_v.bias"), cfg.kv_dim())?])
 }
+

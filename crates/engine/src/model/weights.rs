@@ -6,14 +6,14 @@
 use super::block::LayerCtx;
 use super::config::{Arch, ModelConfig};
 use super::{gemma3, llama, qwen2, Scratch};
+use crate::kv::KvStorage;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
+use crate::kernels::matmul::QMatrix;
 use crate::huge_buf::HugeBuf;
+use crate::kernels::packed::{self, Numerics, PackedMatrix, PackedShape};
 use crate::kernels::ggml::Line;
 use crate::kernels::ggml::{dequantize_row, GgmlType};
-use crate::kernels::matmul::QMatrix;
-use crate::kernels::packed::{self, Numerics, PackedMatrix, PackedShape};
-use crate::kv::KvStorage;
 use std::sync::Arc;
 
 /// A weight matrix `[rows (out features), cols (in features)]` inside the file's bytes, and its packed
@@ -30,21 +30,14 @@ pub struct Linear {
 
 impl Linear {
     pub fn view<'a>(&'a self, file: &'a GgufFile) -> QMatrix<'a> {
-        QMatrix {
-            dtype: self.dtype,
-            rows: self.rows,
-            cols: self.cols,
-            bytes: &file.raw()[self.offset..self.offset + self.len],
-            packed: self.packed.as_deref(),
-        }
+        QMatrix { dtype: self.dtype, rows: self.rows, cols: self.cols, bytes: &file.raw()[self.offset..self.offset + self.len], packed: self.packed.as_deref() }
     }
 
     /// Packs this matrix (a packable type) into `out`, its pages of the map released as the packing
     /// reads past them.
     fn pack_into(&self, file: &GgufFile, out: &mut [Line]) -> PackedShape {
         let bytes = &file.raw()[self.offset..self.offset + self.len];
-        let release =
-            |r: std::ops::Range<usize>| file.release_range(self.offset + r.start, r.len());
+        let release = |r: std::ops::Range<usize>| file.release_range(self.offset + r.start, r.len());
         packed::pack_into(self.dtype, self.rows, self.cols, bytes, &release, out)
     }
 }
@@ -59,21 +52,9 @@ impl Layers {
     fn load(ld: &Loader, cfg: &ModelConfig) -> Result<Layers> {
         let n = cfg.n_layers;
         Ok(match cfg.arch {
-            Arch::Llama => Layers::Llama(
-                (0..n)
-                    .map(|i| llama::Layer::load(ld, cfg, i))
-                    .collect::<Result<_>>()?,
-            ),
-            Arch::Qwen2 => Layers::Llama(
-                (0..n)
-                    .map(|i| qwen2::load_layer(ld, cfg, i))
-                    .collect::<Result<_>>()?,
-            ),
-            Arch::Gemma3 => Layers::Gemma3(
-                (0..n)
-                    .map(|i| gemma3::Layer::load(ld, cfg, i))
-                    .collect::<Result<_>>()?,
-            ),
+            Arch::Llama => Layers::Llama((0..n).map(|i| llama::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Qwen2 => Layers::Llama((0..n).map(|i| qwen2::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Gemma3 => Layers::Gemma3((0..n).map(|i| gemma3::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
         })
     }
 
@@ -86,14 +67,8 @@ impl Layers {
 
     fn matrices_mut(&mut self) -> Vec<&mut Linear> {
         match self {
-            Layers::Llama(layers) => layers
-                .iter_mut()
-                .flat_map(llama::Layer::matrices_mut)
-                .collect(),
-            Layers::Gemma3(layers) => layers
-                .iter_mut()
-                .flat_map(gemma3::Layer::matrices_mut)
-                .collect(),
+            Layers::Llama(layers) => layers.iter_mut().flat_map(llama::Layer::matrices_mut).collect(),
+            Layers::Gemma3(layers) => layers.iter_mut().flat_map(gemma3::Layer::matrices_mut).collect(),
         }
     }
 }
@@ -112,10 +87,7 @@ pub(super) struct Loader<'a> {
 
 impl Loader<'_> {
     pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear> {
-        let info = self
-            .file
-            .tensor_info(name)
-            .ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
+        let info = self.file.tensor_info(name).ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
         if info.dims.len() != 2 || info.dims[0] as usize != cols || info.dims[1] as usize != rows {
             return Err(Error::Metadata(format!(
                 "tensor {name:?} has shape {:?}, expected [{cols}, {rows}]",
@@ -123,28 +95,15 @@ impl Loader<'_> {
             )));
         }
         if !info.dtype.has_vec_dot() {
-            return Err(Error::Unsupported(format!(
-                "tensor {name:?} has type {} which has no matmul kernel",
-                info.dtype.name()
-            )));
+            return Err(Error::Unsupported(format!("tensor {name:?} has type {} which has no matmul kernel", info.dtype.name())));
         }
-        Ok(Linear {
-            dtype: info.dtype,
-            rows,
-            cols,
-            offset: info.file_offset as usize,
-            len: info.num_bytes as usize,
-            packed: None,
-        })
+        Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize, packed: None })
     }
 
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.file.tensor(name)?;
         if t.dims.iter().product::<u64>() != len as u64 {
-            return Err(Error::Metadata(format!(
-                "tensor {name:?} has shape {:?}, expected [{len}]",
-                t.dims
-            )));
+            return Err(Error::Metadata(format!("tensor {name:?} has shape {:?}, expected [{len}]", t.dims)));
         }
         let mut out = vec![0.0; len];
         dequantize_row(t.dtype, t.bytes, &mut out);
@@ -152,11 +111,7 @@ impl Loader<'_> {
     }
 }
 
-pub(super) fn load_weights(
-    file: &GgufFile,
-    cfg: &ModelConfig,
-    numerics: Numerics,
-) -> Result<Weights> {
+pub(super) fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numerics) -> Result<Weights> {
     let ld = Loader { file };
     let d = cfg.d_model;
     let embed = ld.linear("token_embd.weight", cfg.vocab_size, d)?;
@@ -165,12 +120,7 @@ pub(super) fn load_weights(
         None => embed.clone(),
     };
     let layers = Layers::load(&ld, cfg)?;
-    let weights = Weights {
-        embed,
-        output_norm: ld.vector("output_norm.weight", d)?,
-        output,
-        layers,
-    };
+    let weights = Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
     Ok(match numerics {
         Numerics::Ggml => weights,
         Numerics::Packed => pack_weights(file, weights),
@@ -188,10 +138,7 @@ fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
     let mut all: Vec<&mut Linear> = w.layers.matrices_mut();
     all.push(&mut w.output);
     all.retain(|l| packed::packable(l.dtype));
-    let shapes: Vec<PackedShape> = all
-        .iter()
-        .map(|l| PackedShape::new(l.dtype, l.rows, l.cols))
-        .collect();
+    let shapes: Vec<PackedShape> = all.iter().map(|l| PackedShape::new(l.dtype, l.rows, l.cols)).collect();
     let mut arena = HugeBuf::<Line>::zeroed(shapes.iter().map(PackedShape::lines).sum());
     // Each matrix's lines, split off the arena in order.
     let mut firsts = Vec::with_capacity(shapes.len());
@@ -205,12 +152,7 @@ fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
         rest = after;
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let jobs: Vec<std::sync::Mutex<(&Linear, &mut [Line])>> = all
-        .iter()
-        .map(|l| &**l)
-        .zip(outs)
-        .map(std::sync::Mutex::new)
-        .collect();
+    let jobs: Vec<std::sync::Mutex<(&Linear, &mut [Line])>> = all.iter().map(|l| &**l).zip(outs).map(std::sync::Mutex::new).collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..threads {
@@ -226,16 +168,8 @@ fn pack_weights(file: &GgufFile, mut w: Weights) -> Weights {
     drop(jobs);
     let arena = Arc::new(arena);
     for ((lin, shape), first) in all.into_iter().zip(shapes).zip(firsts) {
-        lin.packed = Some(Arc::new(PackedMatrix::in_arena(
-            shape,
-            arena.clone(),
-            first,
-        )));
+        lin.packed = Some(Arc::new(PackedMatrix::in_arena(shape, arena.clone(), first)));
     }
-    tracing::info!(
-        "packed {} MiB of weights in {} ms",
-        (arena.len() * 64) >> 20,
-        started.elapsed().as_millis()
-    );
+    tracing::info!("packed {} MiB of weights in {} ms", (arena.len() * 64) >> 20, started.elapsed().as_millis());
     w
 }

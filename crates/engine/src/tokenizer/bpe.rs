@@ -29,11 +29,7 @@ impl BpeMerges {
     /// after the first byte, and the first occurrence of a pair keeps its rank.
     pub(crate) fn new(merges: &[&str], vocab: &Vocab) -> BpeMerges {
         let n_vocab = vocab.len() as u32;
-        let mut m = BpeMerges {
-            ranks: PairMap::with_capacity(merges.len()),
-            extra: ExtraMap::new(),
-            n_vocab,
-        };
+        let mut m = BpeMerges { ranks: PairMap::with_capacity(merges.len()), extra: ExtraMap::new(), n_vocab };
         for (rank, merge) in merges.iter().enumerate() {
             let space = merge.bytes().skip(1).position(|b| b == b' ').map(|i| i + 1);
             let (left, right) = match space {
@@ -55,10 +51,7 @@ impl BpeMerges {
     }
 
     fn piece(&self, s: &str, vocab: &Vocab) -> u32 {
-        vocab
-            .id(s)
-            .or_else(|| self.extra.get(s).copied())
-            .unwrap_or(NONE)
+        vocab.id(s).or_else(|| self.extra.get(s).copied()).unwrap_or(NONE)
     }
 
     fn rank(&self, a: u32, b: u32) -> Option<u32> {
@@ -69,13 +62,7 @@ impl BpeMerges {
     }
 
     /// Appends the tokens of one word (raw UTF-8; the byte alphabet is applied here).
-    pub(crate) fn encode_word(
-        &self,
-        word: &str,
-        vocab: &Vocab,
-        ignore_merges: bool,
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn encode_word(&self, word: &str, vocab: &Vocab, ignore_merges: bool, out: &mut Vec<u32>) {
         let alphabet = ByteAlphabet::get();
         let encoded: String = word.bytes().map(|b| alphabet.encode(b)).collect();
         if ignore_merges {

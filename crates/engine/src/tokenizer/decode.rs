@@ -11,9 +11,7 @@ impl Tokenizer {
     /// unknown tokens render as empty unless `render_special` (then as their text); user-defined tokens
     /// always render as their text; unused tokens and unknown ids render as nothing.
     pub fn token_bytes(&self, id: u32, render_special: bool) -> Vec<u8> {
-        let Some(text) = self.token_text(id) else {
-            return Vec::new();
-        };
+        let Some(text) = self.token_text(id) else { return Vec::new() };
         let attr = self.vocab.attrs[id as usize];
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL) != 0 && !render_special {
             return Vec::new();
@@ -37,10 +35,7 @@ impl Tokenizer {
     /// Concatenates the tokens' bytes; invalid UTF-8 (e.g. a multi-byte char cut off at the end) is
     /// replaced by U+FFFD.
     pub fn decode(&self, ids: &[u32], render_special: bool) -> String {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .flat_map(|&id| self.token_bytes(id, render_special))
-            .collect();
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id, render_special)).collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
@@ -80,17 +75,12 @@ pub struct IncrementalDecoder<'a> {
 
 impl<'a> IncrementalDecoder<'a> {
     pub fn new(tok: &'a Tokenizer, render_special: bool) -> Self {
-        IncrementalDecoder {
-            tok,
-            render_special,
-            stream: Utf8Stream::default(),
-        }
+        IncrementalDecoder { tok, render_special, stream: Utf8Stream::default() }
     }
 
     /// Adds one token; returns the newly completed text (possibly empty).
     pub fn push(&mut self, id: u32) -> String {
-        self.stream
-            .push(&self.tok.token_bytes(id, self.render_special))
+        self.stream.push(&self.tok.token_bytes(id, self.render_special))
     }
 
     /// Returns whatever is still held back, an incomplete trailing sequence as U+FFFD.
@@ -137,10 +127,7 @@ impl Utf8Stream {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[start..start + valid])
-                            .expect("valid prefix"),
-                    );
+                    out.push_str(std::str::from_utf8(&self.pending[start..start + valid]).expect("valid prefix"));
                     start += valid;
                     match e.error_len() {
                         Some(n) => {

@@ -32,14 +32,8 @@ use special::{Fragment, SpecialMatcher};
 use vocab::Vocab;
 
 enum Model {
-    Bpe {
-        merges: BpeMerges,
-        pre: PreTokenizer,
-        ignore_merges: bool,
-    },
-    Spm {
-        byte_tokens: Vec<Option<u32>>,
-    },
+    Bpe { merges: BpeMerges, pre: PreTokenizer, ignore_merges: bool },
+    Spm { byte_tokens: Vec<Option<u32>> },
 }
 
 /// A loaded tokenizer. Immutable and `Send + Sync`: share it behind an `Arc`.
@@ -71,57 +65,32 @@ impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer> {
         let model_name = file.get_str("tokenizer.ggml.model")?;
-        let pre_name = file
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
+        let pre_name = file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("");
         let spm = match model_name {
             "llama" => true,
             "gpt2" => false,
-            other => {
-                return Err(Error::Tokenizer(format!(
-                    "unsupported tokenizer model {other:?}"
-                )))
-            }
+            other => return Err(Error::Tokenizer(format!("unsupported tokenizer model {other:?}"))),
         };
         let mut vocab = Vocab::load(file)?;
         let (model, default_add_bos) = if spm {
-            (
-                Model::Spm {
-                    byte_tokens: spm::byte_tokens(&vocab),
-                },
-                true,
-            )
+            (Model::Spm { byte_tokens: spm::byte_tokens(&vocab) }, true)
         } else {
-            let (pre, ignore_merges, add_bos) =
-                PreTokenizer::from_name(pre_name).ok_or_else(|| {
-                    Error::Tokenizer(format!("unsupported pre-tokenizer {pre_name:?}"))
-                })?;
-            let merges = file.get_str_array("tokenizer.ggml.merges").map_err(|_| {
-                Error::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into())
-            })?;
-            (
-                Model::Bpe {
-                    merges: BpeMerges::new(&merges, &vocab),
-                    pre,
-                    ignore_merges,
-                },
-                add_bos,
-            )
+            let (pre, ignore_merges, add_bos) = PreTokenizer::from_name(pre_name)
+                .ok_or_else(|| Error::Tokenizer(format!("unsupported pre-tokenizer {pre_name:?}")))?;
+            let merges = file
+                .get_str_array("tokenizer.ggml.merges")
+                .map_err(|_| Error::Tokenizer("gpt2 tokenizer without tokenizer.ggml.merges".into()))?;
+            (Model::Bpe { merges: BpeMerges::new(&merges, &vocab), pre, ignore_merges }, add_bos)
         };
         let add_bos = file.get_bool_or("tokenizer.ggml.add_bos_token", default_add_bos)?;
         let add_eos = file.get_bool_or("tokenizer.ggml.add_eos_token", false)?;
         let add_space_prefix = file.get_bool_or("tokenizer.ggml.add_space_prefix", spm)?;
         let found = vocab::resolve_specials(file, &mut vocab, spm);
         if add_bos && found.bos.is_none() {
-            return Err(Error::Tokenizer(
-                "add_bos_token is true but there is no BOS token".into(),
-            ));
+            return Err(Error::Tokenizer("add_bos_token is true but there is no BOS token".into()));
         }
         if add_eos && found.eos.is_none() {
-            return Err(Error::Tokenizer(
-                "add_eos_token is true but there is no EOS token".into(),
-            ));
+            return Err(Error::Tokenizer("add_eos_token is true but there is no EOS token".into()));
         }
         let specials = SpecialMatcher::new(&vocab);
         Ok(Tokenizer {
@@ -154,11 +123,7 @@ impl Tokenizer {
                 for f in frags {
                     match f {
                         Fragment::Text(r) => {
-                            let prefix = if self.add_space_prefix && prev_special {
-                                " "
-                            } else {
-                                ""
-                            };
+                            let prefix = if self.add_space_prefix && prev_special { " " } else { "" };
                             let escaped = format!("{prefix}{}", &text[r]).replace(' ', "\u{2581}");
                             spm::encode(&self.vocab, byte_tokens, &escaped, &mut out)?;
                             prev_special = false;
@@ -170,22 +135,13 @@ impl Tokenizer {
                     }
                 }
             }
-            Model::Bpe {
-                merges,
-                pre,
-                ignore_merges,
-            } => {
+            Model::Bpe { merges, pre, ignore_merges } => {
                 for f in frags {
                     match f {
                         Fragment::Text(r) => {
                             let fragment = &text[r];
                             for w in pre.split(fragment) {
-                                merges.encode_word(
-                                    &fragment[w],
-                                    &self.vocab,
-                                    *ignore_merges,
-                                    &mut out,
-                                );
+                                merges.encode_word(&fragment[w], &self.vocab, *ignore_merges, &mut out);
                             }
                         }
                         Fragment::Token(id) => out.push(id),
@@ -229,10 +185,7 @@ impl Tokenizer {
 
     /// Whether a token is a control token (rendered as empty text unless specials are rendered).
     pub fn is_control(&self, id: u32) -> bool {
-        self.vocab
-            .attrs
-            .get(id as usize)
-            .is_some_and(|&a| a & (vocab::ATTR_CONTROL | vocab::ATTR_UNKNOWN) != 0)
+        self.vocab.attrs.get(id as usize).is_some_and(|&a| a & (vocab::ATTR_CONTROL | vocab::ATTR_UNKNOWN) != 0)
     }
 
     /// The token's text as stored in the vocabulary (GPT-2 byte alphabet / `▁` escaped).

@@ -49,17 +49,18 @@ impl PreTokenizer {
     pub(crate) fn from_name(pre: &str) -> Option<(PreTokenizer, bool, bool)> {
         Some(match pre {
             "" | "default" => (PreTokenizer::Default, false, false),
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" | "jina-v5-nano" => (PreTokenizer::Llama3, true, true),
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+            | "jina-v5-nano" => (PreTokenizer::Llama3, true, true),
             "dbrx" | "smaug-bpe" => (PreTokenizer::Llama3, false, false),
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais"
-            | "trillion" | "granite-docling" | "exaone4" | "jina-v1-en" | "jina-v2-code"
-            | "roberta-bpe" => (PreTokenizer::Gpt2, false, false),
-            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone"
-            | "minerva-7b" | "mellum2" => (PreTokenizer::DigitsThenGpt2, false, false),
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
-            | "hunyuan" | "solar-open" => (PreTokenizer::Qwen2, false, false),
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0"
+            | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4"
+            | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" => (PreTokenizer::Gpt2, false, false),
+            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" | "mellum2" => {
+                (PreTokenizer::DigitsThenGpt2, false, false)
+            }
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan" | "solar-open" => {
+                (PreTokenizer::Qwen2, false, false)
+            }
             _ => return None,
         })
     }
@@ -70,12 +71,9 @@ impl PreTokenizer {
             PreTokenizer::DigitsThenGpt2 => &[Stage::Each(is_number), Stage::Gpt2],
             PreTokenizer::Qwen2 => &[Stage::Llama3 { max_digits: 1 }],
             PreTokenizer::Llama3 => &[Stage::Llama3 { max_digits: 3 }],
-            PreTokenizer::Default => &[
-                Stage::Runs(punct_or_symbol),
-                Stage::Gpt2,
-                Stage::Runs(is_number),
-                Stage::AsciiTriples,
-            ],
+            PreTokenizer::Default => {
+                &[Stage::Runs(punct_or_symbol), Stage::Gpt2, Stage::Runs(is_number), Stage::AsciiTriples]
+            }
         }
     }
 
@@ -92,15 +90,8 @@ impl PreTokenizer {
         for &stage in self.stages() {
             let mut out = Vec::with_capacity(pieces.len() * 2);
             for &(a, b) in &pieces {
-                let mut cut = Cutter {
-                    out: &mut out,
-                    prev: a,
-                };
-                let t = Text {
-                    cps: &cps,
-                    cls: &cls,
-                    end: b,
-                };
+                let mut cut = Cutter { out: &mut out, prev: a };
+                let t = Text { cps: &cps, cls: &cls, end: b };
                 match stage {
                     Stage::Gpt2 => t.gpt2(a, &mut cut),
                     Stage::Llama3 { max_digits } => t.llama3(a, max_digits, &mut cut),
@@ -112,10 +103,7 @@ impl PreTokenizer {
             }
             pieces = out;
         }
-        pieces
-            .into_iter()
-            .map(|(a, b)| offsets[a]..offsets[b])
-            .collect()
+        pieces.into_iter().map(|(a, b)| offsets[a]..offsets[b]).collect()
     }
 }
 
@@ -205,11 +193,7 @@ impl Text<'_> {
                 continue;
             }
             // <space>?\p{L}+ | <space>?\p{N}+ | <space>?[^\s\p{L}\p{N}]+
-            let lead = if c == ' ' {
-                self.class_at(pos + 1)
-            } else {
-                self.class_at(pos)
-            };
+            let lead = if c == ' ' { self.class_at(pos + 1) } else { self.class_at(pos) };
             if let Some(run @ (Class::Letter | Class::Number | Class::Other)) = lead {
                 pos += (c == ' ') as usize;
                 while self.is(pos, run) {
@@ -258,11 +242,7 @@ impl Text<'_> {
                 continue;
             }
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*
-            let lead = if c == ' ' {
-                self.class_at(pos + 1)
-            } else {
-                Some(f)
-            };
+            let lead = if c == ' ' { self.class_at(pos + 1) } else { Some(f) };
             if lead == Some(Class::Other) || (c == ' ' && lead.is_none()) {
                 pos += (c == ' ') as usize;
                 while self.is(pos, Class::Other) {
@@ -327,37 +307,25 @@ mod tests {
     #[test]
     fn gpt2_words() {
         let w = words(PreTokenizer::Gpt2, "Hello, world! I'm  fine\n\n  ok 123");
-        assert_eq!(
-            w,
-            ["Hello", ",", " world", "!", " I", "'m", " ", " fine", "\n\n ", " ok", " 123"]
-        );
+        assert_eq!(w, ["Hello", ",", " world", "!", " I", "'m", " ", " fine", "\n\n ", " ok", " 123"]);
         assert_eq!(words(PreTokenizer::Gpt2, "a   "), ["a", "   "]);
     }
 
     #[test]
     fn smollm_splits_digits() {
-        assert_eq!(
-            words(PreTokenizer::DigitsThenGpt2, "x 1234 y"),
-            ["x", " ", "1", "2", "3", "4", " y"]
-        );
+        assert_eq!(words(PreTokenizer::DigitsThenGpt2, "x 1234 y"), ["x", " ", "1", "2", "3", "4", " y"]);
     }
 
     #[test]
     fn qwen2_and_llama3() {
         let w = words(PreTokenizer::Qwen2, "I'M  here:\r\n\n  12 (ok)?!\n");
-        assert_eq!(
-            w,
-            ["I", "'M", " ", " here", ":\r\n\n", " ", " ", "1", "2", " (", "ok", ")?!\n"]
-        );
+        assert_eq!(w, ["I", "'M", " ", " here", ":\r\n\n", " ", " ", "1", "2", " (", "ok", ")?!\n"]);
         assert_eq!(words(PreTokenizer::Llama3, "1234567"), ["123", "456", "7"]);
         assert_eq!(words(PreTokenizer::Qwen2, "a \t b"), ["a", " \t", " b"]);
     }
 
     #[test]
     fn default_list() {
-        assert_eq!(
-            words(PreTokenizer::Default, "a+b 12345"),
-            ["a", "+", "b", " ", "123", "45"]
-        );
+        assert_eq!(words(PreTokenizer::Default, "a+b 12345"), ["a", "+", "b", " ", "123", "45"]);
     }
 }

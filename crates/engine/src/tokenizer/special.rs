@@ -30,18 +30,10 @@ pub(crate) struct SpecialMatcher {
 impl SpecialMatcher {
     pub(crate) fn new(vocab: &Vocab) -> SpecialMatcher {
         let mut order: Vec<u32> = (0..vocab.len() as u32)
-            .filter(|&id| {
-                vocab.attrs[id as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0
-            })
+            .filter(|&id| vocab.attrs[id as usize] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN) != 0)
             .collect();
         order.sort_by_key(|&id| std::cmp::Reverse(vocab.text(id as usize).len()));
-        let mut m = SpecialMatcher {
-            order,
-            nodes: vec![Node {
-                children: Vec::new(),
-                rank: u32::MAX,
-            }],
-        };
+        let mut m = SpecialMatcher { order, nodes: vec![Node { children: Vec::new(), rank: u32::MAX }] };
         for rank in 0..m.order.len() {
             let text = vocab.text(m.order[rank] as usize).as_bytes();
             let mut node = 0usize;
@@ -49,10 +41,7 @@ impl SpecialMatcher {
                 node = match m.nodes[node].children.iter().find(|&&(c, _)| c == b) {
                     Some(&(_, child)) => child as usize,
                     None => {
-                        m.nodes.push(Node {
-                            children: Vec::new(),
-                            rank: u32::MAX,
-                        });
+                        m.nodes.push(Node { children: Vec::new(), rank: u32::MAX });
                         let child = m.nodes.len() - 1;
                         m.nodes[node].children.push((b, child as u32));
                         child
@@ -84,12 +73,7 @@ impl SpecialMatcher {
         found
     }
 
-    pub(crate) fn partition(
-        &self,
-        vocab: &Vocab,
-        text: &str,
-        parse_special: bool,
-    ) -> Vec<Fragment> {
+    pub(crate) fn partition(&self, vocab: &Vocab, text: &str, parse_special: bool) -> Vec<Fragment> {
         if text.is_empty() {
             return Vec::new();
         }

@@ -64,24 +64,12 @@ pub(crate) fn byte_tokens(vocab: &Vocab) -> Vec<Option<u32>> {
 }
 
 /// Appends the tokens of `text` (already escaped) to `out`.
-pub(crate) fn encode(
-    vocab: &Vocab,
-    bytes: &[Option<u32>],
-    text: &str,
-    out: &mut Vec<u32>,
-) -> Result<()> {
+pub(crate) fn encode(vocab: &Vocab, bytes: &[Option<u32>], text: &str, out: &mut Vec<u32>) -> Result<()> {
     let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
     for (i, (start, c)) in text.char_indices().enumerate() {
-        syms.push(Sym {
-            start,
-            len: c.len_utf8(),
-            prev: i.wrapping_sub(1),
-            next: i + 1,
-        });
+        syms.push(Sym { start, len: c.len_utf8(), prev: i.wrapping_sub(1), next: i + 1 });
     }
-    let Some(last) = syms.last_mut() else {
-        return Ok(());
-    };
+    let Some(last) = syms.last_mut() else { return Ok(()) };
     last.next = NONE;
 
     let mut heap = BinaryHeap::with_capacity(syms.len());
@@ -92,12 +80,7 @@ pub(crate) fn encode(
         let size = syms[left].len + syms[right].len;
         let start = syms[left].start;
         if let Some(id) = vocab.id(&text[start..start + size]) {
-            heap.push(Bigram {
-                score: vocab.scores[id as usize],
-                left,
-                right,
-                size,
-            });
+            heap.push(Bigram { score: vocab.scores[id as usize], left, right, size });
         }
     };
     for i in 1..syms.len() {
@@ -129,9 +112,8 @@ pub(crate) fn encode(
             Some(id) => out.push(id),
             None => {
                 for b in piece.bytes() {
-                    let id = bytes[b as usize].ok_or_else(|| {
-                        Error::Tokenizer(format!("no byte-fallback token for byte 0x{b:02X}"))
-                    })?;
+                    let id = bytes[b as usize]
+                        .ok_or_else(|| Error::Tokenizer(format!("no byte-fallback token for byte 0x{b:02X}")))?;
                     out.push(id);
                 }
             }

@@ -41,10 +41,7 @@ pub(crate) struct Texts {
 
 impl Texts {
     pub(crate) fn with_capacity(n: usize, bytes: usize) -> Texts {
-        Texts {
-            arena: String::with_capacity(bytes),
-            ends: Vec::with_capacity(n),
-        }
+        Texts { arena: String::with_capacity(bytes), ends: Vec::with_capacity(n) }
     }
 
     pub(crate) fn push(&mut self, s: &str) {
@@ -57,11 +54,7 @@ impl Texts {
     }
 
     pub(crate) fn get(&self, id: usize) -> &str {
-        let start = if id == 0 {
-            0
-        } else {
-            self.ends[id - 1] as usize
-        };
+        let start = if id == 0 { 0 } else { self.ends[id - 1] as usize };
         &self.arena[start..self.ends[id] as usize]
     }
 }
@@ -76,10 +69,7 @@ impl TextIndex {
     /// Indexes all texts; on a duplicate returns the (earlier id, later id) pair.
     pub(crate) fn build(texts: &Texts) -> Result<TextIndex, (u32, u32)> {
         let n = slots_for(texts.len());
-        let mut index = TextIndex {
-            slots: vec![0; n],
-            mask: n - 1,
-        };
+        let mut index = TextIndex { slots: vec![0; n], mask: n - 1 };
         for id in 0..texts.len() {
             let s = texts.get(id);
             let h = hash_bytes(s.as_bytes());
@@ -128,11 +118,7 @@ pub(crate) struct PairMap {
 impl PairMap {
     pub(crate) fn with_capacity(n: usize) -> PairMap {
         let n = slots_for(n);
-        PairMap {
-            keys: vec![u64::MAX; n],
-            values: vec![0; n],
-            mask: n - 1,
-        }
+        PairMap { keys: vec![u64::MAX; n], values: vec![0; n], mask: n - 1 }
     }
 
     /// Inserts unless the key is present (keeps the first value).
@@ -184,9 +170,6 @@ mod tests {
         m.insert_first(7, 1);
         m.insert_first(7, 2);
         m.insert_first(1 << 40, 3);
-        assert_eq!(
-            (m.get(7), m.get(1 << 40), m.get(8)),
-            (Some(1), Some(3), None)
-        );
+        assert_eq!((m.get(7), m.get(1 << 40), m.get(8)), (Some(1), Some(3), None));
     }
 }

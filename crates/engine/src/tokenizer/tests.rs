@@ -19,13 +19,7 @@ struct Spec<'a> {
 
 impl<'a> Spec<'a> {
     fn new(model: &'a str) -> Self {
-        Spec {
-            model,
-            pre: "gpt-2",
-            tokens: Vec::new(),
-            merges: Vec::new(),
-            extra: Vec::new(),
-        }
+        Spec { model, pre: "gpt-2", tokens: Vec::new(), merges: Vec::new(), extra: Vec::new() }
     }
     fn tok(mut self, text: &str, ty: i32, score: f32) -> Self {
         self.tokens.push((text.to_string(), ty, score));
@@ -36,23 +30,11 @@ impl<'a> Spec<'a> {
         let strs = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
         w.meta("tokenizer.ggml.model", Value::String(self.model.into()));
         w.meta("tokenizer.ggml.pre", Value::String(self.pre.into()));
-        w.meta(
-            "tokenizer.ggml.tokens",
-            strs(self.tokens.iter().map(|t| t.0.clone()).collect()),
-        );
-        w.meta(
-            "tokenizer.ggml.token_type",
-            Value::Array(self.tokens.iter().map(|t| Value::I32(t.1)).collect()),
-        );
-        w.meta(
-            "tokenizer.ggml.scores",
-            Value::Array(self.tokens.iter().map(|t| Value::F32(t.2)).collect()),
-        );
+        w.meta("tokenizer.ggml.tokens", strs(self.tokens.iter().map(|t| t.0.clone()).collect()));
+        w.meta("tokenizer.ggml.token_type", Value::Array(self.tokens.iter().map(|t| Value::I32(t.1)).collect()));
+        w.meta("tokenizer.ggml.scores", Value::Array(self.tokens.iter().map(|t| Value::F32(t.2)).collect()));
         if self.model == "gpt2" {
-            w.meta(
-                "tokenizer.ggml.merges",
-                strs(self.merges.iter().map(|m| m.to_string()).collect()),
-            );
+            w.meta("tokenizer.ggml.merges", strs(self.merges.iter().map(|m| m.to_string()).collect()));
         }
         for (k, v) in self.extra {
             w.meta(k, v);
@@ -73,10 +55,7 @@ fn bpe(tokens: &[&str], merges: &[&'static str]) -> Spec<'static> {
 }
 
 fn ids(t: &Tokenizer, texts: &[&str]) -> Vec<u32> {
-    texts
-        .iter()
-        .map(|s| t.token_id(s).unwrap_or_else(|| panic!("no token {s:?}")))
-        .collect()
+    texts.iter().map(|s| t.token_id(s).unwrap_or_else(|| panic!("no token {s:?}"))).collect()
 }
 
 #[test]
@@ -85,56 +64,32 @@ fn bpe_applies_merges_by_rank() {
     // "b c" (rank 0) wins over "a b" (rank 1), then "a bc" applies.
     assert_eq!(t.encode("abc", false, false).unwrap(), ids(&t, &["abc"]));
     let t = bpe(&["a", "b", "c", "bc", "ab"], &["b c", "a b"]).build();
-    assert_eq!(
-        t.encode("abc", false, false).unwrap(),
-        ids(&t, &["a", "bc"])
-    );
+    assert_eq!(t.encode("abc", false, false).unwrap(), ids(&t, &["a", "bc"]));
     let t = bpe(&["a", "b", "c", "bc", "ab"], &["a b", "b c"]).build();
-    assert_eq!(
-        t.encode("abc", false, false).unwrap(),
-        ids(&t, &["ab", "c"])
-    );
+    assert_eq!(t.encode("abc", false, false).unwrap(), ids(&t, &["ab", "c"]));
 }
 
 #[test]
 fn bpe_ties_merge_leftmost_first() {
     let t = bpe(&["a", "aa"], &["a a"]).build();
-    assert_eq!(
-        t.encode("aaa", false, false).unwrap(),
-        ids(&t, &["aa", "a"])
-    );
-    assert_eq!(
-        t.encode("aaaa", false, false).unwrap(),
-        ids(&t, &["aa", "aa"])
-    );
+    assert_eq!(t.encode("aaa", false, false).unwrap(), ids(&t, &["aa", "a"]));
+    assert_eq!(t.encode("aaaa", false, false).unwrap(), ids(&t, &["aa", "aa"]));
 }
 
 #[test]
 fn bpe_uses_byte_alphabet_and_words() {
     // " hi" is one GPT-2 word; the space is 'Ġ' in the byte alphabet.
     let t = bpe(&["Ġ", "h", "i", "Ġh", "Ġhi", "!"], &["Ġ h", "Ġh i"]).build();
-    assert_eq!(
-        t.encode(" hi!", false, false).unwrap(),
-        ids(&t, &["Ġhi", "!"])
-    );
-    assert_eq!(
-        t.decode(&t.encode(" hi!", false, false).unwrap(), false),
-        " hi!"
-    );
+    assert_eq!(t.encode(" hi!", false, false).unwrap(), ids(&t, &["Ġhi", "!"]));
+    assert_eq!(t.decode(&t.encode(" hi!", false, false).unwrap(), false), " hi!");
     // Words are merged separately: "hi" + " hi" never merges across the word boundary.
-    assert_eq!(
-        t.encode("hi hi", false, false).unwrap(),
-        ids(&t, &["h", "i", "Ġhi"])
-    );
+    assert_eq!(t.encode("hi hi", false, false).unwrap(), ids(&t, &["h", "i", "Ġhi"]));
 }
 
 #[test]
 fn bpe_emoji_through_byte_tokens_and_incremental_decoder() {
     let alphabet = unicode::ByteAlphabet::get();
-    let chars: Vec<String> = "😀"
-        .bytes()
-        .map(|b| alphabet.encode(b).to_string())
-        .collect();
+    let chars: Vec<String> = "😀".bytes().map(|b| alphabet.encode(b).to_string()).collect();
     let refs: Vec<&str> = chars.iter().map(String::as_str).collect();
     let t = bpe(&refs, &[]).build();
     let toks = t.encode("😀", false, false).unwrap();
@@ -152,15 +107,11 @@ fn bpe_emoji_through_byte_tokens_and_incremental_decoder() {
 }
 
 fn spm_base() -> Spec<'static> {
-    let mut s = Spec::new("llama")
-        .tok("<unk>", 2, 0.0)
-        .tok("<s>", CONTROL, 0.0)
-        .tok("</s>", CONTROL, 0.0);
+    let mut s = Spec::new("llama").tok("<unk>", 2, 0.0).tok("<s>", CONTROL, 0.0).tok("</s>", CONTROL, 0.0);
     for b in 0..=255u8 {
         s = s.tok(&format!("<0x{b:02X}>"), BYTE, 0.0);
     }
-    s.extra
-        .push(("tokenizer.ggml.add_space_prefix", Value::Bool(false)));
+    s.extra.push(("tokenizer.ggml.add_space_prefix", Value::Bool(false)));
     s
 }
 
@@ -177,10 +128,7 @@ fn spm_merges_by_score_with_byte_fallback() {
         .build();
     assert_eq!(t.bos_id(), Some(1));
     // "bc" scores higher than "ab".
-    assert_eq!(
-        t.encode("abc", false, false).unwrap(),
-        ids(&t, &["a", "bc"])
-    );
+    assert_eq!(t.encode("abc", false, false).unwrap(), ids(&t, &["a", "bc"]));
     // BOS by default for SPM; the space becomes ▁ and merges with "a"; "é" is not a token -> its bytes.
     let toks = t.encode(" aé", true, false).unwrap();
     assert_eq!(toks, ids(&t, &["<s>", "▁a", "<0xC3>", "<0xA9>"]));
@@ -194,16 +142,10 @@ fn spm_merges_by_score_with_byte_fallback() {
 
 #[test]
 fn spm_add_space_prefix_after_specials() {
-    let mut s = spm_base()
-        .tok("a", NORMAL, -1.0)
-        .tok("▁", NORMAL, -1.0)
-        .tok("▁a", NORMAL, -0.5);
+    let mut s = spm_base().tok("a", NORMAL, -1.0).tok("▁", NORMAL, -1.0).tok("▁a", NORMAL, -0.5);
     s.extra.clear(); // add_space_prefix defaults to true for SPM
     let t = s.build();
-    assert_eq!(
-        t.encode("a</s>a", false, true).unwrap(),
-        ids(&t, &["▁a", "</s>", "▁a"])
-    );
+    assert_eq!(t.encode("a</s>a", false, true).unwrap(), ids(&t, &["▁a", "</s>", "▁a"]));
     assert_eq!(t.encode("a</s>a", false, false).unwrap().len(), 1 + 4 + 1); // "▁a" + "</s>" as bytes + "a"
 }
 
@@ -231,10 +173,7 @@ fn special_tokens_split_before_tokenization() {
 
 #[test]
 fn eog_set_follows_llama_cpp() {
-    let mut s = bpe(
-        &["a", "<|im_end|>", "<|endoftext|>", "<|im_start|>", "</s>"],
-        &[],
-    );
+    let mut s = bpe(&["a", "<|im_end|>", "<|endoftext|>", "<|im_start|>", "</s>"], &[]);
     s.extra.push(("tokenizer.ggml.eos_token_id", Value::U32(1)));
     let t = s.build();
     assert_eq!(t.eos_id(), Some(1));
@@ -258,15 +197,9 @@ fn pre_tokenizer_for_smollm_splits_digits() {
 fn rejects_unknown_models() {
     let mut w = GgufWriter::new();
     w.meta("tokenizer.ggml.model", Value::String("bert".into()));
-    w.meta(
-        "tokenizer.ggml.tokens",
-        Value::Array(vec![Value::String("a".into())]),
-    );
+    w.meta("tokenizer.ggml.tokens", Value::Array(vec![Value::String("a".into())]));
     let file = GgufFile::from_vec(w.to_bytes()).unwrap();
-    assert!(matches!(
-        Tokenizer::from_gguf(&file),
-        Err(Error::Tokenizer(_))
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&file), Err(Error::Tokenizer(_))));
 }
 
 #[test]

@@ -44,10 +44,7 @@ fn build_block(block: usize) -> Block {
         }
         bits
     };
-    Block {
-        letter: bits(letter_re),
-        punct: bits(punct_re),
-    }
+    Block { letter: bits(letter_re), punct: bits(punct_re) }
 }
 
 fn block_of(c: char) -> &'static Block {
@@ -118,9 +115,7 @@ impl ByteAlphabet {
             let mut to_char = ['\0'; 256];
             let mut n = 0u32;
             for b in 0..256u32 {
-                let printable = (0x21..=0x7E).contains(&b)
-                    || (0xA1..=0xAC).contains(&b)
-                    || (0xAE..=0xFF).contains(&b);
+                let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
                 to_char[b as usize] = if printable {
                     char::from_u32(b).unwrap()
                 } else {
@@ -165,12 +160,7 @@ mod tests {
         assert_eq!(class('\u{0301}'), Class::Other); // combining mark is not \p{L}
         assert_eq!(class('😀'), Class::Other);
         assert_eq!(class('\u{200d}'), Class::Other);
-        assert!(
-            is_punctuation('!')
-                && is_punctuation('。')
-                && !is_punctuation('$')
-                && !is_punctuation('a')
-        );
+        assert!(is_punctuation('!') && is_punctuation('。') && !is_punctuation('$') && !is_punctuation('a'));
     }
 
     #[test]

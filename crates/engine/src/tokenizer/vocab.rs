@@ -52,10 +52,7 @@ impl Vocab {
             }
         }
         let index = TextIndex::build(&texts).map_err(|(a, b)| {
-            Error::Tokenizer(format!(
-                "duplicate token {:?} has ids {a} and {b}",
-                texts.get(a as usize)
-            ))
+            Error::Tokenizer(format!("duplicate token {:?} has ids {a} and {b}", texts.get(a as usize)))
         })?;
         let attrs = types[..n]
             .iter()
@@ -69,12 +66,7 @@ impl Vocab {
                 _ => 0,
             })
             .collect();
-        Ok(Vocab {
-            texts,
-            index,
-            scores: scores[..n].to_vec(),
-            attrs,
-        })
+        Ok(Vocab { texts, index, scores: scores[..n].to_vec(), attrs })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -142,13 +134,7 @@ const FIM_MID_TEXTS: &[&str] = &[
     "<|middle|>",
 ];
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
-const FIM_REP_TEXTS: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
+const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 const EOG_TEXTS: &[&str] = &[
     "<|eot_id|>",
@@ -181,19 +167,12 @@ pub(crate) fn resolve_specials(file: &GgufFile, vocab: &mut Vocab, spm: bool) ->
     let n = vocab.len() as u64;
     let key = |name: &str, default: Option<u32>| -> Option<u32> {
         let default = default.filter(|&d| (d as u64) < n);
-        match file
-            .get(&format!("tokenizer.ggml.{name}"))
-            .and_then(|v| v.as_u64())
-        {
+        match file.get(&format!("tokenizer.ggml.{name}")).and_then(|v| v.as_u64()) {
             Some(id) if id < n => Some(id as u32),
             _ => default,
         }
     };
-    let (bos_default, eos_default) = if spm {
-        (Some(1), Some(2))
-    } else {
-        (Some(11), Some(11))
-    };
+    let (bos_default, eos_default) = if spm { (Some(1), Some(2)) } else { (Some(11), Some(11)) };
     let bos = key("bos_token_id", bos_default);
     let eos = key("eos_token_id", eos_default);
     let mut eot = key("eot_token_id", None);
@@ -206,14 +185,7 @@ pub(crate) fn resolve_specials(file: &GgufFile, vocab: &mut Vocab, spm: bool) ->
         key("fim_rep_token_id", None),
         key("fim_sep_token_id", None),
     ];
-    let fim_texts = [
-        FIM_PRE_TEXTS,
-        FIM_SUF_TEXTS,
-        FIM_MID_TEXTS,
-        FIM_PAD_TEXTS,
-        FIM_REP_TEXTS,
-        FIM_SEP_TEXTS,
-    ];
+    let fim_texts = [FIM_PRE_TEXTS, FIM_SUF_TEXTS, FIM_MID_TEXTS, FIM_PAD_TEXTS, FIM_REP_TEXTS, FIM_SEP_TEXTS];
 
     // Text-based detection. llama.cpp walks a hash map, so when several candidates exist which one wins is
     // unspecified; we take the lowest id.
@@ -247,9 +219,7 @@ pub(crate) fn resolve_specials(file: &GgufFile, vocab: &mut Vocab, spm: bool) ->
     eog.sort_unstable();
     eog.dedup();
 
-    let find = |eog: &[u32], vocab: &Vocab, t: &str| {
-        eog.iter().copied().find(|&id| vocab.text(id as usize) == t)
-    };
+    let find = |eog: &[u32], vocab: &Vocab, t: &str| eog.iter().copied().find(|&id| vocab.text(id as usize) == t);
     let has = |t: &str| find(&eog, vocab, t).is_some();
     // o200k_harmony / solar-open: "<|end|>" does not end generation there.
     let drop_end = (has("<|return|>") && has("<|call|>")) || (has("<|calls|>") && has("<|flush|>"));

@@ -38,40 +38,13 @@ pub struct TinySpec {
 
 impl TinySpec {
     pub fn llama(matrix_type: GgmlType) -> Self {
-        TinySpec {
-            arch: "llama",
-            vocab: 96,
-            d_model: 64,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            ffn: 96,
-            layers: 2,
-            matrix_type,
-            embed_type: GgmlType::Q8_0,
-            sliding_window: 0,
-        }
+        TinySpec { arch: "llama", vocab: 96, d_model: 64, n_heads: 4, n_kv_heads: 2, head_dim: 16, ffn: 96, layers: 2, matrix_type, embed_type: GgmlType::Q8_0, sliding_window: 0 }
     }
     pub fn gemma3() -> Self {
-        TinySpec {
-            arch: "gemma3",
-            vocab: 96,
-            d_model: 64,
-            n_heads: 2,
-            n_kv_heads: 1,
-            head_dim: 32,
-            ffn: 128,
-            layers: 6,
-            matrix_type: GgmlType::Q5_0,
-            embed_type: GgmlType::Q8_0,
-            sliding_window: 8,
-        }
+        TinySpec { arch: "gemma3", vocab: 96, d_model: 64, n_heads: 2, n_kv_heads: 1, head_dim: 32, ffn: 128, layers: 6, matrix_type: GgmlType::Q5_0, embed_type: GgmlType::Q8_0, sliding_window: 8 }
     }
     pub fn qwen2() -> Self {
-        TinySpec {
-            arch: "qwen2",
-            ..Self::llama(GgmlType::Q8_0)
-        }
+        TinySpec { arch: "qwen2", ..Self::llama(GgmlType::Q8_0) }
     }
 }
 
@@ -92,19 +65,8 @@ fn random_matrix(rng: &mut TestRng, t: GgmlType, rows: usize, cols: usize) -> Ve
             out.iter_mut().for_each(|b| *b = rng.next() as u8);
             // The leading f16 fields of every block (d, and m/dmin where present) hold small scales;
             // Q6_K keeps its d at the end of the block.
-            let d_offset = if t == GgmlType::Q6_K {
-                t.block_bytes() - 2
-            } else {
-                0
-            };
-            let n_scales = if matches!(
-                t,
-                GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K
-            ) {
-                2
-            } else {
-                1
-            };
+            let d_offset = if t == GgmlType::Q6_K { t.block_bytes() - 2 } else { 0 };
+            let n_scales = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K) { 2 } else { 1 };
             for block in out.chunks_exact_mut(t.block_bytes()) {
                 for s in 0..n_scales {
                     let v = half::f16::from_f32(scale * 0.1 * (0.5 + rng.f32().abs()));
@@ -131,58 +93,22 @@ pub fn tiny_model(spec: &TinySpec, seed: u64) -> Vec<u8> {
     w.meta("general.architecture", Value::String(a.into()));
     w.meta(&format!("{a}.block_count"), Value::U32(spec.layers as u32));
     w.meta(&format!("{a}.context_length"), Value::U32(256));
-    w.meta(
-        &format!("{a}.embedding_length"),
-        Value::U32(spec.d_model as u32),
-    );
-    w.meta(
-        &format!("{a}.feed_forward_length"),
-        Value::U32(spec.ffn as u32),
-    );
-    w.meta(
-        &format!("{a}.attention.head_count"),
-        Value::U32(spec.n_heads as u32),
-    );
-    w.meta(
-        &format!("{a}.attention.head_count_kv"),
-        Value::U32(spec.n_kv_heads as u32),
-    );
-    w.meta(
-        &format!("{a}.attention.key_length"),
-        Value::U32(spec.head_dim as u32),
-    );
-    w.meta(
-        &format!("{a}.attention.layer_norm_rms_epsilon"),
-        Value::F32(1e-6),
-    );
+    w.meta(&format!("{a}.embedding_length"), Value::U32(spec.d_model as u32));
+    w.meta(&format!("{a}.feed_forward_length"), Value::U32(spec.ffn as u32));
+    w.meta(&format!("{a}.attention.head_count"), Value::U32(spec.n_heads as u32));
+    w.meta(&format!("{a}.attention.head_count_kv"), Value::U32(spec.n_kv_heads as u32));
+    w.meta(&format!("{a}.attention.key_length"), Value::U32(spec.head_dim as u32));
+    w.meta(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
     w.meta(&format!("{a}.rope.freq_base"), Value::F32(10_000.0));
     w.meta(&format!("{a}.vocab_size"), Value::U32(spec.vocab as u32));
     if spec.sliding_window > 0 {
-        w.meta(
-            &format!("{a}.attention.sliding_window"),
-            Value::U32(spec.sliding_window as u32),
-        );
+        w.meta(&format!("{a}.attention.sliding_window"), Value::U32(spec.sliding_window as u32));
     }
-    let (d, q, kv, ff) = (
-        spec.d_model,
-        spec.n_heads * spec.head_dim,
-        spec.n_kv_heads * spec.head_dim,
-        spec.ffn,
-    );
+    let (d, q, kv, ff) = (spec.d_model, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim, spec.ffn);
     let mt = spec.matrix_type;
     let embed = random_matrix(&mut rng, spec.embed_type, spec.vocab, d);
-    w.tensor(
-        "token_embd.weight",
-        spec.embed_type,
-        &[d as u64, spec.vocab as u64],
-        embed,
-    );
-    w.tensor(
-        "output_norm.weight",
-        GgmlType::F32,
-        &[d as u64],
-        norm_weights(&mut rng, d),
-    );
+    w.tensor("token_embd.weight", spec.embed_type, &[d as u64, spec.vocab as u64], embed);
+    w.tensor("output_norm.weight", GgmlType::F32, &[d as u64], norm_weights(&mut rng, d));
     for i in 0..spec.layers {
         let n = |s: &str| format!("blk.{i}.{s}");
         let mut mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
@@ -223,15 +149,8 @@ pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
     simd_cap_from_env();
     let path = real_model_path(name);
     if !path.exists() {
-        assert!(
-            std::env::var("RECKON_REQUIRE_MODELS").is_err(),
-            "{} is missing and RECKON_REQUIRE_MODELS is set",
-            path.display()
-        );
-        eprintln!(
-            "note: {} not found; skipping (scripts/fetch-models {name})",
-            path.display()
-        );
+        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
+        eprintln!("note: {} not found; skipping (scripts/fetch-models {name})", path.display());
         return None;
     }
     Some(reckon_engine::gguf::GgufFile::open(&path).expect("open model"))
@@ -241,15 +160,8 @@ pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
 /// tests under `RECKON_SIMD=avx2`, so an AVX-512 machine checks the AVX2 paths on the real models too).
 pub fn simd_cap_from_env() {
     use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
-    if let Some(level) = std::env::var("RECKON_SIMD")
-        .ok()
-        .and_then(|v| SimdLevel::from_name(&v))
-    {
-        assert!(
-            set_simd_cap(level),
-            "RECKON_SIMD={}: the kernels already chose their level",
-            level.name()
-        );
+    if let Some(level) = std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)) {
+        assert!(set_simd_cap(level), "RECKON_SIMD={}: the kernels already chose their level", level.name());
     }
 }
 
@@ -257,16 +169,14 @@ pub fn simd_cap_from_env() {
 pub fn real_model_path(name: &str) -> std::path::PathBuf {
     let dir = match std::env::var_os("RECKON_HOME").filter(|h| !h.is_empty()) {
         Some(home) => std::path::PathBuf::from(home),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/reckon/models"),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/reckon/models"),
     };
     reckon_engine::registry::known_model_path(&dir, name).expect("known model")
 }
 
 /// A model's parity fixture (tests/fixtures/parity/NAME.json, recorded from llama.cpp).
 pub fn parity_fixture(name: &str) -> serde_json::Value {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(format!("../../tests/fixtures/parity/{name}.json"));
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("fixture is JSON")
 }
@@ -304,51 +214,28 @@ pub fn gpt2_byte_char(b: u8) -> char {
 /// `context_length` replaces `tiny_model`'s 256.
 pub fn tiny_chat_model(spec: &TinySpec, seed: u64, context_length: u32) -> Vec<u8> {
     let tokens = tiny_chat_vocab();
-    let spec = TinySpec {
-        vocab: tokens.len(),
-        ..*spec
-    };
-    let base = reckon_engine::gguf::GgufFile::from_vec(tiny_model(&spec, seed))
-        .expect("tiny_model writes GGUF");
+    let spec = TinySpec { vocab: tokens.len(), ..*spec };
+    let base = reckon_engine::gguf::GgufFile::from_vec(tiny_model(&spec, seed)).expect("tiny_model writes GGUF");
     let mut w = GgufWriter::new();
     let context_key = format!("{}.context_length", spec.arch);
     for (key, value) in &base.header().metadata {
-        let value = if *key == context_key {
-            Value::U32(context_length)
-        } else {
-            value.clone()
-        };
+        let value = if *key == context_key { Value::U32(context_length) } else { value.clone() };
         w.meta(key, value);
     }
     let n_normal = 256 + TINY_MERGES.len();
     let eos = n_normal as u32;
     w.meta("tokenizer.ggml.model", Value::String("gpt2".into()));
     w.meta("tokenizer.ggml.pre", Value::String("gpt-2".into()));
-    w.meta(
-        "tokenizer.ggml.tokens",
-        Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()),
-    );
+    w.meta("tokenizer.ggml.tokens", Value::Array(tokens.iter().map(|t| Value::String(t.clone())).collect()));
     let types = (0..tokens.len()).map(|i| Value::I32(if i < n_normal { 1 } else { 3 }));
     w.meta("tokenizer.ggml.token_type", Value::Array(types.collect()));
-    w.meta(
-        "tokenizer.ggml.merges",
-        Value::Array(
-            TINY_MERGES
-                .iter()
-                .map(|m| Value::String(m.to_string()))
-                .collect(),
-        ),
-    );
+    w.meta("tokenizer.ggml.merges", Value::Array(TINY_MERGES.iter().map(|m| Value::String(m.to_string())).collect()));
     w.meta("tokenizer.ggml.bos_token_id", Value::U32(eos));
     w.meta("tokenizer.ggml.eos_token_id", Value::U32(eos));
     w.meta("tokenizer.ggml.add_bos_token", Value::Bool(false));
-    w.meta(
-        "tokenizer.chat_template",
-        Value::String(TINY_CHAT_TEMPLATE.into()),
-    );
+    w.meta("tokenizer.chat_template", Value::String(TINY_CHAT_TEMPLATE.into()));
     for t in &base.header().tensors {
-        let bytes =
-            base.raw()[t.file_offset as usize..(t.file_offset + t.num_bytes) as usize].to_vec();
+        let bytes = base.raw()[t.file_offset as usize..(t.file_offset + t.num_bytes) as usize].to_vec();
         w.tensor(&t.name, t.dtype, &t.dims, bytes);
     }
     w.to_bytes()
@@ -362,13 +249,8 @@ pub fn simd_or_skip(level: reckon_engine::kernels::cpu::SimdLevel, what: &str) -
     if level.is_available() {
         return true;
     }
-    if let Some(required) = std::env::var("RECKON_REQUIRE_SIMD")
-        .ok()
-        .filter(|v| !v.is_empty())
-    {
-        let required = SimdLevel::from_name(&required).unwrap_or_else(|| {
-            panic!("RECKON_REQUIRE_SIMD={required:?}: not scalar, avx2 or avx512")
-        });
+    if let Some(required) = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty()) {
+        let required = SimdLevel::from_name(&required).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={required:?}: not scalar, avx2 or avx512"));
         assert!(
             level > required,
             "{what} needs {} but this CPU has only {}, and RECKON_REQUIRE_SIMD={} requires it",

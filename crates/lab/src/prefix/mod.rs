@@ -67,30 +67,10 @@ pub fn run(
 ) -> Result<Vec<TurnRecord>, LabError> {
     let mut records = Vec::new();
     for pass in 0..spec.passes {
-        let arms = if pass % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let arms = if pass % 2 == 0 { [true, false] } else { [false, true] };
         for prefix_cache in arms {
-            let engine = spawn(
-                model.clone(),
-                tok.clone(),
-                EngineConfig {
-                    prefix_caching: prefix_cache,
-                    ..spec.engine
-                },
-            );
-            let mut session = Replay {
-                engine,
-                tok,
-                template,
-                spec,
-                pass,
-                prefix_cache,
-                histories: vec![Vec::new(); spec.sessions],
-                seen: Vec::new(),
-            };
+            let engine = spawn(model.clone(), tok.clone(), EngineConfig { prefix_caching: prefix_cache, ..spec.engine });
+            let mut session = Replay { engine, tok, template, spec, pass, prefix_cache, histories: vec![Vec::new(); spec.sessions], seen: Vec::new() };
             for turn in 0..spec.turns {
                 for s in 0..spec.sessions {
                     let r = session.turn(s, turn)?;
@@ -120,24 +100,12 @@ struct Replay<'a> {
 impl Replay<'_> {
     fn turn(&mut self, session: usize, turn: usize) -> Result<TurnRecord, LabError> {
         let spec = self.spec;
-        let system = conversation::system_prompt(
-            self.tok,
-            spec.prefix_tokens,
-            spec.timestamp.then_some(turn),
-        )?;
-        let user = conversation::user_turn(
-            self.tok,
-            session,
-            turn,
-            spec.turn_tokens.0,
-            spec.turn_tokens.1,
-        )?;
+        let system = conversation::system_prompt(self.tok, spec.prefix_tokens, spec.timestamp.then_some(turn))?;
+        let user = conversation::user_turn(self.tok, session, turn, spec.turn_tokens.0, spec.turn_tokens.1)?;
         let mut messages = vec![ChatMessage::new("system", &system)];
         messages.extend(self.histories[session].iter().cloned());
         messages.push(ChatMessage::new("user", &user));
-        let prompt = self
-            .tok
-            .encode(&self.template.render(&messages, true)?, true, true)?;
+        let prompt = self.tok.encode(&self.template.render(&messages, true)?, true, true)?;
         let (first_difference, difference) = self.first_difference(&prompt);
         let out = generate(&self.engine, prompt.clone(), spec.max_tokens)?;
         self.histories[session].push(ChatMessage::new("user", &user));
@@ -162,41 +130,18 @@ impl Replay<'_> {
     /// The longest common prefix with an earlier sequence, and the text where they part.
     fn first_difference(&self, prompt: &[u32]) -> (usize, String) {
         let common = |s: &Vec<u32>| s.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let Some(best) = self.seen.iter().max_by_key(|s| common(s)) else {
-            return (0, String::new());
-        };
+        let Some(best) = self.seen.iter().max_by_key(|s| common(s)) else { return (0, String::new()) };
         let n = common(best);
         let text = |ids: &[u32]| {
-            let bytes: Vec<u8> = ids
-                .iter()
-                .flat_map(|&t| self.tok.token_bytes(t, false))
-                .collect();
+            let bytes: Vec<u8> = ids.iter().flat_map(|&t| self.tok.token_bytes(t, false)).collect();
             String::from_utf8_lossy(&bytes).replace('\n', "\\n")
         };
-        let (before, new, old) = (
-            &prompt[n.saturating_sub(4)..n],
-            &prompt[n..(n + 4).min(prompt.len())],
-            &best[n.min(best.len())..(n + 4).min(best.len())],
-        );
-        (
-            n,
-            format!(
-                "after '{}' comes '{}' where an earlier request had '{}'",
-                text(before),
-                text(new),
-                text(old)
-            ),
-        )
+        let (before, new, old) = (&prompt[n.saturating_sub(4)..n], &prompt[n..(n + 4).min(prompt.len())], &best[n.min(best.len())..(n + 4).min(best.len())]);
+        (n, format!("after '{}' comes '{}' where an earlier request had '{}'", text(before), text(new), text(old)))
     }
 }
 
-fn generate(
-    engine: &EngineHandle,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-) -> Result<Completion, LabError> {
-    let (_, rx) = engine
-        .submit(GenerateParams::greedy(prompt, max_tokens))
-        .map_err(|e| LabError::Request(e.to_string()))?;
+fn generate(engine: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<Completion, LabError> {
+    let (_, rx) = engine.submit(GenerateParams::greedy(prompt, max_tokens)).map_err(|e| LabError::Request(e.to_string()))?;
     Completion::wait(rx).map_err(LabError::Request)
 }

@@ -29,11 +29,7 @@ pub fn rows(records: &[TurnRecord]) -> Vec<TurnRow> {
     keys.dedup();
     keys.into_iter()
         .filter_map(|(turn, session)| {
-            let arm = |cache: bool| {
-                records.iter().filter(move |r| {
-                    r.turn == turn && r.session == session && r.prefix_cache == cache
-                })
-            };
+            let arm = |cache: bool| records.iter().filter(move |r| r.turn == turn && r.session == session && r.prefix_cache == cache);
             let with = arm(true).next()?;
             let without = arm(false).next()?;
             let ttft = |cache: bool| summarize(&arm(cache).map(|r| r.ttft_ms).collect::<Vec<_>>());
@@ -73,20 +69,9 @@ pub struct Findings {
 pub fn findings(records: &[TurnRecord], rows: &[TurnRow], block_size: usize) -> Findings {
     let prompt: usize = rows.iter().map(|r| r.prompt_tokens).sum();
     let cached: usize = rows.iter().map(|r| r.cached_tokens).sum();
-    let within = rows
-        .iter()
-        .filter(|r| {
-            r.prefilled_with_cache
-                <= r.prompt_tokens - r.first_difference.min(r.prompt_tokens) + block_size
-        })
-        .count();
+    let within = rows.iter().filter(|r| r.prefilled_with_cache <= r.prompt_tokens - r.first_difference.min(r.prompt_tokens) + block_size).count();
     let replies_identical = records.iter().filter(|r| r.prefix_cache).all(|a| {
-        records
-            .iter()
-            .filter(|b| {
-                !b.prefix_cache && b.pass == a.pass && b.turn == a.turn && b.session == a.session
-            })
-            .all(|b| b.reply_tokens == a.reply_tokens)
+        records.iter().filter(|b| !b.prefix_cache && b.pass == a.pass && b.turn == a.turn && b.session == a.session).all(|b| b.reply_tokens == a.reply_tokens)
     });
     let growth = |ttft: fn(&TurnRow) -> f64| {
         let session0: Vec<f64> = rows.iter().filter(|r| r.session == 0).map(ttft).collect();
@@ -151,38 +136,14 @@ pub fn markdown(rows: &[TurnRow], f: &Findings, block_size: usize) -> String {
         );
     }
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "- prefix cache hit rate: {:.1}% of prompt tokens",
-        100.0 * f.hit_rate
-    );
-    let _ = writeln!(
-        out,
-        "- prefilled = new suffix + at most one block ({block_size} tokens): {} of {} requests",
-        f.within_one_block, f.requests
-    );
+    let _ = writeln!(out, "- prefix cache hit rate: {:.1}% of prompt tokens", 100.0 * f.hit_rate);
+    let _ = writeln!(out, "- prefilled = new suffix + at most one block ({block_size} tokens): {} of {} requests", f.within_one_block, f.requests);
     if f.ttft_growth_with_cache.is_finite() && f.ttft_growth_without.is_finite() {
-        let _ = writeln!(
-            out,
-            "- TTFT growth, last 3 turns over turns 2-4: {:.2}x with the cache, {:.2}x without",
-            f.ttft_growth_with_cache, f.ttft_growth_without
-        );
+        let _ = writeln!(out, "- TTFT growth, last 3 turns over turns 2-4: {:.2}x with the cache, {:.2}x without", f.ttft_growth_with_cache, f.ttft_growth_without);
     }
-    let _ = writeln!(
-        out,
-        "- replies identical with the cache on and off (greedy): {}",
-        if f.replies_identical {
-            "yes, every request of every pass"
-        } else {
-            "NO"
-        }
-    );
+    let _ = writeln!(out, "- replies identical with the cache on and off (greedy): {}", if f.replies_identical { "yes, every request of every pass" } else { "NO" });
     if !f.low_hits.is_empty() {
-        let _ = writeln!(
-            out,
-            "- low cache hits ({} requests reused under half their prompt):",
-            f.low_hits.len()
-        );
+        let _ = writeln!(out, "- low cache hits ({} requests reused under half their prompt):", f.low_hits.len());
         for l in f.low_hits.iter().take(5) {
             let _ = writeln!(out, "  - {l}");
         }
@@ -195,43 +156,16 @@ pub fn plot(rows: &[TurnRow], title: &str, path: &Path) -> Result<(), LabError> 
     let err = |e: &dyn std::fmt::Display| LabError::Plot(e.to_string());
     let root = SVGBackend::new(path, (1100, 450)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let root = root
-        .titled(title, ("sans-serif", 18))
-        .map_err(|e| err(&e))?;
+    let root = root.titled(title, ("sans-serif", 18)).map_err(|e| err(&e))?;
     let (left, right) = root.split_horizontally(550);
     let n = rows.len() as f64 + 1.0;
-    let series = |f: fn(&TurnRow) -> f64| {
-        rows.iter()
-            .enumerate()
-            .map(move |(i, r)| (i as f64 + 1.0, f(r)))
-            .collect::<Vec<_>>()
-    };
-    let panels: [(
-        &DrawingArea<_, _>,
-        &str,
-        fn(&TurnRow) -> f64,
-        fn(&TurnRow) -> f64,
-    ); 2] = [
-        (
-            &left,
-            "time to first token, ms (median)",
-            |r| r.ttft_with_cache.median,
-            |r| r.ttft_without.median,
-        ),
-        (
-            &right,
-            "prompt tokens prefilled",
-            |r| r.prefilled_with_cache as f64,
-            |r| r.prefilled_without as f64,
-        ),
+    let series = |f: fn(&TurnRow) -> f64| rows.iter().enumerate().map(move |(i, r)| (i as f64 + 1.0, f(r))).collect::<Vec<_>>();
+    let panels: [(&DrawingArea<_, _>, &str, fn(&TurnRow) -> f64, fn(&TurnRow) -> f64); 2] = [
+        (&left, "time to first token, ms (median)", |r| r.ttft_with_cache.median, |r| r.ttft_without.median),
+        (&right, "prompt tokens prefilled", |r| r.prefilled_with_cache as f64, |r| r.prefilled_without as f64),
     ];
     for (area, caption, on, off) in panels {
-        let top = series(off)
-            .iter()
-            .chain(series(on).iter())
-            .map(|p| p.1)
-            .fold(1.0, f64::max)
-            * 1.1;
+        let top = series(off).iter().chain(series(on).iter()).map(|p| p.1).fold(1.0, f64::max) * 1.1;
         let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 15))
             .margin(12)
@@ -239,28 +173,10 @@ pub fn plot(rows: &[TurnRow], title: &str, path: &Path) -> Result<(), LabError> 
             .y_label_area_size(55)
             .build_cartesian_2d(0.0..n, 0.0..top)
             .map_err(|e| err(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("request (turn order)")
-            .draw()
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(LineSeries::new(series(off), RED.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label("prefix cache off")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RED));
-        chart
-            .draw_series(LineSeries::new(series(on), BLUE.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label("prefix cache on")
-            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .border_style(BLACK)
-            .background_style(WHITE)
-            .draw()
-            .map_err(|e| err(&e))?;
+        chart.configure_mesh().x_desc("request (turn order)").draw().map_err(|e| err(&e))?;
+        chart.draw_series(LineSeries::new(series(off), RED.stroke_width(2))).map_err(|e| err(&e))?.label("prefix cache off").legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RED));
+        chart.draw_series(LineSeries::new(series(on), BLUE.stroke_width(2))).map_err(|e| err(&e))?.label("prefix cache on").legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE));
+        chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE).draw().map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }

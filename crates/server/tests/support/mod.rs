@@ -56,34 +56,12 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
 fn state_of(file: GgufFile, model_id: &str, config: EngineConfig) -> AppState {
     reckon_engine::pool::init_global(1);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.token_text(i))
-            .unwrap_or("")
-            .to_string()
-    };
-    let template = Arc::new(
-        ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))
-            .unwrap(),
-    );
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+    let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
-    assert_eq!(
-        model.config.vocab_size,
-        tokenizer.vocab_size(),
-        "the model's vocabulary is the tokenizer's"
-    );
+    assert_eq!(model.config.vocab_size, tokenizer.vocab_size(), "the model's vocabulary is the tokenizer's");
     let engine = spawn(model, tokenizer.clone(), config);
-    AppState {
-        engine,
-        tokenizer,
-        template,
-        model_id: model_id.into(),
-        aliases: Vec::new(),
-        responses: Default::default(),
-        grammar: Default::default(),
-        api_key: None,
-        metrics: Default::default(),
-        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-    }
+    AppState { engine, tokenizer, template, model_id: model_id.into(), aliases: Vec::new(), responses: Default::default(), grammar: Default::default(), api_key: None, metrics: Default::default(), max_body_bytes: DEFAULT_MAX_BODY_BYTES }
 }
 
 /// The tiny model behind an engine with `config`.
@@ -93,22 +71,14 @@ pub fn tiny_state(config: EngineConfig) -> AppState {
 
 /// SmolLM2 behind an engine; None (with a note) if it is not fetched, unless RECKON_REQUIRE_MODELS is set.
 pub fn real_state(config: EngineConfig) -> Option<AppState> {
-    Some(state_of(
-        crate::common::open_real_model("smollm2-135m")?,
-        "smollm2-135m",
-        config,
-    ))
+    Some(state_of(crate::common::open_real_model("smollm2-135m")?, "smollm2-135m", config))
 }
 
 /// Serves `state` on a free loopback port (on its own runtime thread, for the rest of the test process).
 pub fn serve(state: AppState) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
@@ -135,15 +105,11 @@ impl Answer {
     /// A header's value.
     pub fn header(&self, name: &str) -> Option<&str> {
         let prefix = format!("{}:", name.to_ascii_lowercase());
-        self.head
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .map(str::trim)
+        self.head.lines().find_map(|l| l.strip_prefix(prefix.as_str())).map(str::trim)
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {} {}", self.status, self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {} {}", self.status, self.body))
     }
 
     /// The `data:` payloads of a server-sent events body.
@@ -153,16 +119,12 @@ impl Answer {
 }
 
 pub fn sse_data(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
 }
 
 /// A connected socket whose reads and writes time out.
 pub fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
-        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
     s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
     s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
     s
@@ -182,35 +144,22 @@ pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &
 /// Reads an answer to EOF and splits it.
 pub fn read_answer(mut s: TcpStream) -> Answer {
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap_or_else(|e| {
-        panic!(
-            "reading the answer: {e} (so far: {})",
-            String::from_utf8_lossy(&raw)
-        )
-    });
+    s.read_to_end(&mut raw).unwrap_or_else(|e| panic!("reading the answer: {e} (so far: {})", String::from_utf8_lossy(&raw)));
     parse_answer(&String::from_utf8(raw).unwrap())
 }
 
 pub fn parse_answer(raw: &str) -> Answer {
-    let (head, rest) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header block in {raw:?}"));
+    let (head, rest) = raw.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no header block in {raw:?}"));
     let status = head.split(' ').nth(1).unwrap().parse().unwrap();
     let head = head.to_ascii_lowercase();
-    let body = if head.contains("transfer-encoding: chunked") {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
+    let body = if head.contains("transfer-encoding: chunked") { dechunk(rest) } else { rest.to_string() };
     Answer { status, head, body }
 }
 
 fn dechunk(mut s: &str) -> String {
     let mut out = String::new();
     loop {
-        let (size, rest) = s
-            .split_once("\r\n")
-            .unwrap_or_else(|| panic!("truncated chunked body: {s:?}"));
+        let (size, rest) = s.split_once("\r\n").unwrap_or_else(|| panic!("truncated chunked body: {s:?}"));
         let n = usize::from_str_radix(size.trim(), 16).unwrap();
         if n == 0 {
             return out;
@@ -221,16 +170,9 @@ fn dechunk(mut s: &str) -> String {
 }
 
 /// One request, answered in full.
-pub fn request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Answer {
+pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
     let mut s = connect(addr);
-    s.write_all(request_bytes(method, path, headers, body).as_bytes())
-        .unwrap();
+    s.write_all(request_bytes(method, path, headers, body).as_bytes()).unwrap();
     read_answer(s)
 }
 
@@ -245,22 +187,14 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Answer {
 /// A chat request for `model`: one user message, greedy, `extra` merged in.
 pub fn chat_body(model: &str, content: &str, extra: Value) -> Value {
     let mut body = json!({ "model": model, "messages": [{"role": "user", "content": content}], "temperature": 0 });
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
 }
 
 /// A greedy chat request to the tiny model that runs to its length limit (end-of-generation ignored).
 pub fn tiny_chat(content: &str, max_tokens: usize, extra: Value) -> Value {
-    let mut body = chat_body(
-        TINY,
-        content,
-        json!({ "max_tokens": max_tokens, "ignore_eos": true }),
-    );
-    body.as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
+    let mut body = chat_body(TINY, content, json!({ "max_tokens": max_tokens, "ignore_eos": true }));
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
 }
 
@@ -271,34 +205,17 @@ pub fn sse_chunks(answer: &Answer) -> (Vec<Value>, bool) {
     if done {
         events.pop();
     }
-    (
-        events
-            .iter()
-            .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}")))
-            .collect(),
-        done,
-    )
+    (events.iter().map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("{err}: {e}"))).collect(), done)
 }
 
 /// A chat stream's text: its deltas' contents joined.
 pub fn streamed_text(chunks: &[Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .or(c["choices"][0]["text"].as_str())
-        })
-        .collect()
+    chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str().or(c["choices"][0]["text"].as_str())).collect()
 }
 
 /// The finish reason a stream's chunks carry.
 pub fn streamed_finish(chunks: &[Value]) -> Option<String> {
-    chunks.iter().find_map(|c| {
-        c["choices"][0]["finish_reason"]
-            .as_str()
-            .map(str::to_string)
-    })
+    chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str().map(str::to_string))
 }
 
 /// A streaming request whose answer is read piece by piece; dropping it hangs up.
@@ -310,32 +227,16 @@ pub struct OpenStream {
 impl OpenStream {
     pub fn start(addr: SocketAddr, path: &str, body: &Value) -> OpenStream {
         let mut socket = connect(addr);
-        socket
-            .write_all(request_bytes("POST", path, &[], &body.to_string()).as_bytes())
-            .unwrap();
-        OpenStream {
-            socket,
-            seen: Vec::new(),
-        }
+        socket.write_all(request_bytes("POST", path, &[], &body.to_string()).as_bytes()).unwrap();
+        OpenStream { socket, seen: Vec::new() }
     }
 
     /// Reads until at least `n` server-sent `data:` events have arrived in all; returns the raw bytes so far.
     pub fn read_events(&mut self, n: usize) -> String {
         let mut buf = [0u8; 4096];
-        while String::from_utf8_lossy(&self.seen)
-            .matches("data: ")
-            .count()
-            < n
-        {
-            let k = self
-                .socket
-                .read(&mut buf)
-                .unwrap_or_else(|e| panic!("reading the stream: {e}"));
-            assert!(
-                k > 0,
-                "the stream ended after {:?}",
-                String::from_utf8_lossy(&self.seen)
-            );
+        while String::from_utf8_lossy(&self.seen).matches("data: ").count() < n {
+            let k = self.socket.read(&mut buf).unwrap_or_else(|e| panic!("reading the stream: {e}"));
+            assert!(k > 0, "the stream ended after {:?}", String::from_utf8_lossy(&self.seen));
             self.seen.extend_from_slice(&buf[..k]);
         }
         String::from_utf8_lossy(&self.seen).into_owned()
@@ -343,12 +244,7 @@ impl OpenStream {
 
     /// Reads the rest of the answer (to EOF).
     pub fn finish(mut self) -> Answer {
-        self.socket.read_to_end(&mut self.seen).unwrap_or_else(|e| {
-            panic!(
-                "reading the stream: {e} (so far: {})",
-                String::from_utf8_lossy(&self.seen)
-            )
-        });
+        self.socket.read_to_end(&mut self.seen).unwrap_or_else(|e| panic!("reading the stream: {e} (so far: {})", String::from_utf8_lossy(&self.seen)));
         parse_answer(&String::from_utf8(self.seen).unwrap())
     }
 
@@ -373,79 +269,44 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn read(addr: SocketAddr, model: &str) -> Metrics {
-        Metrics {
-            text: metrics(addr),
-            model: model.into(),
-        }
+        Metrics { text: metrics(addr), model: model.into() }
     }
 
     pub fn value(&self, name: &str) -> f64 {
         let prefix = format!("{name}{{model_name=\"{}\"}} ", self.model);
-        let line = self
-            .text
-            .lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()));
-        line.unwrap_or_else(|| panic!("no {name} in\n{}", self.text))
-            .parse()
-            .unwrap()
+        let line = self.text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+        line.unwrap_or_else(|| panic!("no {name} in\n{}", self.text)).parse().unwrap()
     }
 
     /// Nothing waiting or running, and every KV block free.
     pub fn idle(&self) -> bool {
-        self.value("vllm:num_requests_waiting") == 0.0
-            && self.value("vllm:num_requests_running") == 0.0
-            && self.value("vllm:kv_cache_usage_perc") == 0.0
+        self.value("vllm:num_requests_waiting") == 0.0 && self.value("vllm:num_requests_running") == 0.0 && self.value("vllm:kv_cache_usage_perc") == 0.0
     }
 }
 
 /// Polls `/metrics` until `ok` holds (at most a minute); returns that sample, or fails saying `what`.
-pub fn wait_for_metrics(
-    addr: SocketAddr,
-    model: &str,
-    what: &str,
-    ok: impl Fn(&Metrics) -> bool,
-) -> Metrics {
+pub fn wait_for_metrics(addr: SocketAddr, model: &str, what: &str, ok: impl Fn(&Metrics) -> bool) -> Metrics {
     let start = Instant::now();
     loop {
         let m = Metrics::read(addr, model);
         if ok(&m) {
             return m;
         }
-        assert!(
-            start.elapsed() < IO_TIMEOUT,
-            "waited a minute for {what}:\n{}",
-            m.text
-        );
+        assert!(start.elapsed() < IO_TIMEOUT, "waited a minute for {what}:\n{}", m.text);
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// Asserts the OpenAI error shape: `{"error": {"message", "type", "param", "code"}}` with these values.
-pub fn assert_error(
-    a: &Answer,
-    status: u16,
-    kind: &str,
-    param: Option<&str>,
-    message_has: &str,
-) -> Value {
+pub fn assert_error(a: &Answer, status: u16, kind: &str, param: Option<&str>, message_has: &str) -> Value {
     assert_eq!(a.status, status, "{}", a.body);
-    assert!(
-        a.header("content-type")
-            .is_some_and(|t| t.starts_with("application/json")),
-        "not JSON: {}",
-        a.head
-    );
+    assert!(a.header("content-type").is_some_and(|t| t.starts_with("application/json")), "not JSON: {}", a.head);
     let v = a.json();
     let e = &v["error"];
     assert_eq!(e["type"].as_str(), Some(kind), "{v}");
     assert_eq!(e["param"].as_str(), param, "{v}");
     assert!(e.get("code").is_some(), "no code field: {v}");
-    let message = e["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no message: {v}"));
-    assert!(
-        message.contains(message_has),
-        "message {message:?} does not mention {message_has:?}"
-    );
+    let message = e["message"].as_str().unwrap_or_else(|| panic!("no message: {v}"));
+    assert!(message.contains(message_has), "message {message:?} does not mention {message_has:?}");
     v
 }

@@ -27,8 +27,7 @@ const VECS: usize = 4;
 pub(super) fn runs(g: &TileGeom) -> impl Iterator<Item = Range<usize>> + '_ {
     debug_assert!(g.n_keys > 0, "a tile attends at least its own cell");
     let (first, last) = (g.lo0 / RUN, (g.lo0 + g.n_keys - 1) / RUN);
-    (first..=last)
-        .map(move |k| (k * RUN).max(g.lo0) - g.lo0..((k + 1) * RUN).min(g.lo0 + g.n_keys) - g.lo0)
+    (first..=last).map(move |k| (k * RUN).max(g.lo0) - g.lo0..((k + 1) * RUN).min(g.lo0 + g.n_keys) - g.lo0)
 }
 
 /// Rows `rows` (probabilities at `w`, row stride `g.n_pad`) into `out(r)` (row r's `hd` outputs): every
@@ -37,15 +36,7 @@ pub(super) fn runs(g: &TileGeom) -> impl Iterator<Item = Range<usize>> + '_ {
 /// # Safety
 /// AVX-512 F or AVX2 (with FMA and F16C), `hd % 16 == 0`; `offsets` holds `g.n_keys` value rows of `hd`
 /// inside `values`; `out(r)` is valid for `hd` writes, which no one else makes meanwhile.
-pub(super) unsafe fn values(
-    values: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rows: Range<usize>,
-    out: &dyn Fn(usize) -> *mut f32,
-) {
+pub(super) unsafe fn values(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, out: &dyn Fn(usize) -> *mut f32) {
     for (k, cells) in runs(g).enumerate() {
         run_values(values, hd, g, offsets, w, rows.clone(), cells, k > 0, out);
     }
@@ -57,17 +48,7 @@ pub(super) unsafe fn values(
 /// # Safety
 /// As `values`; with `add`, `out(r)` holds the earlier runs' sum.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn run_values(
-    values: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rows: Range<usize>,
-    cells: Range<usize>,
-    add: bool,
-    out: &dyn Fn(usize) -> *mut f32,
-) {
+pub(super) unsafe fn run_values(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
     debug_assert!(hd % 16 == 0);
     if crate::kernels::ggml::math::avx512_available() {
         run_values_avx512(values, hd, g, offsets, w, rows, cells, add, out)
@@ -78,32 +59,13 @@ pub(super) unsafe fn run_values(
 
 #[target_feature(enable = "avx512f,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_values_avx512(
-    values: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rows: Range<usize>,
-    cells: Range<usize>,
-    add: bool,
-    out: &dyn Fn(usize) -> *mut f32,
-) {
+unsafe fn run_values_avx512(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
     let mut r0 = rows.start;
     while r0 < rows.end {
         let rs = ROWS.min(rows.end - r0);
         let mut v0 = 0;
         while v0 < hd / 16 {
-            let a = Pass {
-                values,
-                g,
-                offsets,
-                w: w.add(r0 * g.n_pad),
-                v0,
-                cells: cells.clone(),
-                add,
-                out: &|r| out(r0 + r),
-            };
+            let a = Pass { values, g, offsets, w: w.add(r0 * g.n_pad), v0, cells: cells.clone(), add, out: &|r| out(r0 + r) };
             macro_rules! by_rows {
                 ($v:literal) => {
                     match rs {
@@ -155,8 +117,7 @@ unsafe fn pass_avx512<const R: usize, const V: usize>(a: &Pass) {
             _mm_prefetch::<_MM_HINT_T0>(base.add(ahead) as *const i8);
         }
         let pv = base.add(a.offsets[j]) as *const __m256i;
-        let v: [__m512; V] =
-            std::array::from_fn(|k| _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))));
+        let v: [__m512; V] = std::array::from_fn(|k| _mm512_cvtph_ps(_mm256_loadu_si256(pv.add(k))));
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let p = _mm512_set1_ps(*a.w.add(r * a.g.n_pad + j));
             for (s, vk) in acc_r.iter_mut().zip(&v) {
@@ -167,11 +128,7 @@ unsafe fn pass_avx512<const R: usize, const V: usize>(a: &Pass) {
     for (r, acc_r) in acc.iter().enumerate() {
         let o = (a.out)(r).add(16 * a.v0);
         for (k, s) in acc_r.iter().enumerate() {
-            let s = if a.add {
-                _mm512_add_ps(_mm512_loadu_ps(o.add(16 * k)), *s)
-            } else {
-                *s
-            };
+            let s = if a.add { _mm512_add_ps(_mm512_loadu_ps(o.add(16 * k)), *s) } else { *s };
             _mm512_storeu_ps(o.add(16 * k), s);
         }
     }
@@ -185,32 +142,13 @@ const ROWS_AVX2: usize = 3;
 /// rows and 12 independent chains hide the FMA latency (one row and one vector at a time was bound by it).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run_values_avx2(
-    values: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rows: Range<usize>,
-    cells: Range<usize>,
-    add: bool,
-    out: &dyn Fn(usize) -> *mut f32,
-) {
+unsafe fn run_values_avx2(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
     let mut r0 = rows.start;
     while r0 < rows.end {
         let rs = ROWS_AVX2.min(rows.end - r0);
         let mut v0 = 0;
         while v0 < hd / 16 {
-            let a = Pass {
-                values,
-                g,
-                offsets,
-                w: w.add(r0 * g.n_pad),
-                v0,
-                cells: cells.clone(),
-                add,
-                out: &|r| out(r0 + r),
-            };
+            let a = Pass { values, g, offsets, w: w.add(r0 * g.n_pad), v0, cells: cells.clone(), add, out: &|r| out(r0 + r) };
             macro_rules! by_rows {
                 ($v:literal) => {
                     match rs {
@@ -243,12 +181,7 @@ unsafe fn pass_avx2<const R: usize, const V: usize>(a: &Pass) {
             _mm_prefetch::<_MM_HINT_T0>(base.add(ahead) as *const i8);
         }
         let pv = base.add(a.offsets[j]) as *const __m128i;
-        let v: [[__m256; 2]; V] = std::array::from_fn(|k| {
-            [
-                _mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k))),
-                _mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k + 1))),
-            ]
-        });
+        let v: [[__m256; 2]; V] = std::array::from_fn(|k| [_mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k))), _mm256_cvtph_ps(_mm_loadu_si128(pv.add(2 * k + 1)))]);
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let p = _mm256_set1_ps(*a.w.add(r * a.g.n_pad + j));
             for (s, vk) in acc_r.iter_mut().zip(&v) {
@@ -262,11 +195,7 @@ unsafe fn pass_avx2<const R: usize, const V: usize>(a: &Pass) {
         for (k, s) in acc_r.iter().enumerate() {
             for (h, s) in s.iter().enumerate() {
                 let at = o.add(16 * k + 8 * h);
-                let s = if a.add {
-                    _mm256_add_ps(_mm256_loadu_ps(at), *s)
-                } else {
-                    *s
-                };
+                let s = if a.add { _mm256_add_ps(_mm256_loadu_ps(at), *s) } else { *s };
                 _mm256_storeu_ps(at, s);
             }
         }

@@ -4,13 +4,11 @@
 //! `[lo, pos]`, read through its block table (`lo > 0` only for sliding-window layers). Every (token,
 //! head) output is computed by one task in a fixed order, so results do not depend on batch or threads.
 
-use crate::kernels::ggml::math::{
-    dot_f16_f32, dot_f16_f32_x16, round_through_f16, soft_max, LaneAcc,
-};
 use crate::kv::KvStorage;
-use crate::pool;
+use crate::kernels::ggml::math::{dot_f16_f32, dot_f16_f32_x16, round_through_f16, soft_max, LaneAcc};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use crate::pool;
 
 #[cfg(target_arch = "x86_64")]
 mod key_order;
@@ -60,34 +58,16 @@ impl AttnShape {
 /// Numerics follow ggml's non-flash CPU path so tokens match llama.cpp: q is rounded to f16 and dotted with
 /// the f16 keys (`ggml_vec_dot_f16` order), the softmax is ggml's, the probabilities are rounded to f16 and
 /// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here).
-pub fn attend(
-    shape: &AttnShape,
-    kv: &KvStorage,
-    layer: usize,
-    queries: &[QueryPos],
-    q: &[f32],
-    out: &mut [f32],
-) {
+pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
-    assert_eq!(
-        out.len(),
-        queries.len() * q_dim,
-        "attention output is not [n, q_dim]"
-    );
-    assert_eq!(
-        q.len(),
-        queries.len() * q_dim,
-        "attention queries are not [n, q_dim]"
-    );
+    assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
+    assert_eq!(q.len(), queries.len() * q_dim, "attention queries are not [n, q_dim]");
     let out_ptr = OutPtr(out.as_mut_ptr());
     if let Some(layer) = kv.layer_quant(layer) {
         return quant::attend(shape, &layer, kv.shape.block_size, queries, q, out_ptr);
     }
     #[cfg(target_arch = "x86_64")]
-    if shape.head_dim % 64 == 0
-        && (crate::kernels::ggml::math::avx512_available()
-            || crate::kernels::ggml::math::avx2_available())
-    {
+    if shape.head_dim % 64 == 0 && (crate::kernels::ggml::math::avx512_available() || crate::kernels::ggml::math::avx2_available()) {
         let tiles = tiled::tiles(queries);
         if let Some(mode) = tiled_mode(shape, queries, &tiles) {
             return attend_tiled(mode, shape, kv, layer, queries, &tiles, q, out_ptr);
@@ -110,14 +90,9 @@ pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
     if kv.shape.dtypes.is_quantized() {
         return;
     }
-    let distinct = queries
-        .windows(2)
-        .all(|w| !std::ptr::eq(w[0].block_table, w[1].block_table));
+    let distinct = queries.windows(2).all(|w| !std::ptr::eq(w[0].block_table, w[1].block_table));
     let bytes_per_cell = 2 * 2 * kv.shape.kv_dim;
-    if queries.len() < 2
-        || !distinct
-        || queries.iter().map(|q| q.pos).sum::<usize>() * bytes_per_cell > PREFETCH_KV_MAX
-    {
+    if queries.len() < 2 || !distinct || queries.iter().map(|q| q.pos).sum::<usize>() * bytes_per_cell > PREFETCH_KV_MAX {
         return;
     }
     let (keys, values) = kv.layer(layer);
@@ -127,14 +102,11 @@ pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
         for b in (0..qp.pos.div_ceil(bs)).filter(|&b| qp.block_table[b] != crate::kv::NULL_BLOCK) {
             // the sequence's cells before its new token: whole blocks, the last one in part (not those a
             // sliding window released)
-            let cells = (kv_dim * bs * qp.block_table[b] as usize)
-                ..(kv_dim * (bs * qp.block_table[b] as usize + (qp.pos - b * bs).min(bs)));
+            let cells = (kv_dim * bs * qp.block_table[b] as usize)..(kv_dim * (bs * qp.block_table[b] as usize + (qp.pos - b * bs).min(bs)));
             for arr in [keys, values] {
                 let f16s = &arr[cells.clone()];
                 // SAFETY: f16 is plain 2-byte data; the view covers exactly the same memory.
-                crate::kernels::ggml::prefetch_l2(unsafe {
-                    std::slice::from_raw_parts(f16s.as_ptr() as *const u8, 2 * f16s.len())
-                });
+                crate::kernels::ggml::prefetch_l2(unsafe { std::slice::from_raw_parts(f16s.as_ptr() as *const u8, 2 * f16s.len()) });
             }
         }
     });
@@ -142,31 +114,13 @@ pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
 
 /// `attend` with one part per (token, head): decode over short contexts, and CPUs without AVX-512. Public
 /// as the reference the other paths are tested and benchmarked against (`tools/src/bin/attn_bench.rs`).
-pub fn attend_per_head_path(
-    shape: &AttnShape,
-    kv: &KvStorage,
-    layer: usize,
-    queries: &[QueryPos],
-    q: &[f32],
-    out: &mut [f32],
-) {
-    assert_eq!(
-        out.len(),
-        queries.len() * shape.n_heads * shape.head_dim,
-        "attention output is not [n, q_dim]"
-    );
+pub fn attend_per_head_path(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
+    assert_eq!(out.len(), queries.len() * shape.n_heads * shape.head_dim, "attention output is not [n, q_dim]");
     assert_eq!(q.len(), out.len(), "attention queries are not [n, q_dim]");
     attend_per_head(shape, kv, layer, queries, q, OutPtr(out.as_mut_ptr()));
 }
 
-fn attend_per_head(
-    shape: &AttnShape,
-    kv: &KvStorage,
-    layer: usize,
-    queries: &[QueryPos],
-    q: &[f32],
-    out_ptr: OutPtr,
-) {
+fn attend_per_head(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out_ptr: OutPtr) {
     let n = queries.len();
     let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
@@ -177,8 +131,8 @@ fn attend_per_head(
         let (t, h) = (rest / group, kvh * group + rest % group);
         let i = t * shape.n_heads + h;
         let out_ptr = out_ptr; // the whole wrapper (Sync), not its raw field
-                               // SAFETY: output chunk i (hd values) belongs to this part only (parts map one-to-one onto (t, h)),
-                               // inside `out` by the assert above.
+        // SAFETY: output chunk i (hd values) belongs to this part only (parts map one-to-one onto (t, h)),
+        // inside `out` by the assert above.
         let out_h = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * hd), hd) };
         SCRATCH.with_borrow_mut(|sc| head_part(shape, queries, q, kv, layer, i, sc, out_h));
     });
@@ -200,51 +154,30 @@ enum TiledMode {
 const SPLIT_MIN_CELLS: usize = 1024;
 
 #[cfg(target_arch = "x86_64")]
-fn tiled_mode(
-    shape: &AttnShape,
-    queries: &[QueryPos],
-    tiles: &[std::ops::Range<usize>],
-) -> Option<TiledMode> {
+fn tiled_mode(shape: &AttnShape, queries: &[QueryPos], tiles: &[std::ops::Range<usize>]) -> Option<TiledMode> {
     // Tiles whenever there are enough of them for the threads: decode batches of several sequences too
     // (a tile reads each cell's key once for all its rows; the per-head path reads it once per head).
     let n_jobs = tiles.len() * shape.n_kv_heads;
     if queries.len() >= 2 * tiled::TILE_TOKENS || n_jobs >= 2 * pool::current().threads() {
         return Some(TiledMode::PerTile);
     }
-    let longest = queries
-        .iter()
-        .map(|qp| qp.pos + 1 - shape.first_pos(qp.pos))
-        .max();
+    let longest = queries.iter().map(|qp| qp.pos + 1 - shape.first_pos(qp.pos)).max();
     (longest >= Some(SPLIT_MIN_CELLS)).then_some(TiledMode::Split)
 }
 
 /// `attend` by tiles of consecutive tokens × one KV head; the same bits as the per-head path.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-fn attend_tiled(
-    mode: TiledMode,
-    shape: &AttnShape,
-    kv: &KvStorage,
-    layer: usize,
-    queries: &[QueryPos],
-    tiles: &[std::ops::Range<usize>],
-    q: &[f32],
-    out_ptr: OutPtr,
-) {
+fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], tiles: &[std::ops::Range<usize>], q: &[f32], out_ptr: OutPtr) {
     let (keys, values) = kv.layer(layer);
     // KV head by KV head, so consecutive parts read the same keys and values (prefill: a sequence's
     // tiles share them); but a decode batch's one-token tiles share nothing, and there a sequence's KV
     // heads in a row read each slot's K/V rows whole, in address order.
     let decode = tiles.iter().all(|t| t.len() == 1);
     let order: Vec<(usize, std::ops::Range<usize>)> = if decode {
-        tiles
-            .iter()
-            .flat_map(|t| (0..shape.n_kv_heads).map(move |h| (h, t.clone())))
-            .collect()
+        tiles.iter().flat_map(|t| (0..shape.n_kv_heads).map(move |h| (h, t.clone()))).collect()
     } else {
-        (0..shape.n_kv_heads)
-            .flat_map(|h| tiles.iter().map(move |t| (h, t.clone())))
-            .collect()
+        (0..shape.n_kv_heads).flat_map(|h| tiles.iter().map(move |t| (h, t.clone()))).collect()
     };
     let jobs: Vec<tiled::TileJob> = order
         .into_iter()
@@ -266,8 +199,7 @@ fn attend_tiled(
         TiledMode::Split => unsafe { tiled::attend_split(&jobs, out_ptr) },
         TiledMode::PerTile => pool::current().run(jobs.len(), &|part| {
             // SAFETY: as above; each part runs one job.
-            TILE_SCRATCH
-                .with_borrow_mut(|sc| unsafe { tiled::attend_tile(&jobs[part], sc, out_ptr) });
+            TILE_SCRATCH.with_borrow_mut(|sc| unsafe { tiled::attend_tile(&jobs[part], sc, out_ptr) });
         }),
     }
 }
@@ -290,16 +222,7 @@ thread_local! {
 
 /// Attention output `i` = (token `i / n_heads`, head `i % n_heads`).
 #[allow(clippy::too_many_arguments)]
-fn head_part(
-    shape: &AttnShape,
-    queries: &[QueryPos],
-    q: &[f32],
-    kv: &KvStorage,
-    layer: usize,
-    i: usize,
-    sc: &mut Scratch,
-    out_h: &mut [f32],
-) {
+fn head_part(shape: &AttnShape, queries: &[QueryPos], q: &[f32], kv: &KvStorage, layer: usize, i: usize, sc: &mut Scratch, out_h: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
     let hd = shape.head_dim;
     let (keys, values) = kv.layer(layer);
@@ -353,20 +276,11 @@ struct HeadJob<'a> {
 /// slots, one block-table lookup per block. (An iterator rather than a callback: closures would not
 /// inherit the AVX-512 features of `head_avx512`, and the per-cell routines would stop inlining.)
 #[inline(always)]
-fn slot_runs(
-    block_table: &[u32],
-    bs: usize,
-    lo: usize,
-    pos: usize,
-) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+fn slot_runs(block_table: &[u32], bs: usize, lo: usize, pos: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
     (lo / bs..=pos / bs).map(move |b| {
         let start = (b * bs).max(lo);
         let end = ((b + 1) * bs - 1).min(pos);
-        (
-            start,
-            block_table[b] as usize * bs + start - b * bs,
-            end + 1 - start,
-        )
+        (start, block_table[b] as usize * bs + start - b * bs, end + 1 - start)
     })
 }
 
@@ -399,21 +313,13 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32]) {
     round_through_f16(&mut sc.q32);
     sc.offsets.clear();
     for (_, first_slot, len) in slot_runs(job.block_table, job.block_size, job.lo, job.pos) {
-        sc.offsets
-            .extend((first_slot..first_slot + len).map(|slot| slot * job.kv_dim + job.kv_off));
+        sc.offsets.extend((first_slot..first_slot + len).map(|slot| slot * job.kv_dim + job.kv_off));
     }
     let n = sc.offsets.len();
     sc.scores.clear();
     sc.scores.resize(n, 0.0);
     let mut c = 0;
-    while c + 16 <= n
-        && dot_f16_f32_x16(
-            job.keys,
-            &sc.offsets[c..c + 16],
-            &sc.q32,
-            &mut sc.scores[c..c + 16],
-        )
-    {
+    while c + 16 <= n && dot_f16_f32_x16(job.keys, &sc.offsets[c..c + 16], &sc.q32, &mut sc.scores[c..c + 16]) {
         c += 16;
     }
     for c in c..n {
@@ -428,39 +334,19 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32]) {
     // (or, with values in key order, one FMA chain per d over the cells in order).
     round_through_f16(&mut sc.scores);
     if job.values_in_key_order {
-        return values_in_key_order(
-            job.values,
-            hd,
-            job.lo,
-            &sc.scores,
-            &sc.offsets,
-            out_h,
-            &mut sc.vrow,
-        );
+        return values_in_key_order(job.values, hd, job.lo, &sc.scores, &sc.offsets, out_h, &mut sc.vrow);
     }
     sc.acc.reset(hd);
-    sc.acc
-        .add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
+    sc.acc.add_cells(job.lo, &sc.scores, job.values, &sc.offsets);
     sc.acc.reduce(out_h);
 }
 
 /// One row's value pass in key order (see `key_order`: chains per run of positions, folded in order),
 /// cells from position `lo`: the vector routines where the head size allows, else the same chains one
 /// value at a time.
-fn values_in_key_order(
-    values: &[f16],
-    hd: usize,
-    lo: usize,
-    w: &[f32],
-    offsets: &[usize],
-    out: &mut [f32],
-    vrow: &mut Vec<f32>,
-) {
+fn values_in_key_order(values: &[f16], hd: usize, lo: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if hd % 16 == 0
-        && (crate::kernels::ggml::math::avx512_available()
-            || crate::kernels::ggml::math::avx2_available())
-    {
+    if hd % 16 == 0 && (crate::kernels::ggml::math::avx512_available() || crate::kernels::ggml::math::avx2_available()) {
         let g = tiled::TileGeom::one_row(lo, offsets.len());
         let o = out.as_mut_ptr();
         // SAFETY: AVX-512 or AVX2 checked above; offsets hold n value rows of hd inside `values`; `out`
@@ -472,15 +358,7 @@ fn values_in_key_order(
 }
 
 /// `values_in_key_order` one value at a time: the definition the vector routines are tested against.
-fn values_in_key_order_scalar(
-    values: &[f16],
-    hd: usize,
-    lo: usize,
-    w: &[f32],
-    offsets: &[usize],
-    out: &mut [f32],
-    vrow: &mut Vec<f32>,
-) {
+fn values_in_key_order_scalar(values: &[f16], hd: usize, lo: usize, w: &[f32], offsets: &[usize], out: &mut [f32], vrow: &mut Vec<f32>) {
     vrow.resize(2 * hd, 0.0);
     let (vrow, run_sum) = vrow.split_at_mut(hd);
     let mut j = 0;
@@ -496,9 +374,7 @@ fn values_in_key_order_scalar(
         if j == 0 {
             out.copy_from_slice(run_sum);
         } else {
-            out.iter_mut()
-                .zip(run_sum.iter())
-                .for_each(|(a, &b)| *a += b);
+            out.iter_mut().zip(run_sum.iter()).for_each(|(a, &b)| *a += b);
         }
         j = end;
     }
@@ -533,41 +409,19 @@ pub(super) mod fixture {
 
     /// A one-layer storage of `dtypes` holding the three sequences' keys and values (blocks scattered:
     /// every other one, then in reverse), and their block tables.
-    pub fn three_sequences(
-        kv_dim: usize,
-        head_dim: usize,
-        bs: usize,
-        dtypes: KvDtypes,
-    ) -> (KvStorage, Vec<Vec<u32>>) {
+    pub fn three_sequences(kv_dim: usize, head_dim: usize, bs: usize, dtypes: KvDtypes) -> (KvStorage, Vec<Vec<u32>>) {
         let nb = |len: usize| len.div_ceil(bs);
         let tables: Vec<Vec<u32>> = vec![
             (0..nb(LENS[0])).map(|b| (b * 2 + 1) as u32).collect(),
-            (0..nb(LENS[1]))
-                .map(|b| (2 * nb(LENS[0]) + 2 + b) as u32)
-                .rev()
-                .collect(),
-            (0..nb(LENS[2]))
-                .map(|b| (2 * nb(LENS[0]) + nb(LENS[1]) + 4 + b) as u32)
-                .rev()
-                .collect(),
+            (0..nb(LENS[1])).map(|b| (2 * nb(LENS[0]) + 2 + b) as u32).rev().collect(),
+            (0..nb(LENS[2])).map(|b| (2 * nb(LENS[0]) + nb(LENS[1]) + 4 + b) as u32).rev().collect(),
         ];
         let num_blocks = 2 * nb(LENS[0]) + nb(LENS[1]) + nb(LENS[2]) + 8;
-        let mut kv = KvStorage::new(KvShape {
-            num_layers: 1,
-            kv_dim,
-            head_dim,
-            block_size: bs,
-            num_blocks,
-            dtypes,
-        });
+        let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks, dtypes });
         for (s, table) in tables.iter().enumerate() {
             for pos in 0..LENS[s] {
-                let k: Vec<f32> = (0..kv_dim)
-                    .map(|i| 3.0 * noise(i + 1000 * pos, s as f32))
-                    .collect();
-                let v: Vec<f32> = (0..kv_dim)
-                    .map(|i| noise(i + 1000 * pos, 7.0 + s as f32))
-                    .collect();
+                let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
+                let v: Vec<f32> = (0..kv_dim).map(|i| noise(i + 1000 * pos, 7.0 + s as f32)).collect();
                 let slot = kv.slot(table, pos);
                 kv.write(0, slot, &k, &v);
             }
@@ -580,10 +434,7 @@ pub(super) mod fixture {
         let mut queries = Vec::new();
         for (s, n) in [(0, 45), (1, 30), (2, 20)] {
             for pos in LENS[s] - n..LENS[s] {
-                queries.push(QueryPos {
-                    block_table: &tables[s],
-                    pos,
-                });
+                queries.push(QueryPos { block_table: &tables[s], pos });
             }
         }
         queries
@@ -600,42 +451,19 @@ mod tests {
     /// 64/128/256, a sliding window; with ggml's value lanes and with values in key order.
     #[test]
     fn tiled_and_split_attention_equal_the_per_head_path() {
-        if !crate::kernels::cpu::tests::test_needs(
-            crate::kernels::cpu::SimdLevel::Avx2,
-            "tiled and split attention vs the per-head path",
-        ) {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "tiled and split attention vs the per-head path") {
             return;
         }
         // (9, 3, 64, Some(600)): the longest sequence's windows cross position 1024, a run boundary of the
         // packed value sums. Head size 64 with groups of 1, 2 and 3: the few-row decode scores.
-        let cases = [
-            (9, 3, 64, None),
-            (4, 1, 256, Some(40)),
-            (14, 2, 64, None),
-            (4, 2, 128, Some(1500)),
-            (4, 2, 128, None),
-            (9, 3, 64, Some(600)),
-            (4, 4, 64, None),
-            (4, 2, 64, Some(100)),
-        ];
-        for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in
-            cases.iter().flat_map(|&c| [(c, false), (c, true)])
-        {
-            let shape = AttnShape {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 0.125,
-                window,
-                values_in_key_order,
-            };
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (4, 2, 128, None), (9, 3, 64, Some(600)), (4, 4, 64, None), (4, 2, 64, Some(100))];
+        for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
+            let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;
             let (kv, tables) = three_sequences(kv_dim, head_dim, 16, crate::kv::KvDtypes::F16);
             let queries = batch(&tables);
             let q_dim = n_heads * head_dim;
-            let q: Vec<f32> = (0..queries.len() * q_dim)
-                .map(|i| 2.0 * noise(i, 3.3))
-                .collect();
+            let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let mut batched = vec![0.0; q.len()];
             attend(&shape, &kv, 0, &queries, &q, &mut batched);
@@ -644,35 +472,17 @@ mod tests {
             assert_eq!(bits(&batched), bits(&per_head), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?} key order {values_in_key_order}: batch");
             for (t, qp) in queries.iter().enumerate() {
                 let mut one = vec![0.0; q_dim];
-                attend(
-                    &shape,
-                    &kv,
-                    0,
-                    std::slice::from_ref(qp),
-                    &q[t * q_dim..(t + 1) * q_dim],
-                    &mut one,
-                );
-                assert_eq!(
-                    bits(&one),
-                    bits(&per_head[t * q_dim..(t + 1) * q_dim]),
-                    "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: token {t} alone"
-                );
+                attend(&shape, &kv, 0, std::slice::from_ref(qp), &q[t * q_dim..(t + 1) * q_dim], &mut one);
+                assert_eq!(bits(&one), bits(&per_head[t * q_dim..(t + 1) * q_dim]), "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?}: token {t} alone");
             }
             // a decode batch: one token of each sequence
             let picks = [44, 74, 94];
             let dq: Vec<QueryPos> = picks.iter().map(|&t| queries[t]).collect();
-            let dqv: Vec<f32> = picks
-                .iter()
-                .flat_map(|&t| q[t * q_dim..(t + 1) * q_dim].to_vec())
-                .collect();
+            let dqv: Vec<f32> = picks.iter().flat_map(|&t| q[t * q_dim..(t + 1) * q_dim].to_vec()).collect();
             let mut dec = vec![0.0; dqv.len()];
             attend(&shape, &kv, 0, &dq, &dqv, &mut dec);
             for (k, &t) in picks.iter().enumerate() {
-                assert_eq!(
-                    bits(&dec[k * q_dim..(k + 1) * q_dim]),
-                    bits(&per_head[t * q_dim..(t + 1) * q_dim]),
-                    "decode batch token {t}"
-                );
+                assert_eq!(bits(&dec[k * q_dim..(k + 1) * q_dim]), bits(&per_head[t * q_dim..(t + 1) * q_dim]), "decode batch token {t}");
             }
         }
     }
@@ -681,17 +491,12 @@ mod tests {
     /// runs of positions, head sizes 64 and 128, a start inside a run.
     #[test]
     fn key_order_values_equal_the_scalar_chains() {
-        if !crate::kernels::cpu::tests::test_needs(
-            crate::kernels::cpu::SimdLevel::Avx2,
-            "key-order value pass vs scalar",
-        ) {
+        if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "key-order value pass vs scalar") {
             return;
         }
         for (hd, lo, n) in [(64, 0, 37), (64, 1000, 2100), (128, 5, 1500)] {
             let cells = 3000;
-            let values: Vec<f16> = (0..cells * hd)
-                .map(|i| f16::from_f32(noise(i, 1.5)))
-                .collect();
+            let values: Vec<f16> = (0..cells * hd).map(|i| f16::from_f32(noise(i, 1.5))).collect();
             let offsets: Vec<usize> = (0..n).map(|j| ((j * 7) % cells) * hd).collect();
             let w: Vec<f32> = (0..n).map(|j| noise(j, 9.0).abs() / n as f32).collect();
             let (mut simd, mut scalar, mut vrow) = (vec![0.0; hd], vec![0.0; hd], Vec::new());

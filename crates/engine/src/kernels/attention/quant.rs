@@ -39,15 +39,7 @@ pub(super) fn quantize_query(x: &[f32], q: &mut [i8], d: &mut [f32], sum: &mut [
 }
 
 /// The score of one row against cell `c` of a key region, before the attention scale.
-fn score_ref(
-    r: &Region,
-    region: &[u8],
-    c: usize,
-    q: &[i8],
-    dq: &[f32],
-    kq: &mut [i32],
-    kd: &mut [f32],
-) -> f32 {
+fn score_ref(r: &Region, region: &[u8], c: usize, q: &[i8], dq: &[f32], kq: &mut [i32], kd: &mut [f32]) -> f32 {
     r.read(region, c, true, kq, kd);
     let mut s = 0.0f32;
     for b in 0..r.hd / 32 {
@@ -60,15 +52,7 @@ fn score_ref(
 
 /// Attention of one (token, head) row as the module's definition says, one cell at a time: the
 /// reference the SIMD paths are tested against, and the path of CPUs without AVX2.
-pub(super) fn reference(
-    shape: &AttnShape,
-    kv: &QuantLayer,
-    bs: usize,
-    query: &QueryPos,
-    head: usize,
-    q: &[f32],
-    out: &mut [f32],
-) {
+pub(super) fn reference(shape: &AttnShape, kv: &QuantLayer, bs: usize, query: &QueryPos, head: usize, q: &[f32], out: &mut [f32]) {
     let hd = shape.head_dim;
     let kv_head = head / (shape.n_heads / shape.n_kv_heads);
     let nb = hd / 32;
@@ -108,34 +92,17 @@ pub(super) fn reference(
 }
 
 /// `attend` over quantized cells: by tiles on CPUs with AVX2 (`x86`), else one row at a time.
-pub(super) fn attend(
-    shape: &AttnShape,
-    kv: &QuantLayer,
-    bs: usize,
-    queries: &[QueryPos],
-    q: &[f32],
-    out: OutPtr,
-) {
+pub(super) fn attend(shape: &AttnShape, kv: &QuantLayer, bs: usize, queries: &[QueryPos], q: &[f32], out: OutPtr) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::ggml::math::avx2_available()
-        || crate::kernels::ggml::math::avx512_available()
-    {
+    if crate::kernels::ggml::math::avx2_available() || crate::kernels::ggml::math::avx512_available() {
         return super::quant_x86::attend(shape, kv, bs, queries, q, out);
     }
     let (n_heads, hd) = (shape.n_heads, shape.head_dim);
     crate::pool::current().run(queries.len() * n_heads, &|i| {
         let out = out; // the whole wrapper (Sync), not its raw field
-                       // SAFETY: part i writes output row i alone; `attend` checked the output's length.
+        // SAFETY: part i writes output row i alone; `attend` checked the output's length.
         let row = unsafe { std::slice::from_raw_parts_mut(out.0.add(i * hd), hd) };
-        reference(
-            shape,
-            kv,
-            bs,
-            &queries[i / n_heads],
-            i % n_heads,
-            &q[i * hd..(i + 1) * hd],
-            row,
-        );
+        reference(shape, kv, bs, &queries[i / n_heads], i % n_heads, &q[i * hd..(i + 1) * hd], row);
     });
 }
 
@@ -150,93 +117,42 @@ mod tests {
     /// sliding window, GQA groups, head sizes 32/64/96/128/256, and each pair of quantized formats.
     #[test]
     fn quantized_attention_equals_its_reference() {
-        let cases = [
-            (9, 3, 64, None),
-            (4, 1, 256, Some(40)),
-            (14, 2, 64, None),
-            (4, 2, 128, Some(1500)),
-            (9, 3, 64, Some(600)),
-            (8, 8, 64, None),
-            (2, 1, 32, Some(8)),
-            (4, 2, 96, None),
-        ];
-        let dtypes = [
-            (KvDtype::Q8_0, KvDtype::Q8_0),
-            (KvDtype::Q4_0, KvDtype::Q4_0),
-            (KvDtype::Q8_0, KvDtype::Q4_0),
-            (KvDtype::Q4_0, KvDtype::Q8_0),
-        ];
+        let cases = [(9, 3, 64, None), (4, 1, 256, Some(40)), (14, 2, 64, None), (4, 2, 128, Some(1500)), (9, 3, 64, Some(600)), (8, 8, 64, None), (2, 1, 32, Some(8)), (4, 2, 96, None)];
+        let dtypes = [(KvDtype::Q8_0, KvDtype::Q8_0), (KvDtype::Q4_0, KvDtype::Q4_0), (KvDtype::Q8_0, KvDtype::Q4_0), (KvDtype::Q4_0, KvDtype::Q8_0)];
         for (ci, &(n_heads, n_kv_heads, head_dim, window)) in cases.iter().enumerate() {
             let (k, v) = dtypes[ci % dtypes.len()];
-            let shape = AttnShape {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 0.125,
-                window,
-                values_in_key_order: true,
-            };
+            let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order: true };
             let kv_dim = n_kv_heads * head_dim;
             let bs = if ci % 2 == 0 { 16 } else { 32 };
             let (kv, tables) = three_sequences(kv_dim, head_dim, bs, KvDtypes { k, v });
             let layer = kv.layer_quant(0).expect("quantized");
             let queries = batch(&tables);
             let q_dim = n_heads * head_dim;
-            let q: Vec<f32> = (0..queries.len() * q_dim)
-                .map(|i| 2.0 * noise(i, 3.3))
-                .collect();
+            let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();
             let mut want = vec![0.0; q.len()];
             for (t, qp) in queries.iter().enumerate() {
                 for h in 0..n_heads {
                     let at = t * q_dim + h * head_dim;
-                    reference(
-                        &shape,
-                        &layer,
-                        bs,
-                        qp,
-                        h,
-                        &q[at..at + head_dim],
-                        &mut want[at..at + head_dim],
-                    );
+                    reference(&shape, &layer, bs, qp, h, &q[at..at + head_dim], &mut want[at..at + head_dim]);
                 }
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            let what = format!(
-                "heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?} bs {bs} {k:?}/{v:?}"
-            );
+            let what = format!("heads {n_heads}/{n_kv_heads} hd {head_dim} window {window:?} bs {bs} {k:?}/{v:?}");
             let mut got = vec![0.0; q.len()];
             attend(&shape, &layer, bs, &queries, &q, OutPtr(got.as_mut_ptr()));
             assert_eq!(bits(&got), bits(&want), "{what}: batch");
             for (t, qp) in queries.iter().enumerate() {
                 let mut one = vec![0.0; q_dim];
-                attend(
-                    &shape,
-                    &layer,
-                    bs,
-                    std::slice::from_ref(qp),
-                    &q[t * q_dim..(t + 1) * q_dim],
-                    OutPtr(one.as_mut_ptr()),
-                );
-                assert_eq!(
-                    bits(&one),
-                    bits(&want[t * q_dim..(t + 1) * q_dim]),
-                    "{what}: token {t} alone"
-                );
+                attend(&shape, &layer, bs, std::slice::from_ref(qp), &q[t * q_dim..(t + 1) * q_dim], OutPtr(one.as_mut_ptr()));
+                assert_eq!(bits(&one), bits(&want[t * q_dim..(t + 1) * q_dim]), "{what}: token {t} alone");
             }
             let picks = [44, 74, 94];
             let dq: Vec<QueryPos> = picks.iter().map(|&t| queries[t]).collect();
-            let dqv: Vec<f32> = picks
-                .iter()
-                .flat_map(|&t| q[t * q_dim..(t + 1) * q_dim].to_vec())
-                .collect();
+            let dqv: Vec<f32> = picks.iter().flat_map(|&t| q[t * q_dim..(t + 1) * q_dim].to_vec()).collect();
             let mut dec = vec![0.0; dqv.len()];
             attend(&shape, &layer, bs, &dq, &dqv, OutPtr(dec.as_mut_ptr()));
             for (i, &t) in picks.iter().enumerate() {
-                assert_eq!(
-                    bits(&dec[i * q_dim..(i + 1) * q_dim]),
-                    bits(&want[t * q_dim..(t + 1) * q_dim]),
-                    "{what}: decode batch token {t}"
-                );
+                assert_eq!(bits(&dec[i * q_dim..(i + 1) * q_dim]), bits(&want[t * q_dim..(t + 1) * q_dim]), "{what}: decode batch token {t}");
             }
             // and the reference is attention: f32 attention of the dequantized query over the dequantized
             // cells, up to rounding
@@ -245,48 +161,15 @@ mod tests {
             let lo = shape.first_pos(qp.pos);
             for h in [0, n_heads - 1] {
                 let kvh = h / (n_heads / n_kv_heads);
-                let (mut qi, mut dq, mut qs) = (
-                    vec![0i8; head_dim],
-                    vec![0f32; head_dim / 32],
-                    vec![0i32; head_dim / 32],
-                );
-                quantize_query(
-                    &q[94 * q_dim + h * head_dim..][..head_dim],
-                    &mut qi,
-                    &mut dq,
-                    &mut qs,
-                );
-                let qh: Vec<f64> = (0..head_dim)
-                    .map(|d| qi[d] as f64 * dq[d / 32] as f64)
-                    .collect();
-                let read = |r: &Region,
-                            data: &[u8],
-                            pos: usize,
-                            xq: &mut Vec<i32>,
-                            xd: &mut Vec<f32>|
-                 -> Vec<f64> {
+                let (mut qi, mut dq, mut qs) = (vec![0i8; head_dim], vec![0f32; head_dim / 32], vec![0i32; head_dim / 32]);
+                quantize_query(&q[94 * q_dim + h * head_dim..][..head_dim], &mut qi, &mut dq, &mut qs);
+                let qh: Vec<f64> = (0..head_dim).map(|d| qi[d] as f64 * dq[d / 32] as f64).collect();
+                let read = |r: &Region, data: &[u8], pos: usize, xq: &mut Vec<i32>, xd: &mut Vec<f32>| -> Vec<f64> {
                     let at = layer.region_at(r, qp.block_table[pos / bs], kvh);
-                    r.read(
-                        &data[at..at + r.bytes()],
-                        pos % bs,
-                        std::ptr::eq(data, layer.keys),
-                        xq,
-                        xd,
-                    );
-                    (0..head_dim)
-                        .map(|d| xq[d] as f64 * xd[d / 32] as f64)
-                        .collect()
+                    r.read(&data[at..at + r.bytes()], pos % bs, std::ptr::eq(data, layer.keys), xq, xd);
+                    (0..head_dim).map(|d| xq[d] as f64 * xd[d / 32] as f64).collect()
                 };
-                let s: Vec<f64> = (lo..=qp.pos)
-                    .map(|p| {
-                        read(&layer.k, layer.keys, p, &mut xq, &mut xd)
-                            .iter()
-                            .zip(&qh)
-                            .map(|(a, b)| a * b)
-                            .sum::<f64>()
-                            * 0.125
-                    })
-                    .collect();
+                let s: Vec<f64> = (lo..=qp.pos).map(|p| read(&layer.k, layer.keys, p, &mut xq, &mut xd).iter().zip(&qh).map(|(a, b)| a * b).sum::<f64>() * 0.125).collect();
                 let m = s.iter().copied().fold(f64::MIN, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
@@ -296,15 +179,8 @@ mod tests {
                     o.iter_mut().zip(&x).for_each(|(o, x)| *o += e[i] / z * x);
                 }
                 let got = &want[94 * q_dim + h * head_dim..][..head_dim];
-                let err = o
-                    .iter()
-                    .zip(got)
-                    .map(|(a, &b)| (a - b as f64).abs())
-                    .fold(0.0, f64::max);
-                assert!(
-                    err < 1e-4,
-                    "{what}: head {h} differs from f64 attention by {err}"
-                );
+                let err = o.iter().zip(got).map(|(a, &b)| (a - b as f64).abs()).fold(0.0, f64::max);
+                assert!(err < 1e-4, "{what}: head {h} differs from f64 attention by {err}");
             }
         }
     }

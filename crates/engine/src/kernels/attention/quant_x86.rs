@@ -42,10 +42,7 @@ impl Job<'_> {
 
     /// Row r's token index and query head.
     fn row_target(&self, r: usize) -> (usize, usize) {
-        (
-            self.tokens.start + r / self.group,
-            self.kv_head * self.group + r % self.group,
-        )
+        (self.tokens.start + r / self.group, self.kv_head * self.group + r % self.group)
     }
 
     /// The region (block, this KV head) holding cell `cell` (relative to `base`), and the cell's index
@@ -53,9 +50,7 @@ impl Job<'_> {
     #[inline(always)]
     fn region(&self, r: &Region, data: &[u8], cell: usize) -> (*const u8, usize) {
         let pos = self.base + cell;
-        let at = self
-            .kv
-            .region_at(r, self.table()[pos / self.bs], self.kv_head);
+        let at = self.kv.region_at(r, self.table()[pos / self.bs], self.kv_head);
         debug_assert!(at + r.bytes() <= data.len());
         // SAFETY (of the callers' reads): the block is the sequence's, inside the layer's storage.
         (unsafe { data.as_ptr().add(at) }, pos % self.bs)
@@ -64,10 +59,7 @@ impl Job<'_> {
     /// Runs of `RUN` positions as cell ranges.
     fn runs(&self) -> impl Iterator<Item = Range<usize>> + '_ {
         let (first, last) = (self.base / RUN, (self.base + self.n_cells - 1) / RUN);
-        (first..=last).map(move |k| {
-            (k * RUN).max(self.base) - self.base
-                ..((k + 1) * RUN).min(self.base + self.n_cells) - self.base
-        })
+        (first..=last).map(move |k| (k * RUN).max(self.base) - self.base..((k + 1) * RUN).min(self.base + self.n_cells) - self.base)
     }
 }
 
@@ -94,12 +86,7 @@ impl Bufs {
         for r in 0..job.rows {
             let (t, h) = job.row_target(r);
             let x = &job.q[t * q_dim + h * hd..][..hd];
-            quantize_query(
-                x,
-                &mut self.q[r * hd..(r + 1) * hd],
-                &mut self.dq[r * nb..(r + 1) * nb],
-                &mut self.qsum[r * nb..(r + 1) * nb],
-            );
+            quantize_query(x, &mut self.q[r * hd..(r + 1) * hd], &mut self.dq[r * nb..(r + 1) * nb], &mut self.qsum[r * nb..(r + 1) * nb]);
         }
         self.scores.resize(job.rows * job.n_pad, 0.0);
     }
@@ -109,46 +96,21 @@ thread_local! {
     static BUFS: std::cell::RefCell<Vec<Bufs>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-pub(super) fn attend(
-    shape: &AttnShape,
-    kv: &QuantLayer,
-    bs: usize,
-    queries: &[QueryPos],
-    q: &[f32],
-    out: OutPtr,
-) {
+pub(super) fn attend(shape: &AttnShape, kv: &QuantLayer, bs: usize, queries: &[QueryPos], q: &[f32], out: OutPtr) {
     let group = shape.n_heads / shape.n_kv_heads;
     let tiles = super::tiled::tiles(queries);
     let decode = tiles.iter().all(|t| t.len() == 1);
     let order: Vec<(usize, Range<usize>)> = if decode {
-        tiles
-            .iter()
-            .flat_map(|t| (0..shape.n_kv_heads).map(move |h| (h, t.clone())))
-            .collect()
+        tiles.iter().flat_map(|t| (0..shape.n_kv_heads).map(move |h| (h, t.clone()))).collect()
     } else {
-        (0..shape.n_kv_heads)
-            .flat_map(|h| tiles.iter().map(move |t| (h, t.clone())))
-            .collect()
+        (0..shape.n_kv_heads).flat_map(|h| tiles.iter().map(move |t| (h, t.clone()))).collect()
     };
     let jobs: Vec<Job> = order
         .into_iter()
         .map(|(kv_head, tokens)| {
             let base = shape.first_pos(queries[tokens.start].pos) / 16 * 16;
             let n_cells = queries[tokens.end - 1].pos + 1 - base;
-            Job {
-                shape,
-                kv,
-                bs,
-                queries,
-                q,
-                rows: tokens.len() * group,
-                tokens,
-                kv_head,
-                group,
-                base,
-                n_cells,
-                n_pad: n_cells.div_ceil(16) * 16,
-            }
+            Job { shape, kv, bs, queries, q, rows: tokens.len() * group, tokens, kv_head, group, base, n_cells, n_pad: n_cells.div_ceil(16) * 16 }
         })
         .collect();
     let pool = pool::current();
@@ -163,21 +125,12 @@ pub(super) fn attend(
                 // SAFETY: AVX2 or AVX-512 (the caller checked); the buffers are sized by `prepare`; the
                 // job's output rows are its own.
                 unsafe {
-                    scores(
-                        job,
-                        &b.q,
-                        &b.dq,
-                        &b.qsum,
-                        0..job.n_pad / 16,
-                        b.scores.as_mut_ptr(),
-                    );
+                    scores(job, &b.q, &b.dq, &b.qsum, 0..job.n_pad / 16, b.scores.as_mut_ptr());
                     for r in 0..job.rows {
                         finish_row(job, r, &mut b.scores[r * job.n_pad..(r + 1) * job.n_pad]);
                     }
                     for (k, cells) in job.runs().enumerate() {
-                        values(job, b.scores.as_ptr(), 0..job.rows, cells, k > 0, &|r| {
-                            out_row(job, r, out)
-                        });
+                        values(job, b.scores.as_ptr(), 0..job.rows, cells, k > 0, &|r| out_row(job, r, out));
                     }
                 }
             });
@@ -222,16 +175,9 @@ fn split(jobs: &[Job], out: OutPtr) {
         }
         // The phases write scores and run sums through these (from `as_mut_ptr`, so writes are allowed);
         // the shared reborrow below reads only the other fields.
-        let ptrs: Vec<(OutPtr, OutPtr)> = bufs[..jobs.len()]
-            .iter_mut()
-            .map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.runs.as_mut_ptr())))
-            .collect();
+        let ptrs: Vec<(OutPtr, OutPtr)> = bufs[..jobs.len()].iter_mut().map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.runs.as_mut_ptr()))).collect();
         let bufs = &bufs[..jobs.len()];
-        let rows: Vec<(usize, usize)> = jobs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, j)| (0..j.rows).map(move |r| (i, r)))
-            .collect();
+        let rows: Vec<(usize, usize)> = jobs.iter().enumerate().flat_map(|(i, j)| (0..j.rows).map(move |r| (i, r))).collect();
         let pool = pool::current();
         let splits = 2 * pool.threads();
         // SAFETY (every phase): AVX2 or AVX-512 (checked by `quant::attend`); each part writes its own
@@ -240,43 +186,19 @@ fn split(jobs: &[Job], out: OutPtr) {
             let (i, k) = (part / splits, part % splits);
             let (job, b) = (&jobs[i], &bufs[i]);
             let n = job.n_pad / 16;
-            unsafe {
-                scores(
-                    job,
-                    &b.q,
-                    &b.dq,
-                    &b.qsum,
-                    k * n / splits..(k + 1) * n / splits,
-                    ptrs[i].0 .0,
-                )
-            };
+            unsafe { scores(job, &b.q, &b.dq, &b.qsum, k * n / splits..(k + 1) * n / splits, ptrs[i].0 .0) };
         });
         pool.run(rows.len(), &|p| {
             let (i, r) = rows[p];
             let n_pad = jobs[i].n_pad;
-            finish_row(&jobs[i], r, unsafe {
-                std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * n_pad), n_pad)
-            });
+            finish_row(&jobs[i], r, unsafe { std::slice::from_raw_parts_mut(ptrs[i].0 .0.add(r * n_pad), n_pad) });
         });
-        let parts: Vec<(usize, usize)> = runs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k)))
-            .collect();
+        let parts: Vec<(usize, usize)> = runs.iter().enumerate().flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k))).collect();
         pool.run(parts.len(), &|p| {
             let (i, k) = parts[p];
             let job = &jobs[i];
             let dst = |r: usize| unsafe { ptrs[i].1 .0.add((k * job.rows + r) * hd) };
-            unsafe {
-                values(
-                    job,
-                    ptrs[i].0 .0,
-                    0..job.rows,
-                    runs[i][k].clone(),
-                    false,
-                    &dst,
-                )
-            };
+            unsafe { values(job, ptrs[i].0 .0, 0..job.rows, runs[i][k].clone(), false, &dst) };
         });
         pool.run(rows.len(), &|p| {
             let (i, r) = rows[p];
@@ -285,8 +207,7 @@ fn split(jobs: &[Job], out: OutPtr) {
                 let o = std::slice::from_raw_parts_mut(out_row(job, r, out), hd);
                 o.copy_from_slice(std::slice::from_raw_parts(ptrs[i].1 .0.add(r * hd), hd));
                 for k in 1..runs[i].len() {
-                    let run =
-                        std::slice::from_raw_parts(ptrs[i].1 .0.add((k * job.rows + r) * hd), hd);
+                    let run = std::slice::from_raw_parts(ptrs[i].1 .0.add((k * job.rows + r) * hd), hd);
                     o.iter_mut().zip(run).for_each(|(a, &b)| *a += b);
                 }
             }
@@ -304,20 +225,8 @@ fn vnni() -> bool {
 ///
 /// # Safety
 /// AVX2 or AVX-512; `out` holds `[job.rows, job.n_pad]` floats.
-unsafe fn scores(
-    job: &Job,
-    q: &[i8],
-    dq: &[f32],
-    qsum: &[i32],
-    chunks: Range<usize>,
-    out: *mut f32,
-) {
-    let rows = Rows {
-        q,
-        dq,
-        qsum,
-        hd: job.shape.head_dim,
-    };
+unsafe fn scores(job: &Job, q: &[i8], dq: &[f32], qsum: &[i32], chunks: Range<usize>, out: *mut f32) {
+    let rows = Rows { q, dq, qsum, hd: job.shape.head_dim };
     let r = &job.kv.k;
     for ch in chunks {
         let (region, cell0) = job.region(r, job.kv.keys, 16 * ch);
@@ -330,15 +239,7 @@ unsafe fn scores(
             let mut r0 = 0;
             while r0 < job.rows {
                 let n = (job.rows - r0).min(8);
-                let a = (
-                    r,
-                    region,
-                    cell0,
-                    &rows,
-                    r0,
-                    dst.add(r0 * job.n_pad),
-                    job.n_pad,
-                );
+                let a = (r, region, cell0, &rows, r0, dst.add(r0 * job.n_pad), job.n_pad);
                 match n {
                     8 => scores_vnni::<8>(a),
                     7 => scores_vnni::<7>(a),
@@ -356,15 +257,7 @@ unsafe fn scores(
             while r0 < job.rows {
                 let n = (job.rows - r0).min(4);
                 for half in 0..2 {
-                    let a = (
-                        r,
-                        region,
-                        cell0 + 8 * half,
-                        &rows,
-                        r0,
-                        dst.add(r0 * job.n_pad + 8 * half),
-                        job.n_pad,
-                    );
+                    let a = (r, region, cell0 + 8 * half, &rows, r0, dst.add(r0 * job.n_pad + 8 * half), job.n_pad);
                     match n {
                         4 => scores_avx2::<4>(a),
                         3 => scores_avx2::<3>(a),
@@ -382,11 +275,7 @@ unsafe fn scores(
 /// region's worth apart, which the hardware prefetcher did not follow).
 #[inline(always)]
 unsafe fn prefetch_key_chunk(r: &Region, region: *const u8, cell0: usize) {
-    let groups = if r.dtype == KvDtype::Q8_0 {
-        r.hd / 4
-    } else {
-        r.hd / 8
-    };
+    let groups = if r.dtype == KvDtype::Q8_0 { r.hd / 4 } else { r.hd / 8 };
     for j in 0..groups {
         _mm_prefetch::<_MM_HINT_T0>(region.add((j * r.bs + cell0) * 4) as *const i8);
     }
@@ -409,15 +298,7 @@ impl Rows<'_> {
     }
 }
 
-type ScoreArgs<'a> = (
-    &'a Region,
-    *const u8,
-    usize,
-    &'a Rows<'a>,
-    usize,
-    *mut f32,
-    usize,
-);
+type ScoreArgs<'a> = (&'a Region, *const u8, usize, &'a Rows<'a>, usize, *mut f32, usize);
 
 /// R rows × 16 cells from `cell0`: per 32-value block, dpbusd of the keys (biased to unsigned by 128,
 /// or the q4_0 nibbles, biased by 8) with each row's broadcast quants, the bias times Σq subtracted, then
@@ -434,10 +315,7 @@ unsafe fn scores_vnni<const R: usize>((r, region, cell0, rows, r0, dst, stride):
         let mut acc = [_mm512_setzero_si512(); R];
         if q8 {
             for j in 8 * b..8 * b + 8 {
-                let k = _mm512_xor_si512(
-                    _mm512_loadu_si512(region.add((j * bs + cell0) * 4) as *const _),
-                    flip,
-                );
+                let k = _mm512_xor_si512(_mm512_loadu_si512(region.add((j * bs + cell0) * 4) as *const _), flip);
                 for (i, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_dpbusd_epi32(*a, k, _mm512_set1_epi32(rows.quad(r0 + i, j)));
                 }
@@ -445,17 +323,10 @@ unsafe fn scores_vnni<const R: usize>((r, region, cell0, rows, r0, dst, stride):
         } else {
             for m in 4 * b..4 * b + 4 {
                 let v = _mm512_loadu_si512(region.add((m * bs + cell0) * 4) as *const _);
-                let (lo, hi) = (
-                    _mm512_and_si512(v, low),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(v), low),
-                );
+                let (lo, hi) = (_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16::<4>(v), low));
                 for (i, a) in acc.iter_mut().enumerate() {
                     *a = _mm512_dpbusd_epi32(*a, lo, _mm512_set1_epi32(rows.quad(r0 + i, 2 * m)));
-                    *a = _mm512_dpbusd_epi32(
-                        *a,
-                        hi,
-                        _mm512_set1_epi32(rows.quad(r0 + i, 2 * m + 1)),
-                    );
+                    *a = _mm512_dpbusd_epi32(*a, hi, _mm512_set1_epi32(rows.quad(r0 + i, 2 * m + 1)));
                 }
             }
         }
@@ -463,10 +334,7 @@ unsafe fn scores_vnni<const R: usize>((r, region, cell0, rows, r0, dst, stride):
         let nb = hd / 32;
         for (i, (a, s)) in acc.iter().zip(s.iter_mut()).enumerate() {
             let isum = _mm512_sub_epi32(*a, _mm512_set1_epi32(bias * rows.qsum[(r0 + i) * nb + b]));
-            let t = _mm512_mul_ps(
-                _mm512_mul_ps(_mm512_set1_ps(rows.dq[(r0 + i) * nb + b]), dk),
-                _mm512_cvtepi32_ps(isum),
-            );
+            let t = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(rows.dq[(r0 + i) * nb + b]), dk), _mm512_cvtepi32_ps(isum));
             *s = if b == 0 { t } else { _mm512_add_ps(*s, t) };
         }
     }
@@ -492,17 +360,13 @@ unsafe fn scores_avx2<const R: usize>((r, region, cell0, rows, r0, dst, stride):
                 let ak = _mm256_abs_epi8(k);
                 for (i, a) in acc.iter_mut().enumerate() {
                     let sq = _mm256_sign_epi8(_mm256_set1_epi32(rows.quad(r0 + i, j)), k);
-                    *a =
-                        _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_maddubs_epi16(ak, sq), ones));
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(_mm256_maddubs_epi16(ak, sq), ones));
                 }
             }
         } else {
             for m in 4 * b..4 * b + 4 {
                 let v = _mm256_loadu_si256(region.add((m * bs + cell0) * 4) as *const __m256i);
-                let (lo, hi) = (
-                    _mm256_and_si256(v, low),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low),
-                );
+                let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
                 for (i, a) in acc.iter_mut().enumerate() {
                     let p = _mm256_add_epi16(
                         _mm256_maddubs_epi16(lo, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m))),
@@ -515,16 +379,9 @@ unsafe fn scores_avx2<const R: usize>((r, region, cell0, rows, r0, dst, stride):
         let dk = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(2 * b * bs) as *const __m128i));
         let nb = hd / 32;
         for (i, (a, s)) in acc.iter().zip(s.iter_mut()).enumerate() {
-            let bias = if q8 {
-                0
-            } else {
-                8 * rows.qsum[(r0 + i) * nb + b]
-            };
+            let bias = if q8 { 0 } else { 8 * rows.qsum[(r0 + i) * nb + b] };
             let isum = _mm256_sub_epi32(*a, _mm256_set1_epi32(bias));
-            let t = _mm256_mul_ps(
-                _mm256_mul_ps(_mm256_set1_ps(rows.dq[(r0 + i) * nb + b]), dk),
-                _mm256_cvtepi32_ps(isum),
-            );
+            let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(rows.dq[(r0 + i) * nb + b]), dk), _mm256_cvtepi32_ps(isum));
             *s = if b == 0 { t } else { _mm256_add_ps(*s, t) };
         }
     }
@@ -538,14 +395,7 @@ unsafe fn scores_avx2<const R: usize>((r, region, cell0, rows, r0, dst, stride):
 ///
 /// # Safety
 /// AVX2 or AVX-512; `out(r)` is valid for `hd` writes that no one else makes meanwhile.
-unsafe fn values(
-    job: &Job,
-    w: *const f32,
-    rows: Range<usize>,
-    cells: Range<usize>,
-    add: bool,
-    out: &dyn Fn(usize) -> *mut f32,
-) {
+unsafe fn values(job: &Job, w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32) {
     let hd = job.shape.head_dim;
     if avx512_available() {
         let mut r0 = rows.start;
@@ -590,15 +440,7 @@ unsafe fn values(
     }
 }
 
-type ValueArgs<'a> = (
-    &'a Job<'a>,
-    *const f32,
-    usize,
-    Range<usize>,
-    usize,
-    bool,
-    &'a dyn Fn(usize) -> *mut f32,
-);
+type ValueArgs<'a> = (&'a Job<'a>, *const f32, usize, Range<usize>, usize, bool, &'a dyn Fn(usize) -> *mut f32);
 
 /// Chunk `ch` of a value pass over `cells`: its region, the block index of its first cell, and its cells
 /// that are in `cells`. It also asks for the chunk two ahead to be brought into L1 (its cells' rows and
@@ -606,12 +448,7 @@ type ValueArgs<'a> = (
 /// (A function, not an iterator's closure: closures are compiled without the caller's target features
 /// and were not inlined, 3% of a decode step.)
 #[inline(always)]
-unsafe fn value_chunk(
-    job: &Job,
-    r: &Region,
-    ch: usize,
-    cells: &Range<usize>,
-) -> (*const u8, usize, Range<usize>) {
+unsafe fn value_chunk(job: &Job, r: &Region, ch: usize, cells: &Range<usize>) -> (*const u8, usize, Range<usize>) {
     if 16 * ch + 32 < cells.end {
         let (next, c) = job.region(r, job.kv.values, 16 * ch + 32);
         let row_bytes = r.dtype.quant_bytes(r.hd);
@@ -623,19 +460,13 @@ unsafe fn value_chunk(
         }
     }
     let (region, cell0) = job.region(r, job.kv.values, 16 * ch);
-    (
-        region,
-        cell0,
-        (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end),
-    )
+    (region, cell0, (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end))
 }
 
 /// R rows × dims `16·v0 .. 16·v0 + 16·NV` (NV = 4: two scale blocks; 2: one): per cell the values
 /// dequantized once (`q · d`, exact), then one FMA per row and vector.
 #[target_feature(enable = "avx512f,avx512bw,fma,f16c")]
-unsafe fn values_avx512<const R: usize, const NV: usize>(
-    (job, w, r0, cells, v0, add, out): ValueArgs,
-) {
+unsafe fn values_avx512<const R: usize, const NV: usize>((job, w, r0, cells, v0, add, out): ValueArgs) {
     let r = &job.kv.v;
     let (hd, bs) = (r.hd, r.bs);
     let q8 = r.dtype == KvDtype::Q8_0;
@@ -647,37 +478,23 @@ unsafe fn values_avx512<const R: usize, const NV: usize>(
         let scales = region.add(r.scales_at() + 2 * cell0);
         let mut d = [[0f32; 16]; 2];
         for (k, d) in d.iter_mut().enumerate().take(NV / 2) {
-            _mm512_storeu_ps(
-                d.as_mut_ptr(),
-                _mm512_cvtph_ps(_mm256_loadu_si256(
-                    scales.add(2 * (v0 / 2 + k) * bs) as *const __m256i
-                )),
-            );
+            _mm512_storeu_ps(d.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(2 * (v0 / 2 + k) * bs) as *const __m256i)));
         }
         for c in span {
             let cell = region.add((cell0 + c % 16) * row_bytes);
             let mut x = [_mm512_setzero_ps(); NV];
             if q8 {
                 for (k, x) in x.iter_mut().enumerate() {
-                    let qi = _mm512_cvtepi8_epi32(_mm_loadu_si128(
-                        cell.add(16 * (v0 + k)) as *const __m128i
-                    ));
+                    let qi = _mm512_cvtepi8_epi32(_mm_loadu_si128(cell.add(16 * (v0 + k)) as *const __m128i));
                     *x = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_set1_ps(d[k / 2][c % 16]));
                 }
             } else {
                 for k in 0..NV / 2 {
                     let b = v0 / 2 + k;
-                    let n =
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(cell.add(16 * b) as *const __m128i));
+                    let n = _mm512_cvtepu8_epi32(_mm_loadu_si128(cell.add(16 * b) as *const __m128i));
                     let dv = _mm512_set1_ps(d[k][c % 16]);
-                    x[2 * k] = _mm512_mul_ps(
-                        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(n, low), eight)),
-                        dv,
-                    );
-                    x[2 * k + 1] = _mm512_mul_ps(
-                        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(n), eight)),
-                        dv,
-                    );
+                    x[2 * k] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(n, low), eight)), dv);
+                    x[2 * k + 1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32::<4>(n), eight)), dv);
                 }
             }
             for (i, acc) in acc.iter_mut().enumerate() {
@@ -691,11 +508,7 @@ unsafe fn values_avx512<const R: usize, const NV: usize>(
     for (i, acc) in acc.iter().enumerate() {
         let o = out(r0 + i).add(16 * v0);
         for (k, a) in acc.iter().enumerate() {
-            let v = if add {
-                _mm512_add_ps(_mm512_loadu_ps(o.add(16 * k)), *a)
-            } else {
-                *a
-            };
+            let v = if add { _mm512_add_ps(_mm512_loadu_ps(o.add(16 * k)), *a) } else { *a };
             _mm512_storeu_ps(o.add(16 * k), v);
         }
     }
@@ -715,14 +528,8 @@ unsafe fn values_avx2<const R: usize>((job, w, r0, cells, v0, add, out): ValueAr
         let (region, cell0, span) = value_chunk(job, r, ch, &cells);
         let mut d = [0f32; 16];
         let scales = region.add(r.scales_at() + 2 * (b * bs + cell0));
-        _mm256_storeu_ps(
-            d.as_mut_ptr(),
-            _mm256_cvtph_ps(_mm_loadu_si128(scales as *const __m128i)),
-        );
-        _mm256_storeu_ps(
-            d.as_mut_ptr().add(8),
-            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16) as *const __m128i)),
-        );
+        _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(scales as *const __m128i)));
+        _mm256_storeu_ps(d.as_mut_ptr().add(8), _mm256_cvtph_ps(_mm_loadu_si128(scales.add(16) as *const __m128i)));
         for c in span {
             let cell = region.add((cell0 + c % 16) * row_bytes);
             let dv = _mm256_set1_ps(d[c % 16]);
@@ -731,17 +538,8 @@ unsafe fn values_avx2<const R: usize>((job, w, r0, cells, v0, add, out): ValueAr
                 let qi = if q8 {
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64(cell.add(8 * (v0 + k)) as *const __m128i))
                 } else {
-                    let n = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                        cell.add(16 * b + 8 * k) as *const __m128i
-                    ));
-                    _mm256_sub_epi32(
-                        if high {
-                            _mm256_srli_epi32::<4>(n)
-                        } else {
-                            _mm256_and_si256(n, low)
-                        },
-                        eight,
-                    )
+                    let n = _mm256_cvtepu8_epi32(_mm_loadl_epi64(cell.add(16 * b + 8 * k) as *const __m128i));
+                    _mm256_sub_epi32(if high { _mm256_srli_epi32::<4>(n) } else { _mm256_and_si256(n, low) }, eight)
                 };
                 *x = _mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv);
             }
@@ -756,11 +554,7 @@ unsafe fn values_avx2<const R: usize>((job, w, r0, cells, v0, add, out): ValueAr
     for (i, acc) in acc.iter().enumerate() {
         let o = out(r0 + i).add(8 * v0);
         for (k, a) in acc.iter().enumerate() {
-            let v = if add {
-                _mm256_add_ps(_mm256_loadu_ps(o.add(8 * k)), *a)
-            } else {
-                *a
-            };
+            let v = if add { _mm256_add_ps(_mm256_loadu_ps(o.add(8 * k)), *a) } else { *a };
             _mm256_storeu_ps(o.add(8 * k), v);
         }
     }

@@ -10,9 +10,7 @@
 //! gets weight +0, and `acc + 0·v == acc` exactly for finite v, so the padding adds nothing.
 
 use super::{slot_runs, AttnShape, OutPtr, QueryPos};
-use crate::kernels::ggml::math::avx512::{
-    reduce_16_rows, reduce_finish, reduce_pair_16, reduce_pair_4, reduce_pair_8,
-};
+use crate::kernels::ggml::math::avx512::{reduce_16_rows, reduce_finish, reduce_pair_16, reduce_pair_4, reduce_pair_8};
 use crate::kernels::ggml::math::{avx512_available, reduce_lane_rows, round_through_f16, soft_max};
 use half::f16;
 use std::arch::x86_64::*;
@@ -96,13 +94,7 @@ pub(super) struct TileGeom {
 impl TileGeom {
     /// One row over `n_keys` cells from position `lo0` (the per-head path's value pass).
     pub(super) fn one_row(lo0: usize, n_keys: usize) -> TileGeom {
-        TileGeom {
-            group: 1,
-            rows: 1,
-            lo0,
-            n_keys,
-            n_pad: n_keys,
-        }
+        TileGeom { group: 1, rows: 1, lo0, n_keys, n_pad: n_keys }
     }
 }
 
@@ -115,13 +107,7 @@ impl TileJob<'_> {
         let group = self.shape.n_heads / self.shape.n_kv_heads;
         let lo0 = self.lo(self.queries[self.tokens.start].pos);
         let n_keys = self.queries[self.tokens.end - 1].pos + 1 - lo0;
-        TileGeom {
-            group,
-            rows: self.tokens.len() * group,
-            lo0,
-            n_keys,
-            n_pad: n_keys.div_ceil(16) * 16,
-        }
+        TileGeom { group, rows: self.tokens.len() * group, lo0, n_keys, n_pad: n_keys.div_ceil(16) * 16 }
     }
 
     /// Where each attended cell's key/value row of this KV head starts in the layer storage.
@@ -129,12 +115,7 @@ impl TileJob<'_> {
         let kv_off = self.kv_head * self.shape.head_dim;
         offsets.clear();
         let first = &self.queries[self.tokens.start];
-        for (_, first_slot, len) in slot_runs(
-            first.block_table,
-            self.block_size,
-            g.lo0,
-            g.lo0 + g.n_keys - 1,
-        ) {
+        for (_, first_slot, len) in slot_runs(first.block_table, self.block_size, g.lo0, g.lo0 + g.n_keys - 1) {
             offsets.extend((first_slot..first_slot + len).map(|slot| slot * self.kv_dim + kv_off));
         }
     }
@@ -145,19 +126,14 @@ impl TileJob<'_> {
         let q_dim = self.shape.n_heads * hd;
         q32.clear();
         for t in self.tokens.clone() {
-            q32.extend_from_slice(
-                &self.q[t * q_dim + self.kv_head * g.group * hd..][..g.group * hd],
-            );
+            q32.extend_from_slice(&self.q[t * q_dim + self.kv_head * g.group * hd..][..g.group * hd]);
         }
         round_through_f16(q32);
     }
 
     /// (token, head) of row r.
     fn row_target(&self, g: &TileGeom, r: usize) -> (usize, usize) {
-        (
-            self.tokens.start + r / g.group,
-            self.kv_head * g.group + r % g.group,
-        )
+        (self.tokens.start + r / g.group, self.kv_head * g.group + r % g.group)
     }
 
     /// Row r's output (`hd` floats) in `out`.
@@ -185,15 +161,7 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
     job.fill_offsets(&g, &mut sc.offsets);
     sc.scores.clear();
     sc.scores.resize(g.rows * g.n_pad, 0.0);
-    chunk_scores(
-        job,
-        &g,
-        &sc.offsets,
-        &sc.q32,
-        0..g.n_pad / 16,
-        &mut sc.kbuf,
-        sc.scores.as_mut_ptr(),
-    );
+    chunk_scores(job, &g, &sc.offsets, &sc.q32, 0..g.n_pad / 16, &mut sc.kbuf, sc.scores.as_mut_ptr());
     for r in 0..g.rows {
         finish_row(job, &g, r, &mut sc.scores[r * g.n_pad..(r + 1) * g.n_pad]);
     }
@@ -205,21 +173,9 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
     sc.lanes.resize(ROWS_PER_PASS * 64 * hd, 0.0);
     for r0 in (0..g.rows).step_by(ROWS_PER_PASS) {
         let rs = ROWS_PER_PASS.min(g.rows - r0);
-        lane_sums(
-            job,
-            &g,
-            &sc.offsets,
-            sc.scores.as_ptr().add(r0 * g.n_pad),
-            rs,
-            0..64,
-            sc.lanes.as_mut_ptr(),
-        );
+        lane_sums(job, &g, &sc.offsets, sc.scores.as_ptr().add(r0 * g.n_pad), rs, 0..64, sc.lanes.as_mut_ptr());
         for r in r0..r0 + rs {
-            reduce_lane_rows(
-                &mut sc.lanes[(r - r0) * 64 * hd..(r - r0 + 1) * 64 * hd],
-                hd,
-                job.out_row(&g, r, out),
-            );
+            reduce_lane_rows(&mut sc.lanes[(r - r0) * 64 * hd..(r - r0 + 1) * 64 * hd], hd, job.out_row(&g, r, out));
         }
     }
 }
@@ -258,8 +214,7 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
             b.scores.resize(g.rows * g.n_pad, 0.0);
             if job.shape.values_in_key_order {
                 // the runs' partial sums: [run, rows, hd]
-                b.lanes
-                    .resize(super::key_order::runs(g).count() * g.rows * hd, 0.0);
+                b.lanes.resize(super::key_order::runs(g).count() * g.rows * hd, 0.0);
             } else {
                 b.lanes.resize(g.rows * 64 * hd, 0.0);
             }
@@ -272,23 +227,11 @@ pub(super) unsafe fn attend_split(jobs: &[TileJob], out: OutPtr) {
 ///
 /// # Safety
 /// As `attend_split`.
-unsafe fn run_split_phases(
-    jobs: &[TileJob],
-    geoms: &[TileGeom],
-    bufs: &mut [SplitBufs],
-    out: OutPtr,
-) {
+unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [SplitBufs], out: OutPtr) {
     let hd = jobs[0].shape.head_dim;
-    let ptrs: Vec<(OutPtr, OutPtr)> = bufs
-        .iter_mut()
-        .map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.lanes.as_mut_ptr())))
-        .collect();
+    let ptrs: Vec<(OutPtr, OutPtr)> = bufs.iter_mut().map(|b| (OutPtr(b.scores.as_mut_ptr()), OutPtr(b.lanes.as_mut_ptr()))).collect();
     let bufs = &*bufs;
-    let rows: Vec<(usize, usize)> = geoms
-        .iter()
-        .enumerate()
-        .flat_map(|(i, g)| (0..g.rows).map(move |r| (i, r)))
-        .collect();
+    let rows: Vec<(usize, usize)> = geoms.iter().enumerate().flat_map(|(i, g)| (0..g.rows).map(move |r| (i, r))).collect();
     let pool = crate::pool::current();
     let key_splits = 2 * pool.threads();
     // SAFETY (all four phases): AVX-512 or AVX2 per the contract; every part writes a disjoint range (its chunks'
@@ -298,9 +241,7 @@ unsafe fn run_split_phases(
         let (b, g) = (&bufs[i], &geoms[i]);
         let n_chunks = g.n_pad / 16;
         let chunks = k * n_chunks / key_splits..(k + 1) * n_chunks / key_splits;
-        SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe {
-            chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, ptrs[i].0 .0)
-        });
+        SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe { chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, ptrs[i].0 .0) });
     });
     pool.run(rows.len(), &|p| {
         let (i, r) = rows[p];
@@ -311,32 +252,13 @@ unsafe fn run_split_phases(
     if jobs[0].shape.values_in_key_order {
         // Parts by (tile, run of positions), all the tile's rows (they share each value's conversion),
         // into the run buffers; then each row's runs added in order (`key_order`).
-        let runs: Vec<Vec<Range<usize>>> = geoms
-            .iter()
-            .map(|g| super::key_order::runs(g).collect())
-            .collect();
-        let parts: Vec<(usize, usize)> = runs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k)))
-            .collect();
+        let runs: Vec<Vec<Range<usize>>> = geoms.iter().map(|g| super::key_order::runs(g).collect()).collect();
+        let parts: Vec<(usize, usize)> = runs.iter().enumerate().flat_map(|(i, r)| (0..r.len()).map(move |k| (i, k))).collect();
         pool.run(parts.len(), &|part| {
             let (i, k) = parts[part];
             let (b, g) = (&bufs[i], &geoms[i]);
             let run_out = |r: usize| unsafe { ptrs[i].1 .0.add((k * g.rows + r) * hd) };
-            unsafe {
-                super::key_order::run_values(
-                    jobs[i].values,
-                    hd,
-                    g,
-                    &b.offsets,
-                    ptrs[i].0 .0,
-                    0..g.rows,
-                    runs[i][k].clone(),
-                    false,
-                    &run_out,
-                )
-            };
+            unsafe { super::key_order::run_values(jobs[i].values, hd, g, &b.offsets, ptrs[i].0 .0, 0..g.rows, runs[i][k].clone(), false, &run_out) };
         });
         pool.run(rows.len(), &|p| {
             let (i, r) = rows[p];
@@ -345,8 +267,7 @@ unsafe fn run_split_phases(
                 let o = jobs[i].out_row(g, r, out);
                 o.copy_from_slice(std::slice::from_raw_parts(ptrs[i].1 .0.add(r * hd), hd));
                 for k in 1..runs[i].len() {
-                    let run =
-                        std::slice::from_raw_parts(ptrs[i].1 .0.add((k * g.rows + r) * hd), hd);
+                    let run = std::slice::from_raw_parts(ptrs[i].1 .0.add((k * g.rows + r) * hd), hd);
                     o.iter_mut().zip(run).for_each(|(a, &b)| *a += b);
                 }
             }
@@ -362,15 +283,7 @@ unsafe fn run_split_phases(
             let rs = ROWS_PER_PASS.min(g.rows - r0);
             unsafe {
                 let w = ptrs[i].0 .0.add(r0 * g.n_pad);
-                lane_sums(
-                    &jobs[i],
-                    g,
-                    &b.offsets,
-                    w,
-                    rs,
-                    lanes.clone(),
-                    ptrs[i].1 .0.add(r0 * 64 * hd),
-                );
+                lane_sums(&jobs[i], g, &b.offsets, w, rs, lanes.clone(), ptrs[i].1 .0.add(r0 * 64 * hd));
             }
         }
     });
@@ -407,42 +320,17 @@ thread_local! {
 ///
 /// # Safety
 /// AVX-512 F/DQ or AVX2, with FMA and F16C; `scores` has `[g.rows, g.n_pad]` floats.
-unsafe fn chunk_scores(
-    job: &TileJob,
-    g: &TileGeom,
-    offsets: &[usize],
-    q32: &[f32],
-    chunks: Range<usize>,
-    kbuf: &mut Vec<f32>,
-    scores: *mut f32,
-) {
+unsafe fn chunk_scores(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
     if avx512_available() {
         chunk_scores_avx512(job, g, offsets, q32, chunks, kbuf, scores)
     } else {
-        super::tiled_avx2::chunk_scores(
-            job.keys,
-            job.shape.head_dim,
-            g,
-            offsets,
-            q32,
-            chunks,
-            kbuf,
-            scores,
-        )
+        super::tiled_avx2::chunk_scores(job.keys, job.shape.head_dim, g, offsets, q32, chunks, kbuf, scores)
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn chunk_scores_avx512(
-    job: &TileJob,
-    g: &TileGeom,
-    offsets: &[usize],
-    q32: &[f32],
-    chunks: Range<usize>,
-    kbuf: &mut Vec<f32>,
-    scores: *mut f32,
-) {
+unsafe fn chunk_scores_avx512(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
     // A compile-time vector count keeps q and the sums in registers and unrolls the dots.
     let args = (job.keys, g, offsets, q32, chunks, kbuf, scores);
     match job.shape.head_dim / 16 {
@@ -457,31 +345,17 @@ unsafe fn chunk_scores_avx512(
     }
 }
 
-type ScoreArgs<'a> = (
-    &'a [f16],
-    &'a TileGeom,
-    &'a [usize],
-    &'a [f32],
-    Range<usize>,
-    &'a mut Vec<f32>,
-    *mut f32,
-);
+type ScoreArgs<'a> = (&'a [f16], &'a TileGeom, &'a [usize], &'a [f32], Range<usize>, &'a mut Vec<f32>, *mut f32);
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn chunk_scores_nv<const NV: usize>(
-    (keys, g, offsets, q32, chunks, kbuf, scores): ScoreArgs,
-) {
+unsafe fn chunk_scores_nv<const NV: usize>((keys, g, offsets, q32, chunks, kbuf, scores): ScoreArgs) {
     let hd = NV * 16;
     kbuf.resize(16 * hd, 0.0);
     for c0 in chunks.map(|c| 16 * c) {
         // The next chunk's keys: rows `kv_dim` apart within a block, blocks anywhere; the hardware
         // prefetcher did not keep up at decode (profile: the key loads waited on L3).
-        for &off in offsets
-            .iter()
-            .skip(c0 + 16 * SCORE_PREFETCH_CHUNKS)
-            .take(16)
-        {
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
             for line in (0..hd * 2).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
             }
@@ -491,10 +365,7 @@ unsafe fn chunk_scores_nv<const NV: usize>(
             if c0 + c < g.n_keys {
                 let src = keys.as_ptr().add(offsets[c0 + c]) as *const __m256i;
                 for k in 0..NV {
-                    _mm512_storeu_ps(
-                        dst.add(16 * k),
-                        _mm512_cvtph_ps(_mm256_loadu_si256(src.add(k))),
-                    );
+                    _mm512_storeu_ps(dst.add(16 * k), _mm512_cvtph_ps(_mm256_loadu_si256(src.add(k))));
                 }
             } else {
                 std::ptr::write_bytes(dst, 0, hd);
@@ -517,9 +388,7 @@ unsafe fn chunk_scores_nv<const NV: usize>(
 /// tree (`reduce_16_rows`'s levels) is run as its pairs arrive, so a row holds at most three partial sums.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn chunk_scores_few_64<const R: usize>(
-    (keys, g, offsets, q32, chunks, _kbuf, scores): ScoreArgs,
-) {
+unsafe fn chunk_scores_few_64<const R: usize>((keys, g, offsets, q32, chunks, _kbuf, scores): ScoreArgs) {
     let zero = _mm512_setzero_ps();
     let mut q = [[zero; 4]; R];
     for (r, qr) in q.iter_mut().enumerate() {
@@ -528,17 +397,12 @@ unsafe fn chunk_scores_few_64<const R: usize>(
         }
     }
     for c0 in chunks.map(|c| 16 * c) {
-        for &off in offsets
-            .iter()
-            .skip(c0 + 16 * SCORE_PREFETCH_CHUNKS)
-            .take(16)
-        {
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
             for line in (0..128).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
             }
         }
-        let (mut x_half, mut y_half, mut z_half, mut out) =
-            ([zero; R], [zero; R], [zero; R], [zero; R]);
+        let (mut x_half, mut y_half, mut z_half, mut out) = ([zero; R], [zero; R], [zero; R], [zero; R]);
         for pair in 0..8 {
             let ka = key64(keys, offsets, g.n_keys, c0 + 2 * pair);
             let kb = key64(keys, offsets, g.n_keys, c0 + 2 * pair + 1);
@@ -605,12 +469,7 @@ unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m5
     for (c, vc) in v.iter_mut().enumerate() {
         let pk = kbuf.add(c * NV * 16);
         if NV == 4 {
-            let k = [
-                _mm512_loadu_ps(pk),
-                _mm512_loadu_ps(pk.add(16)),
-                _mm512_loadu_ps(pk.add(32)),
-                _mm512_loadu_ps(pk.add(48)),
-            ];
+            let k = [_mm512_loadu_ps(pk), _mm512_loadu_ps(pk.add(16)), _mm512_loadu_ps(pk.add(32)), _mm512_loadu_ps(pk.add(48))];
             *vc = key_sum64(&k, &[q[0], q[1], q[2], q[3]]);
             continue;
         }
@@ -632,42 +491,17 @@ unsafe fn key_sums<const NV: usize>(kbuf: *const f32, q: &[__m512; NV]) -> [__m5
 ///
 /// # Safety
 /// AVX-512 F/DQ or AVX2, with FMA and F16C; `w` has `rs` rows of `g.n_pad`, `dst` `[rs, 64, hd]` floats.
-unsafe fn lane_sums(
-    job: &TileJob,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rs: usize,
-    lanes: Range<usize>,
-    dst: *mut f32,
-) {
+unsafe fn lane_sums(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
     if avx512_available() {
         lane_sums_avx512(job, g, offsets, w, rs, lanes, dst)
     } else {
-        super::tiled_avx2::lane_sums(
-            job.values,
-            job.shape.head_dim,
-            g,
-            offsets,
-            w,
-            rs,
-            lanes,
-            dst,
-        )
+        super::tiled_avx2::lane_sums(job.values, job.shape.head_dim, g, offsets, w, rs, lanes, dst)
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn lane_sums_avx512(
-    job: &TileJob,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rs: usize,
-    lanes: Range<usize>,
-    dst: *mut f32,
-) {
+unsafe fn lane_sums_avx512(job: &TileJob, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
     let args = (job.values, job.shape.head_dim, g, offsets, w, lanes, dst);
     match rs {
         6 => lane_sums_n::<6>(args),
@@ -679,15 +513,7 @@ unsafe fn lane_sums_avx512(
     }
 }
 
-type LaneArgs<'a> = (
-    &'a [f16],
-    usize,
-    &'a TileGeom,
-    &'a [usize],
-    *const f32,
-    Range<usize>,
-    *mut f32,
-);
+type LaneArgs<'a> = (&'a [f16], usize, &'a TileGeom, &'a [usize], *const f32, Range<usize>, *mut f32);
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
@@ -704,11 +530,7 @@ unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): 
                 // A lane's cells are 64 positions apart, too far for the hardware prefetcher: fetch this
                 // lane's cell PREFETCH_CELLS ahead, or over a short context (a few cells a lane) the next
                 // lane's cell at this depth.
-                let ahead = if short {
-                    i + 1
-                } else {
-                    i + 64 * PREFETCH_CELLS
-                };
+                let ahead = if short { i + 1 } else { i + 64 * PREFETCH_CELLS };
                 if let Some(&ahead) = offsets.get(ahead) {
                     let p = values.as_ptr().add(ahead + 16 * v0) as *const i8;
                     _mm_prefetch::<_MM_HINT_T0>(p);

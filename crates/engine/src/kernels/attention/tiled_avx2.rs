@@ -22,25 +22,12 @@ const VECS_PER_PASS: usize = 4;
 /// `[g.rows, g.n_pad]` floats and `q32` `[g.rows, hd]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn chunk_scores(
-    keys: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    q32: &[f32],
-    chunks: Range<usize>,
-    kbuf: &mut Vec<f32>,
-    scores: *mut f32,
-) {
+pub(super) unsafe fn chunk_scores(keys: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
     debug_assert!(hd % 64 == 0);
     kbuf.resize(16 * hd, 0.0);
     for c0 in chunks.map(|c| 16 * c) {
         // keys SCORE_PREFETCH_CHUNKS chunks ahead (see `tiled::chunk_scores_nv`)
-        for &off in offsets
-            .iter()
-            .skip(c0 + 16 * SCORE_PREFETCH_CHUNKS)
-            .take(16)
-        {
+        for &off in offsets.iter().skip(c0 + 16 * SCORE_PREFETCH_CHUNKS).take(16) {
             for line in (0..hd * 2).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>((keys.as_ptr().add(off) as *const i8).add(line));
             }
@@ -50,10 +37,7 @@ pub(super) unsafe fn chunk_scores(
             if c0 + c < g.n_keys {
                 let src = keys.as_ptr().add(offsets[c0 + c]);
                 for k in (0..hd).step_by(8) {
-                    _mm256_storeu_ps(
-                        dst.add(k),
-                        _mm256_cvtph_ps(_mm_loadu_si128(src.add(k) as *const __m128i)),
-                    );
+                    _mm256_storeu_ps(dst.add(k), _mm256_cvtph_ps(_mm_loadu_si128(src.add(k) as *const __m128i)));
                 }
             } else {
                 std::ptr::write_bytes(dst, 0, hd);
@@ -106,16 +90,7 @@ unsafe fn key_sum64(k: *const f32, q: &[__m256; 8]) -> __m256 {
 /// As `chunk_scores`, for `values`; `w` has `rs` rows of `g.n_pad` and `dst` `[rs, 64, hd]` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn lane_sums(
-    values: &[f16],
-    hd: usize,
-    g: &TileGeom,
-    offsets: &[usize],
-    w: *const f32,
-    rs: usize,
-    lanes: Range<usize>,
-    dst: *mut f32,
-) {
+pub(super) unsafe fn lane_sums(values: &[f16], hd: usize, g: &TileGeom, offsets: &[usize], w: *const f32, rs: usize, lanes: Range<usize>, dst: *mut f32) {
     for r0 in (0..rs).step_by(ROWS_PER_PASS) {
         let (w, dst) = (w.add(r0 * g.n_pad), dst.add(r0 * 64 * hd));
         let args = (values, hd, g, offsets, w, lanes.clone(), dst);
@@ -127,15 +102,7 @@ pub(super) unsafe fn lane_sums(
     }
 }
 
-type LaneArgs<'a> = (
-    &'a [f16],
-    usize,
-    &'a TileGeom,
-    &'a [usize],
-    *const f32,
-    Range<usize>,
-    *mut f32,
-);
+type LaneArgs<'a> = (&'a [f16], usize, &'a TileGeom, &'a [usize], *const f32, Range<usize>, *mut f32);
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -148,11 +115,7 @@ unsafe fn lane_sums_n<const RS: usize>((values, hd, g, offsets, w, lanes, dst): 
             let mut acc = [[_mm256_setzero_ps(); VECS_PER_PASS]; RS];
             let mut i = first;
             while i < g.n_keys {
-                let ahead = if short {
-                    i + 1
-                } else {
-                    i + 64 * PREFETCH_CELLS
-                };
+                let ahead = if short { i + 1 } else { i + 64 * PREFETCH_CELLS };
                 if let Some(&ahead) = offsets.get(ahead) {
                     _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().add(ahead + 8 * v0) as *const i8);
                 }

@@ -8,12 +8,9 @@ use super::GgmlType;
 /// Dequantize `dst.len()` elements of type `t` from `src`, which holds whole blocks for them.
 pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) {
     let n = dst.len();
-    let need = t.row_bytes(n).unwrap_or_else(|| {
-        panic!(
-            "dequantize_row {t}: {n} is not a multiple of {}",
-            t.block_len()
-        )
-    });
+    let need = t
+        .row_bytes(n)
+        .unwrap_or_else(|| panic!("dequantize_row {t}: {n} is not a multiple of {}", t.block_len()));
     assert!(
         src.len() >= need,
         "dequantize_row {t}: src has {} bytes, need {need}",
@@ -21,9 +18,7 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) {
     );
     let src = &src[..need];
     let bl = t.block_len();
-    let blocks = src
-        .chunks_exact(t.block_bytes())
-        .zip(dst.chunks_exact_mut(bl));
+    let blocks = src.chunks_exact(t.block_bytes()).zip(dst.chunks_exact_mut(bl));
     match t {
         GgmlType::F32 => {
             for (b, y) in blocks {

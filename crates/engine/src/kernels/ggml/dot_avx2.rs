@@ -77,12 +77,7 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bits_to_bytes32(p: *const u8) -> __m256i {
     let x = (p as *const u32).read_unaligned() as i32;
-    let shuf = _mm256_set_epi64x(
-        0x0303030303030303,
-        0x0202020202020202,
-        0x0101010101010101,
-        0,
-    );
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
     // byte k of each 8-byte group: every bit set except bit k; OR gives all ones iff bit k was set
     let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
@@ -206,10 +201,7 @@ unsafe fn q4_0_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
     sum_blocks!(n / QK, |i| {
         let (bx, by) = (x.add(i * Q4_0_BYTES), y.add(i * Q8_0_BYTES));
         let qx = _mm256_sub_epi8(nibbles32(bx.add(2)), eight);
-        (
-            d_prod(bx, by),
-            _mm256_cvtepi32_ps(mul_sum_i8(qx, load256(by.add(2)))),
-        )
+        (d_prod(bx, by), _mm256_cvtepi32_ps(mul_sum_i8(qx, load256(by.add(2)))))
     })
 }
 
@@ -340,12 +332,7 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
             let ql0 = load256(bx.add(64 * h));
             let ql1 = load256(bx.add(64 * h + 32));
             let qh = load256(bx.add(Q6_K_QH + 32 * h));
-            let hi = |s: i32| {
-                _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), m2),
-                    4,
-                )
-            };
+            let hi = |s: i32| _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), m2), 4);
             let q = [
                 _mm256_or_si256(_mm256_and_si256(ql0, m4), hi(0)),
                 _mm256_or_si256(_mm256_and_si256(ql1, m4), hi(2)),

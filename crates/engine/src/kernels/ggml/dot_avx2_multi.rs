@@ -88,24 +88,10 @@ const GROUP: usize = 8;
 
 /// `MultiDotFn` for the legacy kind `K` (type `t`): groups of `GROUP` tokens, then one of `MULTI`.
 #[allow(clippy::too_many_arguments)]
-fn tokens<const K: u8>(
-    t: GgmlType,
-    n: usize,
-    ws: &[u8],
-    w_stride: usize,
-    n_rows: usize,
-    a: &[u8],
-    stride: usize,
-    out: &mut [f32],
-) {
-    assert!(
-        n_rows > 0 && out.len() % (n_rows * MULTI) == 0,
-        "multi dot: output is not rows × whole groups of {MULTI}"
-    );
+fn tokens<const K: u8>(t: GgmlType, n: usize, ws: &[u8], w_stride: usize, n_rows: usize, a: &[u8], stride: usize, out: &mut [f32]) {
+    assert!(n_rows > 0 && out.len() % (n_rows * MULTI) == 0, "multi dot: output is not rows × whole groups of {MULTI}");
     let k = out.len() / n_rows;
-    let rows: Vec<&[u8]> = (0..n_rows)
-        .map(|r| &ws[(r * w_stride).min(ws.len())..])
-        .collect();
+    let rows: Vec<&[u8]> = (0..n_rows).map(|r| &ws[(r * w_stride).min(ws.len())..]).collect();
     for w in &rows {
         check_dot_args(t, n, w, a);
     }
@@ -125,15 +111,7 @@ fn tokens<const K: u8>(
 }
 
 /// Tokens `t0..t0 + T` against every row: `out[r * k + t0 + t]`. The caller checked every row in bounds.
-fn group<const K: u8, const T: usize>(
-    nb: usize,
-    rows: &[&[u8]],
-    a: &[u8],
-    stride: usize,
-    t0: usize,
-    k: usize,
-    out: &mut [f32],
-) {
+fn group<const K: u8, const T: usize>(nb: usize, rows: &[&[u8]], a: &[u8], stride: usize, t0: usize, k: usize, out: &mut [f32]) {
     let acts: [*const u8; T] = std::array::from_fn(|t| a[(t0 + t) * stride..].as_ptr());
     SCALES.with_borrow_mut(|table| {
         table.resize(nb, BlockScales::default());
@@ -163,22 +141,11 @@ thread_local! {
 
 /// `table[b]` = the scales of block `b` of the `T` activation rows `acts` (T a multiple of 4).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fill_scales<const K: u8, const T: usize>(
-    nb: usize,
-    acts: [*const u8; T],
-    table: &mut [BlockScales],
-) {
+unsafe fn fill_scales<const K: u8, const T: usize>(nb: usize, acts: [*const u8; T], table: &mut [BlockScales]) {
     let ab = if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES };
     for (b, sc) in table.iter_mut().enumerate().take(nb) {
         for h in 0..T / 4 {
-            let at = |off: usize| -> [*const u8; 4] {
-                [
-                    acts[4 * h].add(off),
-                    acts[4 * h + 1].add(off),
-                    acts[4 * h + 2].add(off),
-                    acts[4 * h + 3].add(off),
-                ]
-            };
+            let at = |off: usize| -> [*const u8; 4] { [acts[4 * h].add(off), acts[4 * h + 1].add(off), acts[4 * h + 2].add(off), acts[4 * h + 3].add(off)] };
             _mm_store_ps(sc.d.as_mut_ptr().add(4 * h), f16x4_at(at(b * ab)));
             if K == K_Q4_1 {
                 _mm_store_ps(sc.s.as_mut_ptr().add(4 * h), f16x4_at(at(b * ab + 2)));
@@ -199,17 +166,8 @@ unsafe fn f16_x8(p: *const u8) -> __m256 {
 /// once, the quants unpacked once; per token the one-row kernel's five operations.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_scaled<const K: u8, const T: usize>(
-    nb: usize,
-    w: *const u8,
-    a: [*const u8; T],
-    table: &[BlockScales],
-) -> [f32; T] {
-    let (wb, ab, qoff) = (
-        weight_bytes(K),
-        if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES },
-        if K == K_Q4_1 { 4 } else { 2 },
-    );
+unsafe fn tile_scaled<const K: u8, const T: usize>(nb: usize, w: *const u8, a: [*const u8; T], table: &[BlockScales]) -> [f32; T] {
+    let (wb, ab, qoff) = (weight_bytes(K), if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES }, if K == K_Q4_1 { 4 } else { 2 });
     debug_assert!(table.len() >= nb && T <= GROUP);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); T];
@@ -221,35 +179,19 @@ unsafe fn tile_scaled<const K: u8, const T: usize>(
             summs = _mm256_fmadd_ps(f16_x8(bx.add(2)), _mm256_load_ps(sc.s.as_ptr()), summs);
         }
         let qx = weight_quants::<K>(bx);
-        let ux = if K == K_Q4_1 {
-            qx
-        } else {
-            _mm256_sign_epi8(qx, qx)
-        };
+        let ux = if K == K_Q4_1 { qx } else { _mm256_sign_epi8(qx, qx) };
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let qy = load256(a[t].add(i * ab + qoff));
-            let sy8 = if K == K_Q4_1 {
-                qy
-            } else {
-                _mm256_sign_epi8(qy, qx)
-            };
+            let sy8 = if K == K_Q4_1 { qy } else { _mm256_sign_epi8(qy, qx) };
             let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy8), ones));
-            *acc_t = _mm256_fmadd_ps(
-                _mm256_mul_ps(dx, _mm256_broadcast_ss(&sc.d[t])),
-                lanes,
-                *acc_t,
-            );
+            *acc_t = _mm256_fmadd_ps(_mm256_mul_ps(dx, _mm256_broadcast_ss(&sc.d[t])), lanes, *acc_t);
         }
     }
     let mut m = [0.0f32; GROUP];
     _mm256_storeu_ps(m.as_mut_ptr(), summs);
     let mut out = [0.0f32; T];
     for t in 0..T {
-        out[t] = if K == K_Q4_1 {
-            hsum_ps(acc[t]) + m[t]
-        } else {
-            hsum_ps(acc[t])
-        };
+        out[t] = if K == K_Q4_1 { hsum_ps(acc[t]) + m[t] } else { hsum_ps(acc[t]) };
     }
     out
 }
@@ -263,10 +205,7 @@ unsafe fn weight_quants<const K: u8>(bx: *const u8) -> __m256i {
         K_Q4_0 => _mm256_sub_epi8(nibbles32(bx.add(2)), _mm256_set1_epi8(8)),
         K_Q4_1 => nibbles32(bx.add(4)),
         // (nibble | bit<<4) - 16 == nibble | (bit clear ? 0xF0 : 0) read as i8
-        K_Q5_0 => _mm256_or_si256(
-            nibbles32(bx.add(6)),
-            _mm256_andnot_si256(bits_to_bytes32(bx.add(2)), _mm256_set1_epi8(0xF0u8 as i8)),
-        ),
+        K_Q5_0 => _mm256_or_si256(nibbles32(bx.add(6)), _mm256_andnot_si256(bits_to_bytes32(bx.add(2)), _mm256_set1_epi8(0xF0u8 as i8))),
         _ => load256(bx.add(2)),
     }
 }
@@ -285,12 +224,7 @@ unsafe fn nibbles32(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn bits_to_bytes32(p: *const u8) -> __m256i {
     let x = (p as *const u32).read_unaligned() as i32;
-    let shuf = _mm256_set_epi64x(
-        0x0303030303030303,
-        0x0202020202020202,
-        0x0101010101010101,
-        0,
-    );
+    let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
     let others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi64x(-1))
@@ -316,22 +250,14 @@ unsafe fn f16x4_at(p: [*const u8; 4]) -> __m128 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_rows<const K: u8>(nb: usize, w: [*const u8; MULTI], a: *const u8) -> [f32; MULTI] {
-    let (wb, ab, qoff) = (
-        weight_bytes(K),
-        if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES },
-        if K == K_Q4_1 { 4 } else { 2 },
-    );
+    let (wb, ab, qoff) = (weight_bytes(K), if K == K_Q4_1 { Q8_1_BYTES } else { Q8_0_BYTES }, if K == K_Q4_1 { 4 } else { 2 });
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); MULTI];
     let mut summs = [_mm_setzero_ps(); MULTI];
     for i in 0..nb {
         let by = a.add(i * ab);
         let dy = f16_x8(by);
-        let sy = if K == K_Q4_1 {
-            _mm256_castps256_ps128(f16_x8(by.add(2)))
-        } else {
-            _mm_setzero_ps()
-        };
+        let sy = if K == K_Q4_1 { _mm256_castps256_ps128(f16_x8(by.add(2))) } else { _mm_setzero_ps() };
         let qy = load256(by.add(qoff));
         for r in 0..MULTI {
             let bx = w[r].add(i * wb);
@@ -351,11 +277,7 @@ unsafe fn tile_rows<const K: u8>(nb: usize, w: [*const u8; MULTI], a: *const u8)
     }
     let mut out = [0.0f32; MULTI];
     for r in 0..MULTI {
-        out[r] = if K == K_Q4_1 {
-            hsum_ps(acc[r]) + _mm_cvtss_f32(summs[r])
-        } else {
-            hsum_ps(acc[r])
-        };
+        out[r] = if K == K_Q4_1 { hsum_ps(acc[r]) + _mm_cvtss_f32(summs[r]) } else { hsum_ps(acc[r]) };
     }
     out
 }

@@ -50,14 +50,9 @@ unsafe fn q4_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
     for i in 0..n / QK_K {
         let bx = x.add(i * Q4_K_BYTES);
         let dxm = cvt_f16x2(rd32(bx)); // [d, dmin]
-                                       // `k4_scales_and_min_term`'s weight half: 8 scales (low 128 bits), 8 mins (high).
+        // `k4_scales_and_min_term`'s weight half: 8 scales (low 128 bits), 8 mins (high).
         let u = unpack_k4_scales(std::slice::from_raw_parts(bx.add(K4_SCALES), 12));
-        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-            u[3] as i32,
-            u[2] as i32,
-            u[1] as i32,
-            u[0] as i32,
-        ));
+        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
         let mins = _mm256_extracti128_si256::<1>(ms);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
@@ -82,16 +77,9 @@ unsafe fn q4_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
             // lanes [y.d * d, y.d * dmin]
             let dd = _mm_mul_ps(_mm_set1_ps(f32_at(by)), dxm);
             let bsums = load256(by.add(Q8_K_BSUMS));
-            let q8s = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bsums),
-                _mm256_extracti128_si256::<1>(bsums),
-            );
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256::<1>(bsums));
             acc_m[t] = min_update(acc_m[t], dd, _mm_madd_epi16(mins, q8s), false);
-            acc[t] = _mm256_fmadd_ps(
-                _mm256_broadcastss_ps(dd),
-                _mm256_cvtepi32_ps(sumi[t]),
-                acc[t],
-            );
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
         }
     }
     let mut out = [0.0f32; MULTI];
@@ -106,10 +94,7 @@ unsafe fn q4_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_hi(qh: __m256i, k: usize) -> __m256i {
     let m2 = _mm256_set1_epi8(0x03);
-    _mm256_slli_epi16::<4>(_mm256_and_si256(
-        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)),
-        m2,
-    ))
+    _mm256_slli_epi16::<4>(_mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * k as i32)), m2))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -124,8 +109,7 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
         // sumi starts at -32 · Σ_g sc[g]·bsums[g] (the offset of the unsigned 6-bit quants)
         let mut sumi = [_mm256_setzero_si256(); MULTI];
         for (t, s) in sumi.iter_mut().enumerate() {
-            let offset =
-                _mm256_madd_epi16(scales16, load256(y[t].add(i * Q8_K_BYTES + Q8_K_BSUMS)));
+            let offset = _mm256_madd_epi16(scales16, load256(y[t].add(i * Q8_K_BYTES + Q8_K_BSUMS)));
             *s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<5>(offset));
         }
         for h in 0..2 {
@@ -136,14 +120,8 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
                 let q = match k {
                     0 => _mm256_or_si256(_mm256_and_si256(ql0, m4), q6_hi(qh, 0)),
                     1 => _mm256_or_si256(_mm256_and_si256(ql1, m4), q6_hi(qh, 1)),
-                    2 => _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                        q6_hi(qh, 2),
-                    ),
-                    _ => _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                        q6_hi(qh, 3),
-                    ),
+                    2 => _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), q6_hi(qh, 2)),
+                    _ => _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), q6_hi(qh, 3)),
                 };
                 let g = (8 * h + 2 * k) as i64;
                 let pick = _mm_set_epi64x((g + 1) * 0x0101010101010101, g * 0x0101010101010101);

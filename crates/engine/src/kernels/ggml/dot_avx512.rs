@@ -88,22 +88,11 @@ pub(super) unsafe fn nibbles_pair(p0: *const u8, p1: *const u8) -> __m512i {
 /// dx*dy of two legacy blocks (f16 scales at x0, y0 and x1, y1), each broadcast to 8 lanes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn d_pair(
-    x0: *const u8,
-    y0: *const u8,
-    x1: *const u8,
-    y1: *const u8,
-) -> (__m256, __m256) {
-    let bits = rd16(x0) as u64
-        | (rd16(y0) as u64) << 16
-        | (rd16(x1) as u64) << 32
-        | (rd16(y1) as u64) << 48;
+pub(super) unsafe fn d_pair(x0: *const u8, y0: *const u8, x1: *const u8, y1: *const u8) -> (__m256, __m256) {
+    let bits = rd16(x0) as u64 | (rd16(y0) as u64) << 16 | (rd16(x1) as u64) << 32 | (rd16(y1) as u64) << 48;
     let v = cvt_f16x4(bits); // [dx0, dy0, dx1, dy1]
     let d = _mm_mul_ps(v, _mm_movehdup_ps(v));
-    (
-        _mm256_broadcastss_ps(d),
-        _mm256_broadcastss_ps(_mm_movehl_ps(d, d)),
-    )
+    (_mm256_broadcastss_ps(d), _mm256_broadcastss_ps(_mm_movehl_ps(d, d)))
 }
 
 /// Loop over `nb` legacy blocks two at a time. `$body` gets the two block indices and yields
@@ -205,11 +194,7 @@ unsafe fn q4_1_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
         let (y0, y1) = (y.add(i0 * Q8_1_BYTES), y.add(i1 * Q8_1_BYTES));
         // the m * s terms in block order, as in dot_avx2
         let d0 = dm_prod(x0, y0, &mut summs);
-        let d1 = if i0 != i1 {
-            dm_prod(x1, y1, &mut summs)
-        } else {
-            d0
-        };
+        let d1 = if i0 != i1 { dm_prod(x1, y1, &mut summs) } else { d0 };
         let qy = load_pair(y0.add(4), y1.add(4));
         let p = _mm512_dpbusd_epi32(zero, nibbles_pair(x0.add(4), x1.add(4)), qy);
         (d0, d1, _mm512_cvtepi32_ps(p))
@@ -236,12 +221,7 @@ unsafe fn k4_k5_impl(n: usize, x: *const u8, y: *const u8, q5: bool) -> f32 {
     };
     let m4 = _mm512_set1_epi8(0x0F);
     let b4 = _mm512_set1_epi8(0x10);
-    let idx = [
-        halves_idx(0, 1),
-        halves_idx(2, 3),
-        halves_idx(4, 5),
-        halves_idx(6, 7),
-    ];
+    let idx = [halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)];
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = _mm_setzero_ps();
     for i in 0..n / QK_K {
@@ -269,15 +249,10 @@ unsafe fn k4_k5_impl(n: usize, x: *const u8, y: *const u8, q5: bool) -> f32 {
                 q = _mm512_or_si512(q, _mm512_and_si512(_mm512_slli_epi16(hb, 4), b4));
                 hb = _mm512_srli_epi16(hb, 2);
             }
-            let p16 =
-                _mm512_maddubs_epi16(q, _mm512_loadu_si512(by.add(Q8_K_QS + 64 * j) as *const _));
+            let p16 = _mm512_maddubs_epi16(q, _mm512_loadu_si512(by.add(Q8_K_QS + 64 * j) as *const _));
             sumi = _mm512_dpwssd_epi32(sumi, _mm512_permutexvar_epi16(*idx, sc), p16);
         }
-        acc = _mm256_fmadd_ps(
-            _mm256_broadcastss_ps(dd),
-            _mm256_cvtepi32_ps(fold_lanes(sumi)),
-            acc,
-        );
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold_lanes(sumi)), acc);
     }
     hsum_ps(acc) + min_finish(acc_m, q5)
 }
@@ -315,10 +290,7 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
             let ql = _mm512_loadu_si512(bx.add(64 * h) as *const _);
             let qh = load256(bx.add(Q6_K_QH + 32 * h));
             let qh = join(qh, _mm256_srli_epi16(qh, 2)); // bits 0-1 / 4-5: elements l, l+32 / l+64, l+96
-            let lo = _mm512_or_si512(
-                _mm512_and_si512(ql, m4),
-                _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4),
-            );
+            let lo = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
             let hi_h = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4);
             let hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hi_h);
             for (k, q) in [lo, hi].into_iter().enumerate() {

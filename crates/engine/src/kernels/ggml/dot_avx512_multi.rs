@@ -99,98 +99,78 @@ safe_row_kernels! {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_rows_impl(n: usize, x: [*const u8; MULTI], y: *const u8) -> [f32; MULTI] {
     let zero = _mm512_setzero_si512();
-    sum_pairs_multi!(
-        n / QK,
-        |i0, i1| {
-            let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
-            (y0, y1, load_pair(y0.add(2), y1.add(2)))
-        },
-        |r, a| {
-            let (y0, y1, qy) = a;
-            let (x0, x1) = (x[r].add(i0 * Q8_0_BYTES), x[r].add(i1 * Q8_0_BYTES));
-            _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
-            let qx = load_pair(x0.add(2), x1.add(2));
-            let sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), zero, qy);
-            let p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
-            let (d0, d1) = d_pair(x0, y0, x1, y1);
-            (d0, d1, _mm512_cvtepi32_ps(p))
-        }
-    )
+    sum_pairs_multi!(n / QK, |i0, i1| {
+        let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
+        (y0, y1, load_pair(y0.add(2), y1.add(2)))
+    }, |r, a| {
+        let (y0, y1, qy) = a;
+        let (x0, x1) = (x[r].add(i0 * Q8_0_BYTES), x[r].add(i1 * Q8_0_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
+        let qx = load_pair(x0.add(2), x1.add(2));
+        let sy = _mm512_mask_sub_epi8(qy, _mm512_movepi8_mask(qx), zero, qy);
+        let p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(qx), sy);
+        let (d0, d1) = d_pair(x0, y0, x1, y1);
+        (d0, d1, _mm512_cvtepi32_ps(p))
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_0_rows_impl(n: usize, x: [*const u8; MULTI], y: *const u8) -> [f32; MULTI] {
     let zero = _mm512_setzero_si512();
     let eight = _mm512_set1_epi8(8);
-    sum_pairs_multi!(
-        n / QK,
-        |i0, i1| {
-            let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
-            let qy = load_pair(y0.add(2), y1.add(2));
-            (y0, y1, qy, _mm512_dpbusd_epi32(zero, eight, qy))
-        },
-        |r, a| {
-            let (y0, y1, qy, offset) = a;
-            let (x0, x1) = (x[r].add(i0 * Q4_0_BYTES), x[r].add(i1 * Q4_0_BYTES));
-            _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
-            let p = _mm512_dpbusd_epi32(zero, nibbles_pair(x0.add(2), x1.add(2)), qy);
-            let p = _mm512_sub_epi32(p, offset);
-            let (d0, d1) = d_pair(x0, y0, x1, y1);
-            (d0, d1, _mm512_cvtepi32_ps(p))
-        }
-    )
+    sum_pairs_multi!(n / QK, |i0, i1| {
+        let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
+        let qy = load_pair(y0.add(2), y1.add(2));
+        (y0, y1, qy, _mm512_dpbusd_epi32(zero, eight, qy))
+    }, |r, a| {
+        let (y0, y1, qy, offset) = a;
+        let (x0, x1) = (x[r].add(i0 * Q4_0_BYTES), x[r].add(i1 * Q4_0_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
+        let p = _mm512_dpbusd_epi32(zero, nibbles_pair(x0.add(2), x1.add(2)), qy);
+        let p = _mm512_sub_epi32(p, offset);
+        let (d0, d1) = d_pair(x0, y0, x1, y1);
+        (d0, d1, _mm512_cvtepi32_ps(p))
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q5_0_rows_impl(n: usize, x: [*const u8; MULTI], y: *const u8) -> [f32; MULTI] {
     let zero = _mm512_setzero_si512();
     let sixteen = _mm512_set1_epi8(16);
-    sum_pairs_multi!(
-        n / QK,
-        |i0, i1| {
-            let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
-            let qy = load_pair(y0.add(2), y1.add(2));
-            (y0, y1, qy, _mm512_dpbusd_epi32(zero, sixteen, qy))
-        },
-        |r, a| {
-            let (y0, y1, qy, offset) = a;
-            let (x0, x1) = (x[r].add(i0 * Q5_0_BYTES), x[r].add(i1 * Q5_0_BYTES));
-            _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
-            let qh0 = (x0.add(2) as *const u32).read_unaligned() as u64;
-            let qh1 = (x1.add(2) as *const u32).read_unaligned() as u64;
-            let nib = nibbles_pair(x0.add(6), x1.add(6));
-            let q = _mm512_mask_add_epi8(nib, qh0 | (qh1 << 32), nib, sixteen);
-            let p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), offset);
-            let (d0, d1) = d_pair(x0, y0, x1, y1);
-            (d0, d1, _mm512_cvtepi32_ps(p))
-        }
-    )
+    sum_pairs_multi!(n / QK, |i0, i1| {
+        let (y0, y1) = (y.add(i0 * Q8_0_BYTES), y.add(i1 * Q8_0_BYTES));
+        let qy = load_pair(y0.add(2), y1.add(2));
+        (y0, y1, qy, _mm512_dpbusd_epi32(zero, sixteen, qy))
+    }, |r, a| {
+        let (y0, y1, qy, offset) = a;
+        let (x0, x1) = (x[r].add(i0 * Q5_0_BYTES), x[r].add(i1 * Q5_0_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
+        let qh0 = (x0.add(2) as *const u32).read_unaligned() as u64;
+        let qh1 = (x1.add(2) as *const u32).read_unaligned() as u64;
+        let nib = nibbles_pair(x0.add(6), x1.add(6));
+        let q = _mm512_mask_add_epi8(nib, qh0 | (qh1 << 32), nib, sixteen);
+        let p = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, q, qy), offset);
+        let (d0, d1) = d_pair(x0, y0, x1, y1);
+        (d0, d1, _mm512_cvtepi32_ps(p))
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_1_rows_impl(n: usize, x: [*const u8; MULTI], y: *const u8) -> [f32; MULTI] {
     let zero = _mm512_setzero_si512();
     let mut summs = [_mm_setzero_ps(); MULTI];
-    let s = sum_pairs_multi!(
-        n / QK,
-        |i0, i1| {
-            let (y0, y1) = (y.add(i0 * Q8_1_BYTES), y.add(i1 * Q8_1_BYTES));
-            (y0, y1, load_pair(y0.add(4), y1.add(4)))
-        },
-        |r, a| {
-            let (y0, y1, qy) = a;
-            let (x0, x1) = (x[r].add(i0 * Q4_1_BYTES), x[r].add(i1 * Q4_1_BYTES));
-            _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
-            let d0 = dm_prod(x0, y0, &mut summs[r]);
-            let d1 = if i0 != i1 {
-                dm_prod(x1, y1, &mut summs[r])
-            } else {
-                d0
-            };
-            let p = _mm512_dpbusd_epi32(zero, nibbles_pair(x0.add(4), x1.add(4)), qy);
-            (d0, d1, _mm512_cvtepi32_ps(p))
-        }
-    );
+    let s = sum_pairs_multi!(n / QK, |i0, i1| {
+        let (y0, y1) = (y.add(i0 * Q8_1_BYTES), y.add(i1 * Q8_1_BYTES));
+        (y0, y1, load_pair(y0.add(4), y1.add(4)))
+    }, |r, a| {
+        let (y0, y1, qy) = a;
+        let (x0, x1) = (x[r].add(i0 * Q4_1_BYTES), x[r].add(i1 * Q4_1_BYTES));
+        _mm_prefetch::<_MM_HINT_T0>(x0.add(PREFETCH_AHEAD) as *const i8);
+        let d0 = dm_prod(x0, y0, &mut summs[r]);
+        let d1 = if i0 != i1 { dm_prod(x1, y1, &mut summs[r]) } else { d0 };
+        let p = _mm512_dpbusd_epi32(zero, nibbles_pair(x0.add(4), x1.add(4)), qy);
+        (d0, d1, _mm512_cvtepi32_ps(p))
+    });
     let mut out = s;
     for (o, sm) in out.iter_mut().zip(summs) {
         *o += _mm_cvtss_f32(_mm_movehdup_ps(sm));

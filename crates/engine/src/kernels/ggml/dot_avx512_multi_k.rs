@@ -38,25 +38,15 @@ safe_kernels! {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q4_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULTI] {
     let m4 = _mm512_set1_epi8(0x0F);
-    let idx = [
-        halves_idx(0, 1),
-        halves_idx(2, 3),
-        halves_idx(4, 5),
-        halves_idx(6, 7),
-    ];
+    let idx = [halves_idx(0, 1), halves_idx(2, 3), halves_idx(4, 5), halves_idx(6, 7)];
     let mut acc = [_mm256_setzero_ps(); MULTI];
     let mut acc_m = [_mm_setzero_ps(); MULTI];
     for i in 0..n / QK_K {
         let bx = x.add(i * Q4_K_BYTES);
         let dxm = cvt_f16x2(rd32(bx)); // [d, dmin]
-                                       // k4_scales_and_min_term's weight half: 8 scales (low 128 bits), 8 mins (high).
+        // k4_scales_and_min_term's weight half: 8 scales (low 128 bits), 8 mins (high).
         let u = unpack_k4_scales(std::slice::from_raw_parts(bx.add(K4_SCALES), 12));
-        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-            u[3] as i32,
-            u[2] as i32,
-            u[1] as i32,
-            u[0] as i32,
-        ));
+        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
         let mins = _mm256_extracti128_si256(ms, 1);
         let sc = _mm512_castsi128_si512(_mm256_castsi256_si128(ms));
         let scs: [__m512i; 4] = std::array::from_fn(|j| _mm512_permutexvar_epi16(idx[j], sc));
@@ -68,24 +58,14 @@ unsafe fn q4_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
             let by = y[r].add(i * Q8_K_BYTES);
             let dd = _mm_mul_ps(_mm_set1_ps(f32_at(by)), dxm);
             let bsums = load256(by.add(Q8_K_BSUMS));
-            let q8s = _mm_hadd_epi16(
-                _mm256_castsi256_si128(bsums),
-                _mm256_extracti128_si256(bsums, 1),
-            );
+            let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
             acc_m[r] = min_update(acc_m[r], dd, _mm_madd_epi16(mins, q8s), false);
             let mut sumi = _mm512_setzero_si512();
             for j in 0..4 {
-                let p16 = _mm512_maddubs_epi16(
-                    qs[j],
-                    _mm512_loadu_si512(by.add(Q8_K_QS + 64 * j) as *const _),
-                );
+                let p16 = _mm512_maddubs_epi16(qs[j], _mm512_loadu_si512(by.add(Q8_K_QS + 64 * j) as *const _));
                 sumi = _mm512_dpwssd_epi32(sumi, scs[j], p16);
             }
-            acc[r] = _mm256_fmadd_ps(
-                _mm256_broadcastss_ps(dd),
-                _mm256_cvtepi32_ps(fold_lanes(sumi)),
-                acc[r],
-            );
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(fold_lanes(sumi)), acc[r]);
         }
     }
     std::array::from_fn(|r| hsum_ps(acc[r]) + min_finish(acc_m[r], false))
@@ -111,10 +91,7 @@ unsafe fn q6_k_impl(n: usize, x: *const u8, y: [*const u8; MULTI]) -> [f32; MULT
             let ql = _mm512_loadu_si512(bx.add(64 * h) as *const _);
             let qh = load256(bx.add(Q6_K_QH + 32 * h));
             let qh = join(qh, _mm256_srli_epi16(qh, 2));
-            qv[2 * h] = _mm512_or_si512(
-                _mm512_and_si512(ql, m4),
-                _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4),
-            );
+            qv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qh, m2), 4));
             let hi_h = _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 4), m2), 4);
             qv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hi_h);
         }

@@ -19,8 +19,8 @@ use std::arch::x86_64::*;
 use super::blocks::*;
 use super::dot_avx512::PREFETCH_AHEAD;
 use super::dot_avx512_multi::MAX_BLOCKS;
-use super::pair_acts::lines_per_pair;
 use super::x86_util::*;
+use super::pair_acts::lines_per_pair;
 use super::{GgmlType, PairActs, PairDotFn, SimdLevel, MULTI, PAIRS_PER_CALL};
 
 /// The pair kernel for weight type `t`, if there is one.
@@ -147,27 +147,18 @@ unsafe fn hsum_halves(acc: &[__m512; 16]) -> [__m512; 2] {
     // quarters (4 lanes) of S_i: [A_2i.h0, A_2i.h1, A_2i+1.h0, A_2i+1.h1], lanes x_k + x_k+4
     let s: [__m512; 8] = std::array::from_fn(|i| {
         let (a, b) = (acc[2 * i], acc[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-        )
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
     });
     // per quarter of W_j: [S_2j (l0+l2), S_2j (l1+l3), S_2j+1 (l0+l2), S_2j+1 (l1+l3)]
     let w: [__m512; 4] = std::array::from_fn(|j| {
         let (a, b) = (s[2 * j], s[2 * j + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
-            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
-        )
+        _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b))
     });
     // F_m lane 4q + e = S_4m+e quarter q's sum = out[16m + 4e + q]; transposed to out order
     let idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     std::array::from_fn(|m| {
         let (a, b) = (w[2 * m], w[2 * m + 1]);
-        let f = _mm512_add_ps(
-            _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
-            _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
-        );
+        let f = _mm512_add_ps(_mm512_shuffle_ps::<0b10_00_10_00>(a, b), _mm512_shuffle_ps::<0b11_01_11_01>(a, b));
         _mm512_permutexvar_ps(idx, f)
     })
 }
@@ -183,140 +174,46 @@ unsafe fn nibbles_twice(p: *const u8) -> __m512i {
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_impl<const P: usize>(
-    n: usize,
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    s: *const f32,
-    out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL],
-) {
+unsafe fn q8_0_impl<const P: usize>(n: usize, x: *const u8, xs: usize, y: *const u8, ys: usize, s: *const f32, out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL]) {
     let zero = _mm512_setzero_si512();
     let bias = _mm512_set1_epi8(-128);
-    pair_loop!(
-        P,
-        n,
-        x,
-        xs,
-        y,
-        ys,
-        s,
-        out,
-        Q8_0_BYTES,
-        false,
-        |xb| {
-            // x (i8) in both halves, and -128·(each lane's 4 weights): the activations come as y + 128
-            // (u8), so the lanes are Σ (y + 128)·x - 128·Σ x = Σ x·y, the one-row kernel's integers.
-            let qx = _mm512_broadcast_i64x4(load256(xb.add(2)));
-            (
-                qx,
-                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qx)),
-            )
-        },
-        |qx, corr, qy, _oy| { _mm512_dpbusd_epi32(corr, _mm512_load_si512(qy as *const _), qx) }
-    )
+    pair_loop!(P, n, x, xs, y, ys, s, out, Q8_0_BYTES, false, |xb| {
+        // x (i8) in both halves, and -128·(each lane's 4 weights): the activations come as y + 128
+        // (u8), so the lanes are Σ (y + 128)·x - 128·Σ x = Σ x·y, the one-row kernel's integers.
+        let qx = _mm512_broadcast_i64x4(load256(xb.add(2)));
+        (qx, _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, qx)))
+    }, |qx, corr, qy, _oy| {
+        _mm512_dpbusd_epi32(corr, _mm512_load_si512(qy as *const _), qx)
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_0_impl<const P: usize>(
-    n: usize,
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    s: *const f32,
-    out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL],
-) {
+unsafe fn q4_0_impl<const P: usize>(n: usize, x: *const u8, xs: usize, y: *const u8, ys: usize, s: *const f32, out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL]) {
     let zero = _mm512_setzero_si512();
-    pair_loop!(
-        P,
-        n,
-        x,
-        xs,
-        y,
-        ys,
-        s,
-        out,
-        Q4_0_BYTES,
-        false,
-        |xb| (nibbles_twice(xb.add(2)), zero),
-        |q, _z, qy, oy| {
-            // Σ (q - 8)·y = Σ q·y - 8·Σ y, the last term precomputed per lane
-            _mm512_dpbusd_epi32(
-                _mm512_load_si512(oy as *const _),
-                q,
-                _mm512_load_si512(qy as *const _),
-            )
-        }
-    )
+    pair_loop!(P, n, x, xs, y, ys, s, out, Q4_0_BYTES, false, |xb| (nibbles_twice(xb.add(2)), zero), |q, _z, qy, oy| {
+        // Σ (q - 8)·y = Σ q·y - 8·Σ y, the last term precomputed per lane
+        _mm512_dpbusd_epi32(_mm512_load_si512(oy as *const _), q, _mm512_load_si512(qy as *const _))
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q5_0_impl<const P: usize>(
-    n: usize,
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    s: *const f32,
-    out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL],
-) {
+unsafe fn q5_0_impl<const P: usize>(n: usize, x: *const u8, xs: usize, y: *const u8, ys: usize, s: *const f32, out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL]) {
     let zero = _mm512_setzero_si512();
     let sixteen = _mm512_set1_epi8(16);
-    pair_loop!(
-        P,
-        n,
-        x,
-        xs,
-        y,
-        ys,
-        s,
-        out,
-        Q5_0_BYTES,
-        false,
-        |xb| {
-            // bit e of qh is the 5th bit of element e, in both halves
-            let qh = (xb.add(2) as *const u32).read_unaligned() as u64;
-            let nib = nibbles_twice(xb.add(6));
-            (
-                _mm512_mask_add_epi8(nib, qh | (qh << 32), nib, sixteen),
-                zero,
-            )
-        },
-        |q, _z, qy, oy| {
-            _mm512_dpbusd_epi32(
-                _mm512_load_si512(oy as *const _),
-                q,
-                _mm512_load_si512(qy as *const _),
-            )
-        }
-    )
+    pair_loop!(P, n, x, xs, y, ys, s, out, Q5_0_BYTES, false, |xb| {
+        // bit e of qh is the 5th bit of element e, in both halves
+        let qh = (xb.add(2) as *const u32).read_unaligned() as u64;
+        let nib = nibbles_twice(xb.add(6));
+        (_mm512_mask_add_epi8(nib, qh | (qh << 32), nib, sixteen), zero)
+    }, |q, _z, qy, oy| {
+        _mm512_dpbusd_epi32(_mm512_load_si512(oy as *const _), q, _mm512_load_si512(qy as *const _))
+    })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_1_impl<const P: usize>(
-    n: usize,
-    x: *const u8,
-    xs: usize,
-    y: *const u8,
-    ys: usize,
-    s: *const f32,
-    out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL],
-) {
+unsafe fn q4_1_impl<const P: usize>(n: usize, x: *const u8, xs: usize, y: *const u8, ys: usize, s: *const f32, out: &mut [f32; MULTI * 2 * PAIRS_PER_CALL]) {
     let zero = _mm512_setzero_si512();
-    pair_loop!(
-        P,
-        n,
-        x,
-        xs,
-        y,
-        ys,
-        s,
-        out,
-        Q4_1_BYTES,
-        true,
-        |xb| (nibbles_twice(xb.add(4)), zero),
-        |q, _z, qy, _oy| { _mm512_dpbusd_epi32(zero, q, _mm512_load_si512(qy as *const _)) }
-    )
+    pair_loop!(P, n, x, xs, y, ys, s, out, Q4_1_BYTES, true, |xb| (nibbles_twice(xb.add(4)), zero), |q, _z, qy, _oy| {
+        _mm512_dpbusd_epi32(zero, q, _mm512_load_si512(qy as *const _))
+    })
 }

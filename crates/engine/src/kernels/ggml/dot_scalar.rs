@@ -22,18 +22,11 @@ pub(super) fn kernel(t: GgmlType) -> VecDotFn {
 }
 
 /// Blocks of weight type `t` zipped with their activation blocks, after the length checks.
-fn block_pairs<'a>(
-    t: GgmlType,
-    n: usize,
-    w: &'a [u8],
-    a: &'a [u8],
-) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+fn block_pairs<'a>(t: GgmlType, n: usize, w: &'a [u8], a: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
     check_dot_args(t, n, w, a);
     let nb = n / t.block_len();
     let ab = t.dot_activation_type().block_bytes();
-    w.chunks_exact(t.block_bytes())
-        .zip(a.chunks_exact(ab))
-        .take(nb)
+    w.chunks_exact(t.block_bytes()).zip(a.chunks_exact(ab)).take(nb)
 }
 
 /// ggml accumulates the float dot products in double (`ggml_float`) on the scalar path.
@@ -131,14 +124,7 @@ fn q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// multiplied with the activations in runs of 8, scaled per sub-block of `sub` elements and summed
 /// into 8 integer lanes, which are scaled by `d` into 8 float lanes (`sums`).
 #[inline(always)]
-fn k_lanes(
-    q: &[i8; QK_K],
-    y: &[u8],
-    scale: impl Fn(usize) -> i32,
-    sub: usize,
-    d: f32,
-    sums: &mut [f32; 8],
-) {
+fn k_lanes(q: &[i8; QK_K], y: &[u8], scale: impl Fn(usize) -> i32, sub: usize, d: f32, sums: &mut [f32; 8]) {
     let mut aux32 = [0i32; 8];
     for (j, (qq, yy)) in q
         .chunks_exact(8)

@@ -34,8 +34,8 @@ mod dot_avx512_multi_k;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512_pair;
 mod dot_scalar;
-pub mod math;
 mod pair_acts;
+pub mod math;
 mod quantize;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -44,9 +44,7 @@ pub(crate) mod tests;
 #[cfg(test)]
 pub(crate) fn random_weight_rows(t: GgmlType, rows: usize, n: usize, seed: u64) -> Vec<u8> {
     let mut rng = tests::Rng::new(seed);
-    (0..rows)
-        .flat_map(|_| tests::random_weights(t, n, &mut rng))
-        .collect()
+    (0..rows).flat_map(|_| tests::random_weights(t, n, &mut rng)).collect()
 }
 #[cfg(target_arch = "x86_64")]
 mod x86_util;
@@ -218,10 +216,7 @@ pub fn vec_dot_kernel_at(level: SimdLevel, t: GgmlType) -> VecDotFn {
         "SIMD level {} is not available on this CPU",
         level.name()
     );
-    assert!(
-        t.has_vec_dot(),
-        "{t} is an activation type, it has no vec_dot"
-    );
+    assert!(t.has_vec_dot(), "{t} is an activation type, it has no vec_dot");
     // SAFETY (of handing out the x86 kernels): they require exactly the CPU features that make
     // `level` available, which was just checked.
     #[cfg(target_arch = "x86_64")]
@@ -269,8 +264,7 @@ pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
 /// tokens of pairs `first_pair..first_pair + n_pairs` (`first_pair` a multiple of `PAIRS_PER_CALL`,
 /// `n_pairs` 1..=`PAIRS_PER_CALL`); `out[r * 2 * PAIRS_PER_CALL + k]` gets row r · the call's token k,
 /// bit-identical to the one-row kernel. Safe to call (checks lengths).
-pub type PairDotFn =
-    fn(usize, &[u8], usize, &PairActs, usize, usize, &mut [f32; MULTI * 2 * PAIRS_PER_CALL]);
+pub type PairDotFn = fn(usize, &[u8], usize, &PairActs, usize, usize, &mut [f32; MULTI * 2 * PAIRS_PER_CALL]);
 
 pub use pair_acts::{fill_pairs, lines_per_pair, Line, PairActs, PAIRS_PER_CALL};
 
@@ -343,11 +337,7 @@ pub fn prefetch_l2(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     for line in bytes.chunks(64) {
         // SAFETY: a prefetch of a valid address; it reads nothing architecturally.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                line.as_ptr() as *const i8
-            )
-        };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr() as *const i8) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bytes;

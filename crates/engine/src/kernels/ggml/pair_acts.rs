@@ -42,14 +42,7 @@ fn offset_of(t: GgmlType) -> Option<i32> {
 impl PairActs {
     /// Rewrites `n_tokens` plain activation rows (`t.dot_activation_type()`, `act_bytes` apart) of `n`
     /// elements for weight type `t`.
-    pub fn build(
-        &mut self,
-        t: GgmlType,
-        n: usize,
-        plain: &[u8],
-        act_bytes: usize,
-        n_tokens: usize,
-    ) {
+    pub fn build(&mut self, t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize) {
         self.shape(t, n, n_tokens);
         fill_pairs(t, n, plain, act_bytes, n_tokens, &mut self.lines);
         self.fill_sums(t, n, plain, act_bytes, n_tokens);
@@ -61,26 +54,15 @@ impl PairActs {
         let nb = n / QK;
         self.n_pairs = n_tokens.div_ceil(2);
         self.lines_per_pair = lines_per_pair(t, n);
-        self.lines
-            .resize(self.n_pairs * self.lines_per_pair, Line([0; 64]));
+        self.lines.resize(self.n_pairs * self.lines_per_pair, Line([0; 64]));
         self.sums.clear();
         if t.dot_activation_type() == GgmlType::Q8_1 {
-            self.sums.resize(
-                self.n_pairs.div_ceil(PAIRS_PER_CALL) * nb * 2 * PAIRS_PER_CALL,
-                0.0,
-            );
+            self.sums.resize(self.n_pairs.div_ceil(PAIRS_PER_CALL) * nb * 2 * PAIRS_PER_CALL, 0.0);
         }
     }
 
     /// Q4_1 weights: every token's block sums `s` into `sums` (a no-op for the other types).
-    pub fn fill_sums(
-        &mut self,
-        t: GgmlType,
-        n: usize,
-        plain: &[u8],
-        act_bytes: usize,
-        n_tokens: usize,
-    ) {
+    pub fn fill_sums(&mut self, t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize) {
         if t.dot_activation_type() != GgmlType::Q8_1 {
             return;
         }
@@ -90,8 +72,7 @@ impl PairActs {
                 let row = &plain[(2 * p + half).min(n_tokens - 1) * act_bytes..];
                 let (g, slot) = (p / PAIRS_PER_CALL, 2 * (p % PAIRS_PER_CALL) + half);
                 for b in 0..nb {
-                    self.sums[(g * nb + b) * 2 * PAIRS_PER_CALL + slot] =
-                        rd_f16(&row[b * Q8_1_BYTES..], 2);
+                    self.sums[(g * nb + b) * 2 * PAIRS_PER_CALL + slot] = rd_f16(&row[b * Q8_1_BYTES..], 2);
                 }
             }
         }
@@ -105,24 +86,14 @@ pub fn lines_per_pair(t: GgmlType, n: usize) -> usize {
 
 /// Writes the lines (quants, scales, offset sums) of the pairs of the `n_tokens` plain rows in `plain`:
 /// `lines[k · lines_per_pair..]` gets rows 2k and 2k + 1 (the last row twice when `n_tokens` is odd).
-pub fn fill_pairs(
-    t: GgmlType,
-    n: usize,
-    plain: &[u8],
-    act_bytes: usize,
-    n_tokens: usize,
-    lines: &mut [Line],
-) {
+pub fn fill_pairs(t: GgmlType, n: usize, plain: &[u8], act_bytes: usize, n_tokens: usize, lines: &mut [Line]) {
     let nb = n / QK;
     let (block_bytes, qs_off) = match t.dot_activation_type() {
         GgmlType::Q8_0 => (Q8_0_BYTES, 2),
         GgmlType::Q8_1 => (Q8_1_BYTES, 4),
         other => panic!("pair layout: {other} activations"),
     };
-    assert!(
-        n_tokens >= 1 && plain.len() >= (n_tokens - 1) * act_bytes + nb * block_bytes,
-        "pair layout: activation rows too short"
-    );
+    assert!(n_tokens >= 1 && plain.len() >= (n_tokens - 1) * act_bytes + nb * block_bytes, "pair layout: activation rows too short");
     let offset = offset_of(t);
     let flip = if t == GgmlType::Q8_0 { 0x80 } else { 0 };
     for (p, lines) in lines.chunks_exact_mut(lines_per_pair(t, n)).enumerate() {
@@ -141,8 +112,7 @@ pub fn fill_pairs(
                 if let Some(off) = offset {
                     for k in 0..8 {
                         let sum: i32 = qs[4 * k..4 * k + 4].iter().map(|&q| q as i8 as i32).sum();
-                        lines[2 * nb + b].0[32 * half + 4 * k..32 * half + 4 * k + 4]
-                            .copy_from_slice(&(-off * sum).to_le_bytes());
+                        lines[2 * nb + b].0[32 * half + 4 * k..32 * half + 4 * k + 4].copy_from_slice(&(-off * sum).to_le_bytes());
                     }
                 }
             }

@@ -20,8 +20,7 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// Like `quantize_row`, but Q8_0 and Q8_1 follow ggml-cpu's x86 AVX2 code (see the module docs).
 pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().avx2 && crate::kernels::cpu::CpuFeatures::get().f16c
-    {
+    if crate::kernels::cpu::CpuFeatures::get().avx2 && crate::kernels::cpu::CpuFeatures::get().f16c {
         // SAFETY: the CPU has the features, checked just above.
         return unsafe { quantize_x86_avx2(t, src, dst) };
     }
@@ -34,19 +33,10 @@ pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn quantize_x86_avx2(t: GgmlType, src: &[f32], dst: &mut [u8]) {
     if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1) {
-        let need = t
-            .row_bytes(src.len())
-            .unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
-        assert!(
-            dst.len() >= need,
-            "quantize_row {t}: dst has {} bytes, need {need}",
-            dst.len()
-        );
+        let need = t.row_bytes(src.len()).unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
+        assert!(dst.len() >= need, "quantize_row {t}: dst has {} bytes, need {need}", dst.len());
         let with_sum = t == GgmlType::Q8_1;
-        for (y, x) in dst[..need]
-            .chunks_exact_mut(t.block_bytes())
-            .zip(src.chunks_exact(QK))
-        {
+        for (y, x) in dst[..need].chunks_exact_mut(t.block_bytes()).zip(src.chunks_exact(QK)) {
             q8_legacy_avx2(x, y, with_sum);
         }
         return;
@@ -59,30 +49,13 @@ unsafe fn quantize_x86_avx2(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// stored codes) from the values it holds in registers, rather than reading the row back per block
 /// (`ActSide::fill_token`, 3% of a decode batch's step with the quantization itself another 2%).
 /// Returns false, touching nothing, where the CPU lacks AVX2/F16C or `t` is another type.
-pub fn quantize_row_legacy_with_sides(
-    t: GgmlType,
-    src: &[f32],
-    dst: &mut [u8],
-    sides: &mut [crate::kernels::packed::acts::LSide],
-) -> bool {
+pub fn quantize_row_legacy_with_sides(t: GgmlType, src: &[f32], dst: &mut [u8], sides: &mut [crate::kernels::packed::acts::LSide]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1)
-        && crate::kernels::cpu::CpuFeatures::get().avx2
-        && crate::kernels::cpu::CpuFeatures::get().f16c
-    {
-        let need = t
-            .row_bytes(src.len())
-            .unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
-        assert!(
-            dst.len() >= need && sides.len() >= src.len() / QK,
-            "quantize_row {t}: buffers too small"
-        );
+    if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1) && crate::kernels::cpu::CpuFeatures::get().avx2 && crate::kernels::cpu::CpuFeatures::get().f16c {
+        let need = t.row_bytes(src.len()).unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
+        assert!(dst.len() >= need && sides.len() >= src.len() / QK, "quantize_row {t}: buffers too small");
         let with_sum = t == GgmlType::Q8_1;
-        for ((y, x), side) in dst[..need]
-            .chunks_exact_mut(t.block_bytes())
-            .zip(src.chunks_exact(QK))
-            .zip(sides.iter_mut())
-        {
+        for ((y, x), side) in dst[..need].chunks_exact_mut(t.block_bytes()).zip(src.chunks_exact(QK)).zip(sides.iter_mut()) {
             // SAFETY: the CPU has AVX2 and F16C, checked above.
             let (d, s, sum) = unsafe { q8_legacy_avx2(x, y, with_sum) };
             *side = crate::kernels::packed::acts::LSide::new(d, s, sum);
@@ -109,37 +82,21 @@ unsafe fn q8_legacy_avx2(x: &[f32], y: &mut [u8], with_sum: bool) -> (f32, f32, 
     for vk in &v[1..] {
         max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign, *vk));
     }
-    let mut max4 = _mm_max_ps(
-        _mm256_extractf128_ps(max_abs, 1),
-        _mm256_castps256_ps128(max_abs),
-    );
+    let mut max4 = _mm_max_ps(_mm256_extractf128_ps(max_abs, 1), _mm256_castps256_ps128(max_abs));
     max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
     max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
     let max_scalar = _mm_cvtss_f32(max4);
     let d = max_scalar / 127.0;
-    let id = if max_scalar != 0.0 {
-        127.0 / max_scalar
-    } else {
-        0.0
-    };
+    let id = if max_scalar != 0.0 { 127.0 / max_scalar } else { 0.0 };
     let mul = _mm256_set1_ps(id);
-    let ints: [__m256i; 4] = std::array::from_fn(|k| {
-        _mm256_cvtps_epi32(_mm256_round_ps::<
-            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
-        >(_mm256_mul_ps(v[k], mul)))
-    });
+    let ints: [__m256i; 4] = std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[k], mul))));
     let qoff = if with_sum { 4 } else { 2 };
     // f32 -> f16 bits rounding to nearest even (as `half`'s conversion), and back to f32 exactly.
-    let to_f16 = |v: f32| {
-        _mm_extract_epi16::<0>(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(v))) as u16
-    };
+    let to_f16 = |v: f32| _mm_extract_epi16::<0>(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(v))) as u16;
     let from_f16 = |h: u16| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
     let mut s_stored = 0.0;
     if with_sum {
-        let s = _mm256_add_epi32(
-            _mm256_add_epi32(ints[0], ints[1]),
-            _mm256_add_epi32(ints[2], ints[3]),
-        );
+        let s = _mm256_add_epi32(_mm256_add_epi32(ints[0], ints[1]), _mm256_add_epi32(ints[2], ints[3]));
         let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01))) as f32;
@@ -150,22 +107,15 @@ unsafe fn q8_legacy_avx2(x: &[f32], y: &mut [u8], with_sum: bool) -> (f32, f32, 
     // i32 -> i8 with saturation, then undo the lane interleaving of the packs.
     let i01 = _mm256_packs_epi32(ints[0], ints[1]);
     let i23 = _mm256_packs_epi32(ints[2], ints[3]);
-    let bytes = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(i01, i23),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
-    );
+    let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(y.as_mut_ptr().add(qoff) as *mut __m256i, bytes);
     let d_bits = to_f16(d);
     y[0..2].copy_from_slice(&d_bits.to_le_bytes());
     // The sum of the stored (saturated) codes: offset to unsigned, summed by `vpsadbw` against zero.
     let unsigned = _mm256_xor_si256(bytes, _mm256_set1_epi8(-128));
     let sad = _mm256_sad_epu8(unsigned, _mm256_setzero_si256());
-    let sad = _mm_add_epi64(
-        _mm256_castsi256_si128(sad),
-        _mm256_extracti128_si256(sad, 1),
-    );
-    let code_sum = (_mm_cvtsi128_si64(_mm_add_epi64(sad, _mm_unpackhi_epi64(sad, sad)))
-        - 128 * QK as i64) as i32;
+    let sad = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    let code_sum = (_mm_cvtsi128_si64(_mm_add_epi64(sad, _mm_unpackhi_epi64(sad, sad))) - 128 * QK as i64) as i32;
     (from_f16(d_bits), s_stored, code_sum)
 }
 
@@ -178,12 +128,9 @@ enum Flavor {
 #[inline(always)]
 fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
     let n = src.len();
-    let need = t.row_bytes(n).unwrap_or_else(|| {
-        panic!(
-            "quantize_row {t}: {n} is not a multiple of {}",
-            t.block_len()
-        )
-    });
+    let need = t
+        .row_bytes(n)
+        .unwrap_or_else(|| panic!("quantize_row {t}: {n} is not a multiple of {}", t.block_len()));
     assert!(
         dst.len() >= need,
         "quantize_row {t}: dst has {} bytes, need {need}",
@@ -203,10 +150,7 @@ fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
         }
         GgmlType::Q8_0 | GgmlType::Q8_1 => {
             let with_sum = t == GgmlType::Q8_1;
-            for (y, x) in dst
-                .chunks_exact_mut(t.block_bytes())
-                .zip(src.chunks_exact(QK))
-            {
+            for (y, x) in dst.chunks_exact_mut(t.block_bytes()).zip(src.chunks_exact(QK)) {
                 q8_legacy(x, y, with_sum, flavor);
             }
         }
@@ -215,9 +159,7 @@ fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
                 q8_k(x, y);
             }
         }
-        _ => panic!(
-            "quantize_row: {t} is a weight type; only F32, F16, Q8_0, Q8_1, Q8_K are supported"
-        ),
+        _ => panic!("quantize_row: {t} is a weight type; only F32, F16, Q8_0, Q8_1, Q8_K are supported"),
     }
 }
 
@@ -225,9 +167,7 @@ fn quantize(t: GgmlType, src: &[f32], dst: &mut [u8], flavor: Flavor) {
 #[inline(always)]
 fn q8_legacy(x: &[f32], y: &mut [u8], with_sum: bool, flavor: Flavor) {
     // ggml's MAX(a, b) is `a > b ? a : b`; mirror it (it matters only for NaN inputs).
-    let amax = x
-        .iter()
-        .fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() });
+    let amax = x.iter().fold(0.0f32, |m, v| if m > v.abs() { m } else { v.abs() });
     let d = amax / 127.0;
     let id = match flavor {
         Flavor::Reference => {
@@ -249,7 +189,7 @@ fn q8_legacy(x: &[f32], y: &mut [u8], with_sum: bool, flavor: Flavor) {
     let mut sum = 0i32;
     for (j, &v) in x.iter().enumerate() {
         let r = match flavor {
-            Flavor::Reference => (v * id).round(), // roundf: ties away from zero
+            Flavor::Reference => (v * id).round(),     // roundf: ties away from zero
             Flavor::X86 => (v * id).round_ties_even(), // _mm256_round_ps(_MM_ROUND_NEAREST)
         };
         let q = r as i8;

@@ -89,10 +89,7 @@ pub(super) unsafe fn hsum_ps128(v: __m128) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
-    hsum_ps128(_mm_add_ps(
-        _mm256_castps256_ps128(v),
-        _mm256_extractf128_ps(v, 1),
-    ))
+    hsum_ps128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)))
 }
 
 // ---- K-quants ----
@@ -103,18 +100,10 @@ pub(super) unsafe fn hsum_ps(v: __m256) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn k4_scales_and_min_term(bx: *const u8, by: *const u8) -> (__m128i, __m128i) {
     let u = unpack_k4_scales(std::slice::from_raw_parts(bx.add(K4_SCALES), 12));
-    let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-        u[3] as i32,
-        u[2] as i32,
-        u[1] as i32,
-        u[0] as i32,
-    ));
+    let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32));
     let bsums = load256(by.add(Q8_K_BSUMS));
     // adjacent 16-groups summed -> the 8 sub-block sums (|sum| <= 32*127, no i16 overflow)
-    let q8s = _mm_hadd_epi16(
-        _mm256_castsi256_si128(bsums),
-        _mm256_extracti128_si256(bsums, 1),
-    );
+    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
     let min_term = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
     (_mm256_castsi256_si128(ms), min_term)
 }
@@ -131,11 +120,7 @@ pub(super) unsafe fn min_update(acc_m: __m128, dd: __m128, min_term: __m128i, q5
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
         _mm_fnmadd_ss(_mm_cvtepi32_ps(s), _mm_movehdup_ps(dd), acc_m)
     } else {
-        _mm_fnmadd_ps(
-            _mm_permute_ps(dd, 0b0101_0101),
-            _mm_cvtepi32_ps(min_term),
-            acc_m,
-        )
+        _mm_fnmadd_ps(_mm_permute_ps(dd, 0b0101_0101), _mm_cvtepi32_ps(min_term), acc_m)
     }
 }
 

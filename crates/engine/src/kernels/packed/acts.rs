@@ -46,11 +46,7 @@ impl ActSide {
     pub fn shape(&mut self, act: GgmlType, cols: usize, n_tokens: usize) {
         self.act = Some(act);
         self.blocks = cols / act.block_len();
-        let (legacy, k) = if act == GgmlType::Q8_K {
-            (0, n_tokens * self.blocks)
-        } else {
-            (n_tokens * self.blocks, 0)
-        };
+        let (legacy, k) = if act == GgmlType::Q8_K { (0, n_tokens * self.blocks) } else { (n_tokens * self.blocks, 0) };
         self.legacy.resize(legacy, LSide::default());
         self.k.resize(k, KSide::default());
     }
@@ -65,32 +61,12 @@ impl ActSide {
     /// # Safety
     /// `ptrs` come from `ptrs()` of a table shaped for at least `t + 1` tokens of this `act`/`blocks`,
     /// and no one else writes token `t`'s entries meanwhile.
-    pub unsafe fn fill_token(
-        act: GgmlType,
-        blocks: usize,
-        ptrs: (*mut LSide, *mut KSide),
-        t: usize,
-        row: &[u8],
-    ) {
+    pub unsafe fn fill_token(act: GgmlType, blocks: usize, ptrs: (*mut LSide, *mut KSide), t: usize, row: &[u8]) {
         let bb = act.block_bytes();
         for (b, blk) in row.chunks_exact(bb).take(blocks).enumerate() {
             match act {
-                GgmlType::Q8_0 => {
-                    *ptrs.0.add(t * blocks + b) = LSide {
-                        d: rd_f16(blk, 0),
-                        s: 0.0,
-                        sum: code_sum(&blk[2..34]),
-                        _pad: 0,
-                    }
-                }
-                GgmlType::Q8_1 => {
-                    *ptrs.0.add(t * blocks + b) = LSide {
-                        d: rd_f16(blk, 0),
-                        s: rd_f16(blk, 2),
-                        sum: code_sum(&blk[4..36]),
-                        _pad: 0,
-                    }
-                }
+                GgmlType::Q8_0 => *ptrs.0.add(t * blocks + b) = LSide { d: rd_f16(blk, 0), s: 0.0, sum: code_sum(&blk[2..34]), _pad: 0 },
+                GgmlType::Q8_1 => *ptrs.0.add(t * blocks + b) = LSide { d: rd_f16(blk, 0), s: rd_f16(blk, 2), sum: code_sum(&blk[4..36]), _pad: 0 },
                 GgmlType::Q8_K => *ptrs.1.add(t * blocks + b) = k_side(blk),
                 other => unreachable!("{other} is not an activation type of the packed kernels"),
             }

@@ -29,25 +29,9 @@ pub(super) fn tile_tokens(t: GgmlType) -> usize {
 /// # Safety
 /// AVX2, FMA and F16C; `out` valid for the tile's writes; `x` holds tokens `t0..t0 + nt` of `m`'s
 /// activation type.
-pub(super) unsafe fn tile(
-    m: &PackedMatrix,
-    group: usize,
-    x: &PackedInput,
-    t0: usize,
-    nt: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     let valid = (m.rows - group * GROUP).min(GROUP);
-    let args = Tile {
-        m,
-        group,
-        x,
-        t0,
-        out,
-        out_stride,
-        valid,
-    };
+    let args = Tile { m, group, x, t0, out, out_stride, valid };
     for half in 0..valid.div_ceil(8) {
         macro_rules! by_nt {
             ($f:ident $(, $k:expr)?) => {
@@ -90,10 +74,7 @@ impl Tile<'_> {
 /// saturates i16 (see the module docs).
 #[inline(always)]
 unsafe fn dp(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)),
-    )
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
 }
 
 /// 4 activation codes at `p`, broadcast to every 32-bit lane.
@@ -111,17 +92,9 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
 /// Bit i of `bits` as byte i: 0x10 if set, else 0 (ggml's `bytes_from_bits_32`, then the 5th bit).
 #[inline(always)]
 unsafe fn fifth_bits(bits: u32) -> __m256i {
-    let shuffle = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
+    let shuffle = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
     let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuffle);
-    let set = _mm256_cmpeq_epi8(
-        _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
-        _mm256_set1_epi64x(-1),
-    );
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)), _mm256_set1_epi64x(-1));
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
@@ -155,10 +128,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
         let mut w = [_mm256_setzero_si256(); 8];
         if KIND == Q8_0 {
             for (g, wg) in w.iter_mut().enumerate() {
-                *wg = _mm256_xor_si256(
-                    _mm256_loadu_si256(p.add(64 * g + h) as *const __m256i),
-                    _mm256_set1_epi8(-128),
-                );
+                *wg = _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128));
             }
         } else {
             for v in 0..4 {
@@ -168,32 +138,19 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
             }
             if KIND == Q5_0 {
                 for (g, wg) in w.iter_mut().enumerate() {
-                    let bits = ((p.add(Q5_0_QH + 8 * g) as *const u64).read_unaligned()
-                        >> (32 * half)) as u32;
+                    let bits = ((p.add(Q5_0_QH + 8 * g) as *const u64).read_unaligned() >> (32 * half)) as u32;
                     *wg = _mm256_or_si256(*wg, fifth_bits(bits));
                 }
             }
         }
-        let mw = if KIND == Q4_1 {
-            f16x8(p.add(Q4_1_M + hd))
-        } else {
-            _mm256_setzero_ps()
-        };
+        let mw = if KIND == Q4_1 { f16x8(p.add(Q4_1_M + hd)) } else { _mm256_setzero_ps() };
         unroll!(NT, |t| {
             let side = &*side[t].add(b);
             let q = q[t].add(b * act_block);
-            let mut s = if offset == 0 {
-                _mm256_setzero_si256()
-            } else {
-                _mm256_set1_epi32(-offset * side.sum)
-            };
+            let mut s = if offset == 0 { _mm256_setzero_si256() } else { _mm256_set1_epi32(-offset * side.sum) };
             for (g, wg) in w.iter().enumerate() {
                 let y = codes4(q.add(4 * g));
-                s = if KIND == Q8_0 {
-                    dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(y, *wg))
-                } else {
-                    dp(s, *wg, y)
-                };
+                s = if KIND == Q8_0 { dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(y, *wg)) } else { dp(s, *wg, y) };
             }
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
@@ -211,9 +168,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
 /// Q4_K sub-block j's scales of the half's 8 rows, as i32 lanes.
 #[inline(always)]
 unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
-    _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-        p.add(Q4_K_SC + 16 * j + 8 * half) as *const __m128i
-    ))
+    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(Q4_K_SC + 16 * j + 8 * half) as *const __m128i))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -235,10 +190,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
             let mut hi = [_mm256_setzero_si256(); NT];
             for g in 0..8 {
                 let x = _mm256_loadu_si256(p.add(64 * (8 * c + g) + h) as *const __m256i);
-                let (wl, wh) = (
-                    _mm256_and_si256(x, nib),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib),
-                );
+                let (wl, wh) = (_mm256_and_si256(x, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib));
                 unroll!(NT, |t| {
                     let y = qs[t].add(64 * c + 4 * g);
                     lo[t] = dp(lo[t], wl, codes4(y));
@@ -246,20 +198,10 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
                 });
             }
             unroll!(NT, |t| {
-                sums[t] = _mm256_add_epi32(
-                    sums[t],
-                    _mm256_add_epi32(
-                        _mm256_mullo_epi32(lo[t], sc_lo),
-                        _mm256_mullo_epi32(hi[t], sc_hi),
-                    ),
-                );
+                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sc_lo), _mm256_mullo_epi32(hi[t], sc_hi)));
             });
         }
-        let mins: [__m256i; 4] = std::array::from_fn(|i| {
-            _mm256_cvtepu8_epi16(_mm_loadu_si128(
-                p.add(Q4_K_M + 32 * i + hd) as *const __m128i
-            ))
-        });
+        let mins: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + hd) as *const __m128i)));
         let (dw, dmw) = (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd)));
         unroll!(NT, |t| {
             let side = tl.k_side(t, b);
@@ -303,28 +245,13 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                 });
                 for c in 4 * cq..4 * cq + 4 {
                     let v1 = _mm256_loadu_si256(p.add(64 * (16 * h + c) + h8) as *const __m256i);
-                    let v2 =
-                        _mm256_loadu_si256(p.add(64 * (16 * h + c + 8) + h8) as *const __m256i);
-                    let hh = _mm256_loadu_si256(
-                        p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i
-                    );
+                    let v2 = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8) + h8) as *const __m256i);
+                    let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i);
                     let w = [
-                        _mm256_or_si256(
-                            _mm256_and_si256(v1, nib),
-                            _mm256_and_si256(_mm256_slli_epi16::<4>(hh), crumb),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(v2, nib),
-                            _mm256_and_si256(_mm256_slli_epi16::<2>(hh), crumb),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib),
-                            _mm256_and_si256(hh, crumb),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(v2), nib),
-                            _mm256_and_si256(_mm256_srli_epi16::<2>(hh), crumb),
-                        ),
+                        _mm256_or_si256(_mm256_and_si256(v1, nib), _mm256_and_si256(_mm256_slli_epi16::<4>(hh), crumb)),
+                        _mm256_or_si256(_mm256_and_si256(v2, nib), _mm256_and_si256(_mm256_slli_epi16::<2>(hh), crumb)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib), _mm256_and_si256(hh, crumb)),
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v2), nib), _mm256_and_si256(_mm256_srli_epi16::<2>(hh), crumb)),
                     ];
                     unroll!(NT, |t| {
                         let y = qs[t].add(128 * h + 4 * c);
@@ -333,11 +260,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                         }
                     });
                 }
-                let sc: [__m256i; 4] = std::array::from_fn(|s| {
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        p.add(Q6_K_SC + 16 * sub(s) + 8 * half) as *const __m128i
-                    ))
-                });
+                let sc: [__m256i; 4] = std::array::from_fn(|s| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(Q6_K_SC + 16 * sub(s) + 8 * half) as *const __m128i)));
                 unroll!(NT, |t| {
                     for s in 0..4 {
                         sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part[t][s], sc[s]));

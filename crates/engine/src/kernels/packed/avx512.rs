@@ -16,25 +16,9 @@ use crate::kernels::ggml::GgmlType;
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, FMA and F16C; `out` valid for the tile's writes; `x` holds tokens
 /// `t0..t0 + nt` of `m`'s activation type.
-pub(super) unsafe fn tile(
-    m: &PackedMatrix,
-    group: usize,
-    x: &PackedInput,
-    t0: usize,
-    nt: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     let valid = (m.rows - group * GROUP).min(GROUP);
-    let args = Tile {
-        m,
-        group,
-        x,
-        t0,
-        out,
-        out_stride,
-        valid,
-    };
+    let args = Tile { m, group, x, t0, out, out_stride, valid };
     macro_rules! by_nt {
         ($f:ident $(, $k:expr)?) => {
             match nt {
@@ -138,11 +122,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
                 }
             }
         }
-        let mw = if KIND == Q4_1 {
-            f16x16(p.add(Q4_1_M))
-        } else {
-            _mm512_setzero_ps()
-        };
+        let mw = if KIND == Q4_1 { f16x16(p.add(Q4_1_M)) } else { _mm512_setzero_ps() };
         // The integer dots of all tokens first, k-group outer: the tokens' chains interleave in program
         // order, so the scheduler always has independent vpdpbusd at hand (integer sums: any order is
         // the same result).
@@ -155,19 +135,14 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
             });
             for (g, wg) in w.iter().enumerate() {
                 unroll!(NT, |t| {
-                    sums[t] =
-                        _mm512_dpbusd_epi32(sums[t], *wg, codes4(q[t].add(b * act_block + 4 * g)));
+                    sums[t] = _mm512_dpbusd_epi32(sums[t], *wg, codes4(q[t].add(b * act_block + 4 * g)));
                 });
             }
         }
         unroll!(NT, |t| {
             let side = &*side[t].add(b);
             let q = q[t].add(b * act_block);
-            let start = if offset == 0 {
-                _mm512_setzero_si512()
-            } else {
-                _mm512_set1_epi32(-offset * side.sum)
-            };
+            let start = if offset == 0 { _mm512_setzero_si512() } else { _mm512_set1_epi32(-offset * side.sum) };
             let sum = if NT < 3 {
                 // Two chains: one token alone would otherwise wait on 8 dependent vpdpbusd.
                 let (mut even, mut odd) = (start, _mm512_setzero_si512());
@@ -203,20 +178,13 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
         let mut sums = [_mm512_setzero_si512(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for c in 0..4 {
-            let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                p.add(Q4_K_SC + 16 * (2 * c)) as *const __m128i
-            ));
-            let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                p.add(Q4_K_SC + 16 * (2 * c + 1)) as *const __m128i
-            ));
+            let sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(Q4_K_SC + 16 * (2 * c)) as *const __m128i));
+            let sc_hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(Q4_K_SC + 16 * (2 * c + 1)) as *const __m128i));
             let mut lo = [_mm512_setzero_si512(); NT];
             let mut hi = [_mm512_setzero_si512(); NT];
             for g in 0..8 {
                 let x = _mm512_loadu_si512(p.add(64 * (8 * c + g)) as *const __m512i);
-                let (wl, wh) = (
-                    _mm512_and_si512(x, nib),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(x), nib),
-                );
+                let (wl, wh) = (_mm512_and_si512(x, nib), _mm512_and_si512(_mm512_srli_epi16::<4>(x), nib));
                 unroll!(NT, |t| {
                     let y = qs[t].add(64 * c + 4 * g);
                     lo[t] = _mm512_dpbusd_epi32(lo[t], wl, codes4(y));
@@ -224,18 +192,10 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
                 });
             }
             unroll!(NT, |t| {
-                sums[t] = _mm512_add_epi32(
-                    sums[t],
-                    _mm512_add_epi32(
-                        _mm512_mullo_epi32(lo[t], sc_lo),
-                        _mm512_mullo_epi32(hi[t], sc_hi),
-                    ),
-                );
+                sums[t] = _mm512_add_epi32(sums[t], _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sc_lo), _mm512_mullo_epi32(hi[t], sc_hi)));
             });
         }
-        let mins: [__m512i; 4] = std::array::from_fn(|i| {
-            _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(Q4_K_M + 32 * i) as *const __m256i))
-        });
+        let mins: [__m512i; 4] = std::array::from_fn(|i| _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.add(Q4_K_M + 32 * i) as *const __m256i)));
         let (dw, dmw) = (f16x16(p.add(Q4_K_D)), f16x16(p.add(Q4_K_DMIN)));
         unroll!(NT, |t| {
             let side = tl.k_side(t, b);
@@ -277,39 +237,21 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile) {
                 for c in 4 * cq..4 * cq + 4 {
                     let v1 = _mm512_loadu_si512(p.add(64 * (16 * h + c)) as *const __m512i);
                     let v2 = _mm512_loadu_si512(p.add(64 * (16 * h + c + 8)) as *const __m512i);
-                    let hh =
-                        _mm512_loadu_si512(p.add(Q6_K_QH + 64 * (8 * h + c)) as *const __m512i);
+                    let hh = _mm512_loadu_si512(p.add(Q6_K_QH + 64 * (8 * h + c)) as *const __m512i);
                     let w = [
-                        _mm512_or_si512(
-                            _mm512_and_si512(v1, nib),
-                            _mm512_and_si512(_mm512_slli_epi16::<4>(hh), crumb),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(v2, nib),
-                            _mm512_and_si512(_mm512_slli_epi16::<2>(hh), crumb),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v1), nib),
-                            _mm512_and_si512(hh, crumb),
-                        ),
-                        _mm512_or_si512(
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v2), nib),
-                            _mm512_and_si512(_mm512_srli_epi16::<2>(hh), crumb),
-                        ),
+                        _mm512_or_si512(_mm512_and_si512(v1, nib), _mm512_and_si512(_mm512_slli_epi16::<4>(hh), crumb)),
+                        _mm512_or_si512(_mm512_and_si512(v2, nib), _mm512_and_si512(_mm512_slli_epi16::<2>(hh), crumb)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v1), nib), _mm512_and_si512(hh, crumb)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16::<4>(v2), nib), _mm512_and_si512(_mm512_srli_epi16::<2>(hh), crumb)),
                     ];
                     unroll!(NT, |t| {
                         let y = qs[t].add(128 * h + 4 * c);
                         for s in 0..4 {
-                            part[t][s] =
-                                _mm512_dpbusd_epi32(part[t][s], w[s], codes4(y.add(32 * s)));
+                            part[t][s] = _mm512_dpbusd_epi32(part[t][s], w[s], codes4(y.add(32 * s)));
                         }
                     });
                 }
-                let sc: [__m512i; 4] = std::array::from_fn(|s| {
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128(
-                        p.add(Q6_K_SC + 16 * sub(s)) as *const __m128i
-                    ))
-                });
+                let sc: [__m512i; 4] = std::array::from_fn(|s| _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(Q6_K_SC + 16 * sub(s)) as *const __m128i)));
                 unroll!(NT, |t| {
                     for s in 0..4 {
                         sums[t] = _mm512_add_epi32(sums[t], _mm512_mullo_epi32(part[t][s], sc[s]));

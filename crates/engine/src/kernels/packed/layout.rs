@@ -18,10 +18,10 @@
 //!   Q6_K  ql 32 vectors @0 (vector 16h+c: row bytes ql[64h+4c..]) | qh 16 vectors @2048 (vector 8h+c:
 //!         row bytes qh[32h+4c..]) | scales [16][16 rows] i8 @3072 | d @3328                  3360 B
 
-use super::reference::{legacy_codes, q4_k_codes, q6_k_codes};
-use crate::huge_buf::HugeBuf;
 use crate::kernels::ggml::{blocks, GgmlType, Line};
+use crate::huge_buf::HugeBuf;
 use std::sync::Arc;
+use super::reference::{legacy_codes, q4_k_codes, q6_k_codes};
 
 /// Weight rows per group.
 pub const GROUP: usize = 16;
@@ -89,14 +89,7 @@ impl std::ops::Deref for PackedMatrix {
 
 impl PackedShape {
     pub fn new(t: GgmlType, rows: usize, cols: usize) -> Self {
-        PackedShape {
-            dtype: t,
-            rows,
-            cols,
-            groups: rows.div_ceil(GROUP),
-            blocks: cols / t.block_len(),
-            block_bytes: group_block_bytes(t),
-        }
+        PackedShape { dtype: t, rows, cols, groups: rows.div_ceil(GROUP), blocks: cols / t.block_len(), block_bytes: group_block_bytes(t) }
     }
 
     /// 64-byte lines the packed matrix takes.
@@ -108,14 +101,8 @@ impl PackedShape {
 impl PackedMatrix {
     /// The matrix `shape` packed (by `pack_into`) into `arena` from line `first` on.
     pub fn in_arena(shape: PackedShape, arena: Arc<HugeBuf<Line>>, first: usize) -> PackedMatrix {
-        assert!(
-            first + shape.lines() <= arena.len(),
-            "packed matrix outside its arena"
-        );
-        PackedMatrix {
-            shape,
-            data: Store::Arena(arena, first),
-        }
+        assert!(first + shape.lines() <= arena.len(), "packed matrix outside its arena");
+        PackedMatrix { shape, data: Store::Arena(arena, first) }
     }
 
     fn lines(&self) -> &[Line] {
@@ -136,12 +123,7 @@ impl PackedMatrix {
     /// All bytes (for prefetching and size reports).
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `Line` is plain bytes, and the matrix's lines hold this many.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.lines().as_ptr() as *const u8,
-                self.groups * self.blocks * self.block_bytes,
-            )
-        }
+        unsafe { std::slice::from_raw_parts(self.lines().as_ptr() as *const u8, self.groups * self.blocks * self.block_bytes) }
     }
 }
 
@@ -152,41 +134,18 @@ pub fn pack(t: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> PackedMatrix
 
 /// `pack`, calling `done(range)` with each range of `bytes` it has finished reading (a few MiB at a
 /// time), so the caller can let the pages of a memory map go while the rest is packed.
-pub fn pack_releasing(
-    t: GgmlType,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-    done: &dyn Fn(std::ops::Range<usize>),
-) -> PackedMatrix {
+pub fn pack_releasing(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>)) -> PackedMatrix {
     let shape = PackedShape::new(t, rows, cols);
     let mut data = vec![Line([0; 64]); shape.lines()];
     pack_into(t, rows, cols, bytes, done, &mut data);
-    PackedMatrix {
-        shape,
-        data: Store::Own(data),
-    }
+    PackedMatrix { shape, data: Store::Own(data) }
 }
 
 /// `pack_releasing` into `out` (`PackedShape::lines` zeroed lines, e.g. a range of an arena).
-pub fn pack_into(
-    t: GgmlType,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-    done: &dyn Fn(std::ops::Range<usize>),
-    out: &mut [Line],
-) -> PackedShape {
-    assert!(
-        rows > 0 && cols > 0,
-        "pack {t}: an empty matrix ({rows} x {cols})"
-    );
+pub fn pack_into(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], done: &dyn Fn(std::ops::Range<usize>), out: &mut [Line]) -> PackedShape {
+    assert!(rows > 0 && cols > 0, "pack {t}: an empty matrix ({rows} x {cols})");
     let row_bytes = t.row_bytes(cols).expect("cols a whole number of blocks");
-    assert!(
-        bytes.len() >= rows * row_bytes,
-        "pack {t}: {} bytes for {rows} rows of {row_bytes}",
-        bytes.len()
-    );
+    assert!(bytes.len() >= rows * row_bytes, "pack {t}: {} bytes for {rows} rows of {row_bytes}", bytes.len());
     let shape = PackedShape::new(t, rows, cols);
     let (groups, blocks, gbb) = (shape.groups, shape.blocks, shape.block_bytes);
     assert_eq!(out.len(), shape.lines(), "pack {t}: output lines");
@@ -233,32 +192,21 @@ fn pack_group_block(t: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
                 let (q, _) = legacy_codes(t, s);
                 if t == GgmlType::Q8_0 {
                     for g in 0..8 {
-                        put4(
-                            &mut dst[64 * g..],
-                            r,
-                            q[4 * g..4 * g + 4].try_into().expect("4 codes"),
-                        );
+                        put4(&mut dst[64 * g..], r, q[4 * g..4 * g + 4].try_into().expect("4 codes"));
                     }
                 } else {
                     for v in 0..4 {
-                        let four = std::array::from_fn(|j| {
-                            (q[4 * v + j] & 0x0F) | (q[16 + 4 * v + j] & 0x0F) << 4
-                        });
+                        let four = std::array::from_fn(|j| (q[4 * v + j] & 0x0F) | (q[16 + 4 * v + j] & 0x0F) << 4);
                         put4(&mut dst[64 * v..], r, four);
                     }
                 }
                 if t == GgmlType::Q5_0 {
                     for g in 0..8 {
-                        let mut mask = u64::from_le_bytes(
-                            dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8]
-                                .try_into()
-                                .expect("8 bytes"),
-                        );
+                        let mut mask = u64::from_le_bytes(dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8].try_into().expect("8 bytes"));
                         for j in 0..4 {
                             mask |= ((q[4 * g + j] >> 4) as u64 & 1) << (4 * r + j);
                         }
-                        dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8]
-                            .copy_from_slice(&mask.to_le_bytes());
+                        dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8].copy_from_slice(&mask.to_le_bytes());
                     }
                 }
             }
@@ -278,9 +226,7 @@ fn pack_group_block(t: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
                 let (q, sc, m) = q4_k_codes(s);
                 for c in 0..4 {
                     for g in 0..8 {
-                        let four = std::array::from_fn(|j| {
-                            q[64 * c + 4 * g + j] | q[64 * c + 32 + 4 * g + j] << 4
-                        });
+                        let four = std::array::from_fn(|j| q[64 * c + 4 * g + j] | q[64 * c + 32 + 4 * g + j] << 4);
                         put4(&mut dst[64 * (8 * c + g)..], r, four);
                     }
                 }
@@ -300,19 +246,11 @@ fn pack_group_block(t: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
                 for h in 0..2 {
                     for c in 0..16 {
                         let o = 64 * h + 4 * c;
-                        put4(
-                            &mut dst[64 * (16 * h + c)..],
-                            r,
-                            s[o..o + 4].try_into().expect("4 bytes"),
-                        );
+                        put4(&mut dst[64 * (16 * h + c)..], r, s[o..o + 4].try_into().expect("4 bytes"));
                     }
                     for c in 0..8 {
                         let o = Q6_K_QH_GGML + 32 * h + 4 * c;
-                        put4(
-                            &mut dst[Q6_K_QH + 64 * (8 * h + c)..],
-                            r,
-                            s[o..o + 4].try_into().expect("4 bytes"),
-                        );
+                        put4(&mut dst[Q6_K_QH + 64 * (8 * h + c)..], r, s[o..o + 4].try_into().expect("4 bytes"));
                     }
                 }
                 let (_, sc) = q6_k_codes(s);

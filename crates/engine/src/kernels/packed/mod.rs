@@ -26,17 +26,17 @@
 //! bytes per row as the GGUF file (Q4_K: 148 instead of 144). A group's blocks follow one another, so
 //! decode reads each weight matrix as one sequential stream.
 
-pub mod acts;
+mod layout;
+pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-mod layout;
-pub mod reference;
-#[cfg(test)]
-mod tests;
 #[cfg(target_arch = "x86_64")]
 mod tile;
+pub mod acts;
+#[cfg(test)]
+mod tests;
 
 pub use acts::{ActSide, KSide};
 pub use layout::{pack, pack_into, pack_releasing, PackedMatrix, PackedShape, GROUP};
@@ -86,15 +86,7 @@ pub fn kernels_available() -> bool {
 
 /// Whether weights of type `t` can be packed (the others keep the ggml kernels in either numerics).
 pub fn packable(t: GgmlType) -> bool {
-    matches!(
-        t,
-        GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q6_K
-    )
+    matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// Most tokens one kernel call handles for weights of type `t` (its accumulators live in registers).
@@ -122,15 +114,7 @@ pub struct PackedInput<'a> {
 ///
 /// # Safety
 /// `kernels_available()`; `out` must be valid for those writes and no other thread may write them.
-pub unsafe fn tile(
-    m: &PackedMatrix,
-    group: usize,
-    x: &PackedInput,
-    t0: usize,
-    nt: usize,
-    out: *mut f32,
-    out_stride: usize,
-) {
+pub unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     debug_assert!(nt >= 1 && nt <= tile_tokens(m.dtype));
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::ggml::simd_level() >= crate::kernels::ggml::SimdLevel::Avx512 {

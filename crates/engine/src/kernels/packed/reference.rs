@@ -1,24 +1,19 @@
 //! The packed numerics defined in plain Rust, on the GGUF (ggml) block layouts: one (row, token) dot.
 //! Every packed kernel must return exactly these bits; nothing here is tuned for speed.
 
-use super::acts::k_side;
 use crate::kernels::ggml::blocks::*;
 use crate::kernels::ggml::GgmlType;
+use super::acts::k_side;
 
 /// The dot of one weight row of type `t` (`n` elements, ggml bytes) with one activation row quantized
 /// to `t.dot_activation_type()` (ggml bytes), in the packed numerics (see the module docs of `packed`).
 pub fn dot(t: GgmlType, n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wb, ab) = (t.block_bytes(), t.dot_activation_type().block_bytes());
-    let blocks = w
-        .chunks_exact(wb)
-        .zip(a.chunks_exact(ab))
-        .take(n / t.block_len());
+    let blocks = w.chunks_exact(wb).zip(a.chunks_exact(ab)).take(n / t.block_len());
     let mut acc = 0.0f32;
     for (x, y) in blocks {
         acc = match t {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_1 => {
-                legacy_block(t, x, y, acc)
-            }
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_1 => legacy_block(t, x, y, acc),
             GgmlType::Q4_K => q4_k_block(x, y, acc),
             GgmlType::Q6_K => q6_k_block(x, y, acc),
             other => panic!("{other} has no packed numerics"),
@@ -65,18 +60,9 @@ pub(super) fn legacy_codes(t: GgmlType, x: &[u8]) -> ([u8; 32], i32) {
 
 fn legacy_block(t: GgmlType, x: &[u8], y: &[u8], acc: f32) -> f32 {
     let (q, o) = legacy_codes(t, x);
-    let qy = if t == GgmlType::Q4_1 {
-        &y[4..36]
-    } else {
-        &y[2..34]
-    };
+    let qy = if t == GgmlType::Q4_1 { &y[4..36] } else { &y[2..34] };
     let ysum: i32 = qy.iter().map(|&v| v as i8 as i32).sum();
-    let s: i32 = q
-        .iter()
-        .zip(qy)
-        .map(|(&a, &b)| a as i32 * b as i8 as i32)
-        .sum::<i32>()
-        - o * ysum;
+    let s: i32 = q.iter().zip(qy).map(|(&a, &b)| a as i32 * b as i8 as i32).sum::<i32>() - o * ysum;
     let acc = (rd_f16(x, 0) * rd_f16(y, 0)).mul_add(s as f32, acc);
     if t == GgmlType::Q4_1 {
         rd_f16(x, 2).mul_add(rd_f16(y, 2), acc)
@@ -104,14 +90,7 @@ fn q4_k_block(x: &[u8], y: &[u8], acc: f32) -> f32 {
     let (q, sc, m) = q4_k_codes(x);
     let qy = &y[Q8_K_QS..Q8_K_QS + 256];
     let side = k_side(y);
-    let s: i32 = (0..8)
-        .map(|j| {
-            sc[j] as i32
-                * (0..32)
-                    .map(|l| q[32 * j + l] as i32 * qy[32 * j + l] as i8 as i32)
-                    .sum::<i32>()
-        })
-        .sum();
+    let s: i32 = (0..8).map(|j| sc[j] as i32 * (0..32).map(|l| q[32 * j + l] as i32 * qy[32 * j + l] as i8 as i32).sum::<i32>()).sum();
     let mins: i32 = (0..8).map(|j| m[j] as i32 * side.sum32[j] as i32).sum();
     let dy = side.d;
     let acc = (rd_f16(x, 0) * dy).mul_add(s as f32, acc);
@@ -139,13 +118,7 @@ fn q6_k_block(x: &[u8], y: &[u8], acc: f32) -> f32 {
     let qy = &y[Q8_K_QS..Q8_K_QS + 256];
     let side = k_side(y);
     let s: i32 = (0..16)
-        .map(|j| {
-            sc[j] as i32
-                * ((0..16)
-                    .map(|l| q[16 * j + l] as i32 * qy[16 * j + l] as i8 as i32)
-                    .sum::<i32>()
-                    + side.neg32_sum16[j])
-        })
+        .map(|j| sc[j] as i32 * ((0..16).map(|l| q[16 * j + l] as i32 * qy[16 * j + l] as i8 as i32).sum::<i32>() + side.neg32_sum16[j]))
         .sum();
     (rd_f16(x, Q6_K_D) * side.d).mul_add(s as f32, acc)
 }

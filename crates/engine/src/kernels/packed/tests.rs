@@ -2,27 +2,12 @@ use super::*;
 use crate::kernels::ggml::tests::{random_weights, Rng};
 use crate::kernels::ggml::{dequantize_row, quantize_row_ggml_x86};
 
-const TYPES: [GgmlType; 6] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
+const TYPES: [GgmlType; 6] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
 
 /// Random weights and quantized activations for a matmul of `rows` × `cols` against `n` tokens.
-fn case(
-    t: GgmlType,
-    rows: usize,
-    cols: usize,
-    n: usize,
-    seed: u64,
-) -> (Vec<u8>, Vec<u8>, Vec<f32>) {
+fn case(t: GgmlType, rows: usize, cols: usize, n: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<f32>) {
     let mut rng = Rng::new(seed);
-    let w: Vec<u8> = (0..rows)
-        .flat_map(|_| random_weights(t, cols, &mut rng))
-        .collect();
+    let w: Vec<u8> = (0..rows).flat_map(|_| random_weights(t, cols, &mut rng)).collect();
     let x: Vec<f32> = (0..n * cols).map(|_| rng.activation()).collect();
     let act = t.dot_activation_type();
     let ab = act.row_bytes(cols).unwrap();
@@ -63,16 +48,9 @@ fn reference_is_the_dot_of_the_dequantized_values() {
                 dequantize_row(act, ar, &mut af);
                 let want: f64 = wf.iter().zip(&af).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let got = reference::dot(t, cols, wr, ar) as f64;
-                let scale: f64 = wf
-                    .iter()
-                    .zip(&af)
-                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                    .sum();
+                let scale: f64 = wf.iter().zip(&af).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
                 // Q4_1's m·s term uses ggml's s, rounded to f16: allow for it.
-                assert!(
-                    (got - want).abs() <= 2e-3 * scale + 1e-6,
-                    "{t} row {r} token {k}: {got} vs {want} (scale {scale})"
-                );
+                assert!((got - want).abs() <= 2e-3 * scale + 1e-6, "{t} row {r} token {k}: {got} vs {want} (scale {scale})");
             }
         }
     }
@@ -83,10 +61,7 @@ fn reference_is_the_dot_of_the_dequantized_values() {
 /// count a tile takes.
 #[test]
 fn kernels_equal_the_reference_bit_for_bit() {
-    if !crate::kernels::cpu::tests::test_needs(
-        crate::kernels::cpu::SimdLevel::Avx2,
-        "packed kernels vs the definition",
-    ) {
+    if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed kernels vs the definition") {
         return;
     }
     let (cols, n) = (768, 11);
@@ -96,11 +71,7 @@ fn kernels_equal_the_reference_bit_for_bit() {
         let act = t.dot_activation_type();
         let ab = act.row_bytes(cols).unwrap();
         let side = side_of(t, cols, n, &xq);
-        let input = PackedInput {
-            xq: &xq,
-            row_bytes: ab,
-            side: &side,
-        };
+        let input = PackedInput { xq: &xq, row_bytes: ab, side: &side };
         let wb = t.row_bytes(cols).unwrap();
         for nt in 1..=tile_tokens(t) {
             let mut out = vec![f32::NAN; n * rows];
@@ -115,18 +86,8 @@ fn kernels_equal_the_reference_bit_for_bit() {
             }
             for tok in 0..n {
                 for r in 0..rows {
-                    let want = reference::dot(
-                        t,
-                        cols,
-                        &w[r * wb..(r + 1) * wb],
-                        &xq[tok * ab..(tok + 1) * ab],
-                    );
-                    assert_eq!(
-                        out[tok * rows + r].to_bits(),
-                        want.to_bits(),
-                        "{t} tile {nt}: token {tok} row {r}: {} vs {want}",
-                        out[tok * rows + r]
-                    );
+                    let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
+                    assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} tile {nt}: token {tok} row {r}: {} vs {want}", out[tok * rows + r]);
                 }
             }
         }
@@ -140,11 +101,7 @@ fn packed_size_is_the_file_size() {
         let (rows, cols) = (64, 512);
         let w = vec![0u8; rows * t.row_bytes(cols).unwrap()];
         let m = pack(t, rows, cols, &w);
-        let extra = if t == GgmlType::Q4_K {
-            4 * rows * cols / 256
-        } else {
-            0
-        };
+        let extra = if t == GgmlType::Q4_K { 4 * rows * cols / 256 } else { 0 };
         assert_eq!(m.bytes().len(), w.len() + extra, "{t}");
     }
 }
@@ -157,15 +114,10 @@ fn quantizing_with_sides_is_quantizing_then_reading_the_sides() {
     use crate::kernels::ggml::quantize_row_legacy_with_sides;
     let cols = 256;
     let mut rng = Rng::new(5);
-    let mut rows: Vec<Vec<f32>> = (0..4)
-        .map(|_| (0..cols).map(|_| rng.activation()).collect())
-        .collect();
+    let mut rows: Vec<Vec<f32>> = (0..4).map(|_| (0..cols).map(|_| rng.activation()).collect()).collect();
     let mut special: Vec<f32> = (0..cols).map(|i| (i as f32 - 128.0) * 1e-6).collect();
     special[..32].iter_mut().for_each(|v| *v = 0.0);
-    special[32..64]
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, v)| *v = if i % 2 == 0 { 1e4 } else { -1e4 });
+    special[32..64].iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 1e4 } else { -1e4 });
     special[64..96].iter_mut().for_each(|v| *v *= 1e-3);
     rows.push(special);
     for act in [GgmlType::Q8_0, GgmlType::Q8_1] {
@@ -173,16 +125,7 @@ fn quantizing_with_sides_is_quantizing_then_reading_the_sides() {
         for (i, row) in rows.iter().enumerate() {
             let (mut want_q, mut got_q) = (vec![0u8; ab], vec![0u8; ab]);
             quantize_row_ggml_x86(act, row, &mut want_q);
-            let want = side_of(
-                if act == GgmlType::Q8_0 {
-                    GgmlType::Q8_0
-                } else {
-                    GgmlType::Q4_1
-                },
-                cols,
-                1,
-                &want_q,
-            );
+            let want = side_of(if act == GgmlType::Q8_0 { GgmlType::Q8_0 } else { GgmlType::Q4_1 }, cols, 1, &want_q);
             let mut got = vec![acts::LSide::default(); cols / 32];
             if !quantize_row_legacy_with_sides(act, row, &mut got_q, &mut got) {
                 eprintln!("note: no AVX2/F16C here; nothing to compare");
@@ -190,11 +133,7 @@ fn quantizing_with_sides_is_quantizing_then_reading_the_sides() {
             }
             assert_eq!(got_q, want_q, "{act} row {i}: bytes");
             for (b, (g, w)) in got.iter().zip(&want.legacy).enumerate() {
-                assert_eq!(
-                    (g.d.to_bits(), g.s.to_bits(), g.sum),
-                    (w.d.to_bits(), w.s.to_bits(), w.sum),
-                    "{act} row {i} block {b}"
-                );
+                assert_eq!((g.d.to_bits(), g.s.to_bits(), g.sum), (w.d.to_bits(), w.s.to_bits(), w.sum), "{act} row {i} block {b}");
             }
         }
     }

@@ -52,10 +52,7 @@ impl Tile<'_> {
     /// through it is in bounds for every b < blocks).
     pub(super) fn legacy_sides(&self, t: usize) -> *const LSide {
         let first = (self.t0 + t) * self.m.blocks;
-        assert!(
-            first + self.m.blocks <= self.x.side.legacy.len(),
-            "side table shaped for the tile"
-        );
+        assert!(first + self.m.blocks <= self.x.side.legacy.len(), "side table shaped for the tile");
         // SAFETY: in bounds, checked just above.
         unsafe { self.x.side.legacy.as_ptr().add(first) }
     }
@@ -75,8 +72,7 @@ impl Tile<'_> {
     /// Token `t`'s outputs for the group's first row.
     #[inline(always)]
     pub(super) unsafe fn out_row(&self, t: usize) -> *mut f32 {
-        self.out
-            .add((self.t0 + t) * self.out_stride + self.group * GROUP)
+        self.out.add((self.t0 + t) * self.out_stride + self.group * GROUP)
     }
 }
 

@@ -26,27 +26,15 @@ unsafe fn v_expf(x: __m256) -> __m256 {
     let r = _mm256_set1_ps(c(0x4b40_0000));
     let z = _mm256_fmadd_ps(x, _mm256_set1_ps(c(0x3fb8_aa3b)), r);
     let n = _mm256_sub_ps(z, r);
-    let b = _mm256_fnmadd_ps(
-        n,
-        _mm256_set1_ps(c(0x35bf_be8e)),
-        _mm256_fnmadd_ps(n, _mm256_set1_ps(c(0x3f31_7200)), x),
-    );
+    let b = _mm256_fnmadd_ps(n, _mm256_set1_ps(c(0x35bf_be8e)), _mm256_fnmadd_ps(n, _mm256_set1_ps(c(0x3f31_7200)), x));
     let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
     let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
     let u = _mm256_mul_ps(b, b);
     let j = _mm256_fmadd_ps(
         _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(c(0x3c07_2010)),
-                b,
-                _mm256_set1_ps(c(0x3d2b_9f17)),
-            ),
+            _mm256_fmadd_ps(_mm256_set1_ps(c(0x3c07_2010)), b, _mm256_set1_ps(c(0x3d2b_9f17))),
             u,
-            _mm256_fmadd_ps(
-                _mm256_set1_ps(c(0x3e2a_af33)),
-                b,
-                _mm256_set1_ps(c(0x3eff_fedb)),
-            ),
+            _mm256_fmadd_ps(_mm256_set1_ps(c(0x3e2a_af33)), b, _mm256_set1_ps(c(0x3eff_fedb))),
         ),
         u,
         _mm256_fmadd_ps(_mm256_set1_ps(c(0x3f7f_fff6)), b, _mm256_set1_ps(1.0)),
@@ -56,11 +44,7 @@ unsafe fn v_expf(x: __m256) -> __m256 {
         return res;
     }
     let zero = _mm256_setzero_ps();
-    let alt = _mm256_blendv_ps(
-        _mm256_set1_ps(f32::INFINITY),
-        zero,
-        _mm256_cmp_ps::<_CMP_LE_OQ>(n, zero),
-    );
+    let alt = _mm256_blendv_ps(_mm256_set1_ps(f32::INFINITY), zero, _mm256_cmp_ps::<_CMP_LE_OQ>(n, zero));
     _mm256_blendv_ps(res, alt, d)
 }
 
@@ -69,28 +53,16 @@ unsafe fn v_expf(x: __m256) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scalef(j: __m256, n: __m256) -> __m256 {
     // |j| < 2 here, so for n in -125..=127 both 2^n and j·2^n are normal and the product is exact.
-    let normal = _mm256_and_ps(
-        _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-125.0)),
-        _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
-    );
+    let normal = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-125.0)), _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)));
     if _mm256_movemask_ps(normal) == 0xff {
-        let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
+        let pow = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127))));
         return _mm256_mul_ps(j, pow);
     }
     // Clamped so that the f64 exponent stays valid; lanes beyond ±192 are replaced by the caller.
-    let n = _mm256_min_ps(
-        _mm256_max_ps(n, _mm256_set1_ps(-1000.0)),
-        _mm256_set1_ps(1000.0),
-    );
+    let n = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-1000.0)), _mm256_set1_ps(1000.0));
     let ni = _mm256_cvtps_epi32(n);
     let lo = scalef_f64(_mm256_castps256_ps128(j), _mm256_castsi256_si128(ni));
-    let hi = scalef_f64(
-        _mm256_extractf128_ps::<1>(j),
-        _mm256_extracti128_si256::<1>(ni),
-    );
+    let hi = scalef_f64(_mm256_extractf128_ps::<1>(j), _mm256_extracti128_si256::<1>(ni));
     _mm256_set_m128(hi, lo)
 }
 
@@ -98,10 +70,7 @@ unsafe fn scalef(j: __m256, n: __m256) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scalef_f64(j4: __m128, n4: __m128i) -> __m128 {
-    let pow = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(
-        _mm256_cvtepi32_epi64(n4),
-        _mm256_set1_epi64x(1023),
-    )));
+    let pow = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(_mm256_cvtepi32_epi64(n4), _mm256_set1_epi64x(1023))));
     _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(j4), pow))
 }
 
@@ -146,19 +115,14 @@ pub unsafe fn soft_max(scores: &mut [f32], first_cell: usize) {
     let mut base = -((first_cell % 16) as isize); // score index of lane 0 of the current 16-lane vector
     let mut buf = [f32::NEG_INFINITY; 16];
     while base < len as isize {
-        let (lo, hi) = (
-            (-base).max(0) as usize,
-            (len as isize - base).min(16) as usize,
-        );
+        let (lo, hi) = ((-base).max(0) as usize, (len as isize - base).min(16) as usize);
         let full = lo == 0 && hi == 16;
         let p = if full {
             scores.as_mut_ptr().offset(base)
         } else {
             // a partial vector: masked lanes hold -inf, whose exp is 0
             buf = [f32::NEG_INFINITY; 16];
-            buf[lo..hi].copy_from_slice(
-                &scores[(base + lo as isize) as usize..(base + hi as isize) as usize],
-            );
+            buf[lo..hi].copy_from_slice(&scores[(base + lo as isize) as usize..(base + hi as isize) as usize]);
             buf.as_mut_ptr()
         };
         let e0 = v_expf(_mm256_sub_ps(_mm256_loadu_ps(p), maxv));
@@ -166,8 +130,7 @@ pub unsafe fn soft_max(scores: &mut [f32], first_cell: usize) {
         _mm256_storeu_ps(p, e0);
         _mm256_storeu_ps(p.add(8), e1);
         if !full {
-            scores[(base + lo as isize) as usize..(base + hi as isize) as usize]
-                .copy_from_slice(&buf[lo..hi]);
+            scores[(base + lo as isize) as usize..(base + hi as isize) as usize].copy_from_slice(&buf[lo..hi]);
         }
         sum += reduce_add(e0, e1) as f64;
         base += 16;
@@ -257,25 +220,16 @@ pub(crate) unsafe fn reduce_8_rows(t3: &[__m256; 8]) -> __m256 {
     let mut x = [_mm256_setzero_ps(); 4];
     for (m, xm) in x.iter_mut().enumerate() {
         let (a, b) = (t3[2 * m], t3[2 * m + 1]);
-        *xm = _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x31>(a, b),
-            _mm256_permute2f128_ps::<0x20>(a, b),
-        );
+        *xm = _mm256_add_ps(_mm256_permute2f128_ps::<0x31>(a, b), _mm256_permute2f128_ps::<0x20>(a, b));
     }
     // {2,3,0,1}: y[p] = [key 4p: u0 u1, key 4p+2: u0 u1 | key 4p+1: u0 u1, key 4p+3: u0 u1].
     let mut y = [_mm256_setzero_ps(); 2];
     for (p, yp) in y.iter_mut().enumerate() {
         let (a, b) = (x[2 * p], x[2 * p + 1]);
-        *yp = _mm256_add_ps(
-            _mm256_shuffle_ps::<0x44>(a, b),
-            _mm256_shuffle_ps::<0xEE>(a, b),
-        );
+        *yp = _mm256_add_ps(_mm256_shuffle_ps::<0x44>(a, b), _mm256_shuffle_ps::<0xEE>(a, b));
     }
     // lanes 0 + 1: r = [keys 0, 2, 4, 6 | 1, 3, 5, 7].
-    let r = _mm256_add_ps(
-        _mm256_shuffle_ps::<0x88>(y[0], y[1]),
-        _mm256_shuffle_ps::<0xDD>(y[0], y[1]),
-    );
+    let r = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(y[0], y[1]), _mm256_shuffle_ps::<0xDD>(y[0], y[1]));
     _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
@@ -287,10 +241,7 @@ pub unsafe fn fma_row(row: &mut [f32], w: f32, v: &[half::f16]) {
     let wv = _mm256_set1_ps(w);
     for i in (0..n).step_by(8) {
         let p = row.as_mut_ptr().add(i);
-        _mm256_storeu_ps(
-            p,
-            _mm256_fmadd_ps(wv, load_ph(v.as_ptr().add(i)), _mm256_loadu_ps(p)),
-        );
+        _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, load_ph(v.as_ptr().add(i)), _mm256_loadu_ps(p)));
     }
 }
 
@@ -299,14 +250,7 @@ pub unsafe fn fma_row(row: &mut [f32], w: f32, v: &[half::f16]) {
 /// of lanes written (the others are untouched).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn accumulate_lanes(
-    rows: &mut [f32],
-    hd: usize,
-    first_cell: usize,
-    w: &[f32],
-    values: &[half::f16],
-    offsets: &[usize],
-) -> u64 {
+pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
     debug_assert!(hd % 64 == 0 && rows.len() >= 64 * hd);
     let mut touched = 0u64;
     for lane in 0..64usize {
@@ -346,20 +290,14 @@ pub unsafe fn reduce_lane_rows(rows: &[f32], hd: usize, out: &mut [f32]) {
         let mut v = [_mm256_setzero_ps(); 16];
         for (l, vl) in v.iter_mut().enumerate() {
             let row = |lane: usize| p.add(lane * hd + d);
-            *vl = _mm256_add_ps(
-                _mm256_add_ps(_mm256_loadu_ps(row(l)), _mm256_loadu_ps(row(32 + l))),
-                _mm256_add_ps(_mm256_loadu_ps(row(16 + l)), _mm256_loadu_ps(row(48 + l))),
-            );
+            *vl = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(row(l)), _mm256_loadu_ps(row(32 + l))), _mm256_add_ps(_mm256_loadu_ps(row(16 + l)), _mm256_loadu_ps(row(48 + l))));
         }
         for width in [8, 4] {
             for l in 0..width {
                 v[l] = _mm256_add_ps(v[l], v[l + width]);
             }
         }
-        _mm256_storeu_ps(
-            out.as_mut_ptr().add(d),
-            _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])),
-        );
+        _mm256_storeu_ps(out.as_mut_ptr().add(d), _mm256_add_ps(_mm256_add_ps(v[0], v[2]), _mm256_add_ps(v[1], v[3])));
     }
 }
 
@@ -370,12 +308,7 @@ pub unsafe fn round_through_f16(x: &mut [f32]) -> usize {
     let n = x.len() / 8 * 8;
     for i in (0..n).step_by(8) {
         let p = x.as_mut_ptr().add(i);
-        _mm256_storeu_ps(
-            p,
-            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
-                _mm256_loadu_ps(p),
-            )),
-        );
+        _mm256_storeu_ps(p, _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(p))));
     }
     n
 }

@@ -26,35 +26,19 @@ unsafe fn v_expf(x: __m512) -> __m512 {
     let u = _mm512_mul_ps(b, b);
     let j = _mm512_fmadd_ps(
         _mm512_fmadd_ps(
-            _mm512_fmadd_ps(
-                _mm512_set1_ps(f32::from_bits(0x3c07_2010)),
-                b,
-                _mm512_set1_ps(f32::from_bits(0x3d2b_9f17)),
-            ),
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3c07_2010)), b, _mm512_set1_ps(f32::from_bits(0x3d2b_9f17))),
             u,
-            _mm512_fmadd_ps(
-                _mm512_set1_ps(f32::from_bits(0x3e2a_af33)),
-                b,
-                _mm512_set1_ps(f32::from_bits(0x3eff_fedb)),
-            ),
+            _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3e2a_af33)), b, _mm512_set1_ps(f32::from_bits(0x3eff_fedb))),
         ),
         u,
-        _mm512_fmadd_ps(
-            _mm512_set1_ps(f32::from_bits(0x3f7f_fff6)),
-            b,
-            _mm512_set1_ps(1.0),
-        ),
+        _mm512_fmadd_ps(_mm512_set1_ps(f32::from_bits(0x3f7f_fff6)), b, _mm512_set1_ps(1.0)),
     );
     let res = _mm512_scalef_ps(j, n);
     if d == 0 {
         return res;
     }
     let zero = _mm512_setzero_ps();
-    let alt = _mm512_mask_blend_ps(
-        _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero),
-        _mm512_set1_ps(f32::INFINITY),
-        zero,
-    );
+    let alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, zero), _mm512_set1_ps(f32::INFINITY), zero);
     _mm512_mask_blend_ps(d, res, alt)
 }
 
@@ -195,14 +179,7 @@ pub unsafe fn dot_f16_f32(x: &[half::f16], y: &[f32]) -> f32 {
 /// returns the mask of lanes written (the others are untouched).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-pub unsafe fn accumulate_lanes(
-    rows: &mut [f32],
-    hd: usize,
-    first_cell: usize,
-    w: &[f32],
-    values: &[half::f16],
-    offsets: &[usize],
-) -> u64 {
+pub unsafe fn accumulate_lanes(rows: &mut [f32], hd: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
     debug_assert!(hd % 16 == 0 && hd <= 256 && rows.len() >= 64 * hd);
     // A compile-time register count keeps the accumulators in registers (with a run-time count the
     // compiler spilled them to the stack: perf showed the stores).
@@ -223,13 +200,7 @@ pub unsafe fn accumulate_lanes(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn accumulate_lanes_nv<const NV: usize>(
-    rows: &mut [f32],
-    first_cell: usize,
-    w: &[f32],
-    values: &[half::f16],
-    offsets: &[usize],
-) -> u64 {
+unsafe fn accumulate_lanes_nv<const NV: usize>(rows: &mut [f32], first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
     let hd = NV * 16;
     let mut touched = 0u64;
     for lane in 0..64usize {
@@ -266,36 +237,20 @@ pub unsafe fn reduce_lane_rows(rows: &[f32], hd: usize, out: &mut [f32]) {
     let row = |lane: usize, d: usize| _mm512_loadu_ps(rows.as_ptr().add(lane * hd + d));
     for d in (0..hd).step_by(16) {
         // v[l] = (lane l + lane 32+l) + (lane 16+l + lane 48+l), then 16 -> 8 -> 4, then (0+2) + (1+3).
-        let mut v: [__m512; 16] = std::array::from_fn(|l| {
-            _mm512_add_ps(
-                _mm512_add_ps(row(l, d), row(32 + l, d)),
-                _mm512_add_ps(row(16 + l, d), row(48 + l, d)),
-            )
-        });
+        let mut v: [__m512; 16] = std::array::from_fn(|l| _mm512_add_ps(_mm512_add_ps(row(l, d), row(32 + l, d)), _mm512_add_ps(row(16 + l, d), row(48 + l, d))));
         for width in [8, 4] {
             for l in 0..width {
                 v[l] = _mm512_add_ps(v[l], v[l + width]);
             }
         }
-        _mm512_storeu_ps(
-            out.as_mut_ptr().add(d),
-            _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3])),
-        );
+        _mm512_storeu_ps(out.as_mut_ptr().add(d), _mm512_add_ps(_mm512_add_ps(v[0], v[2]), _mm512_add_ps(v[1], v[3])));
     }
 }
 
 /// `accumulate_lanes` for values `16k..16k+16` of every row only.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn accumulate_lanes_slice(
-    rows: &mut [f32],
-    hd: usize,
-    k: usize,
-    first_cell: usize,
-    w: &[f32],
-    values: &[half::f16],
-    offsets: &[usize],
-) -> u64 {
+unsafe fn accumulate_lanes_slice(rows: &mut [f32], hd: usize, k: usize, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) -> u64 {
     let mut touched = 0u64;
     for lane in 0..64usize {
         let first = (lane + 64 - first_cell % 64) % 64;
@@ -306,11 +261,7 @@ unsafe fn accumulate_lanes_slice(
         let mut i = first;
         while i < w.len() {
             let pv = values.as_ptr().add(offsets[i] + 16 * k) as *const __m256i;
-            acc = _mm512_fmadd_ps(
-                _mm512_set1_ps(w[i]),
-                _mm512_cvtph_ps(_mm256_loadu_si256(pv)),
-                acc,
-            );
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), _mm512_cvtph_ps(_mm256_loadu_si256(pv)), acc);
             i += 64;
         }
         _mm512_storeu_ps(rows.as_mut_ptr().add(lane * hd + 16 * k), acc);
@@ -361,37 +312,25 @@ pub(crate) unsafe fn reduce_16_rows(v: &[__m512; 16]) -> __m512 {
 /// 16 lanes -> 8: `[lo(a) + hi(a) | lo(b) + hi(b)]` for keys a = 2k, b = 2k + 1.
 #[inline(always)]
 pub(crate) unsafe fn reduce_pair_16(a: __m512, b: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-    )
+    _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(a, b), _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b))
 }
 
 /// 8 -> 4: quarter c of the result = key 4m + c's `t[0..4] + t[4..8]`.
 #[inline(always)]
 pub(crate) unsafe fn reduce_pair_8(a: __m512, b: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-        _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-    )
+    _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
 }
 
 /// 4 -> 2 ({2,3,0,1}): quarter q = keys 8p + q and 8p + 4 + q: `(u0 + u2, u1 + u3)`.
 #[inline(always)]
 pub(crate) unsafe fn reduce_pair_4(a: __m512, b: __m512) -> __m512 {
-    _mm512_add_ps(
-        _mm512_shuffle_ps::<0x44>(a, b),
-        _mm512_shuffle_ps::<0xEE>(a, b),
-    )
+    _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b))
 }
 
 /// 2 -> 1 (lanes 0 + 1), then keys back in order (lane 4q + k held key 4k + q).
 #[inline(always)]
 pub(crate) unsafe fn reduce_finish(z0: __m512, z1: __m512) -> __m512 {
-    let r = _mm512_add_ps(
-        _mm512_shuffle_ps::<0x88>(z0, z1),
-        _mm512_shuffle_ps::<0xDD>(z0, z1),
-    );
+    let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z0, z1), _mm512_shuffle_ps::<0xDD>(z0, z1));
     let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(idx, r)
 }

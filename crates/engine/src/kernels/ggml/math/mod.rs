@@ -20,10 +20,7 @@ pub fn avx512_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn use_avx512() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        avx512::available()
-            && crate::kernels::cpu::simd_cap() >= crate::kernels::cpu::SimdLevel::Avx512
-    })
+    *AVAILABLE.get_or_init(|| avx512::available() && crate::kernels::cpu::simd_cap() >= crate::kernels::cpu::SimdLevel::Avx512)
 }
 
 /// Whether the AVX2 versions run here (x86 CPUs without AVX-512, e.g. AMD Zen 2/3): same bits as the
@@ -52,9 +49,10 @@ fn v_expf(x: f32) -> f32 {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
     let u = b * b;
-    let j = c(0x3c07_2010)
-        .mul_add(b, c(0x3d2b_9f17))
-        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    let j = c(0x3c07_2010).mul_add(b, c(0x3d2b_9f17)).mul_add(
+        u,
+        c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)),
+    );
     let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
     // _mm512_scalef_ps(j, n) = j·2^n with one rounding: exact in f64 (|n| <= 192), then rounded once.
     (j as f64 * f64::from_bits(((n as i64 + 1023) as u64) << 52)) as f32
@@ -168,28 +166,17 @@ fn soft_max_generic(scores: &mut [f32], first_cell: usize) {
 /// Scores of 16 keys `keys[offsets[c]..][..y.len()]` against `y` (with `y32` its f32 conversion), each
 /// exactly `dot_f16_f32`; returns false (and does nothing) where no batched routine applies.
 #[inline(always)]
-pub fn dot_f16_f32_x16(
-    keys: &[half::f16],
-    offsets: &[usize],
-    y32: &[f32],
-    out: &mut [f32],
-) -> bool {
+pub fn dot_f16_f32_x16(keys: &[half::f16], offsets: &[usize], y32: &[f32], out: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if use_avx512() && y32.len() % 64 == 0 && offsets.len() >= 16 && out.len() >= 16 {
-        assert!(
-            offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()),
-            "key row out of range"
-        );
+        assert!(offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()), "key row out of range");
         // SAFETY: the CPU has the features avx512::available checks; every key row is in range (above).
         unsafe { avx512::dot_f16_f32_x16(keys, offsets, y32, out) };
         return true;
     }
     #[cfg(target_arch = "x86_64")]
     if use_avx2() && y32.len() % 64 == 0 && offsets.len() >= 16 && out.len() >= 16 {
-        assert!(
-            offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()),
-            "key row out of range"
-        );
+        assert!(offsets[..16].iter().all(|&o| o + y32.len() <= keys.len()), "key row out of range");
         // SAFETY: the CPU has the features avx2::available checks; every key row is in range (above).
         unsafe { avx2::dot_f16_f32_x16(keys, offsets, y32, out) };
         return true;
@@ -302,34 +289,20 @@ impl LaneAcc {
     /// Adds cells `first_cell, first_cell + 1, ...` with weights `w[i]` and value rows
     /// `values[offsets[i]..][..hd]`: the same sums as calling `add` for each in order (every lane sees its
     /// cells in the same order), faster on AVX-512 where each lane's sums stay in registers.
-    pub fn add_cells(
-        &mut self,
-        first_cell: usize,
-        w: &[f32],
-        values: &[half::f16],
-        offsets: &[usize],
-    ) {
+    pub fn add_cells(&mut self, first_cell: usize, w: &[f32], values: &[half::f16], offsets: &[usize]) {
         #[cfg(target_arch = "x86_64")]
         if use_avx512() && self.hd % 16 == 0 && self.hd <= 256 && self.touched == 0 {
             // SAFETY: the CPU has the features avx512::available checks; hd and rows were checked above
             // (`reset` sized rows to 64·hd), every offset is a row of `values` (indexing checked below).
-            assert!(
-                offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len()
-            );
-            self.touched = unsafe {
-                avx512::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets)
-            };
+            assert!(offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len());
+            self.touched = unsafe { avx512::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets) };
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if use_avx2() && self.hd % 64 == 0 && self.touched == 0 {
             // SAFETY: as above, for the features avx2::available checks (`reset` sized rows to 64·hd).
-            assert!(
-                offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len()
-            );
-            self.touched = unsafe {
-                avx2::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets)
-            };
+            assert!(offsets.iter().all(|&o| o + self.hd <= values.len()) && offsets.len() >= w.len());
+            self.touched = unsafe { avx2::accumulate_lanes(&mut self.rows, self.hd, first_cell, w, values, offsets) };
             return;
         }
         for (i, (&wi, &o)) in w.iter().zip(offsets).enumerate() {
@@ -352,10 +325,7 @@ impl LaneAcc {
 
 /// `LaneAcc::reduce` of lane sums held elsewhere: `rows` is `[64, hd]` (overwritten), `out` gets `hd`.
 pub fn reduce_lane_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
-    assert!(
-        rows.len() >= 64 * hd && out.len() >= hd,
-        "lane rows are not [64, hd]"
-    );
+    assert!(rows.len() >= 64 * hd && out.len() >= hd, "lane rows are not [64, hd]");
     #[cfg(target_arch = "x86_64")]
     if use_avx512() && hd % 16 == 0 {
         // SAFETY: the CPU has the features avx512::available checks; the lengths were asserted above.
@@ -433,10 +403,7 @@ mod tests {
         for i in -1600..1600 {
             let x = i as f32 * 0.05;
             let (got, want) = (v_expf(x), (x as f64).exp());
-            assert!(
-                ((got as f64 - want) / want).abs() < 4e-7,
-                "x={x}: {got} vs {want}"
-            );
+            assert!(((got as f64 - want) / want).abs() < 4e-7, "x={x}: {got} vs {want}");
         }
         assert_eq!(v_expf(-200.0), 0.0);
         assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
@@ -458,12 +425,8 @@ mod tests {
     fn dot_f16_matches_f64() {
         use half::f16;
         for n in [64usize, 100, 256] {
-            let x: Vec<f16> = (0..n)
-                .map(|i| f16::from_f32((i as f32 * 0.71).sin()))
-                .collect();
-            let y: Vec<f16> = (0..n)
-                .map(|i| f16::from_f32((i as f32 * 0.13).cos()))
-                .collect();
+            let x: Vec<f16> = (0..n).map(|i| f16::from_f32((i as f32 * 0.71).sin())).collect();
+            let y: Vec<f16> = (0..n).map(|i| f16::from_f32((i as f32 * 0.13).cos())).collect();
             let want: f64 = x.iter().zip(&y).map(|(a, b)| a.to_f64() * b.to_f64()).sum();
             assert!((dot_f16(&x, &y) as f64 - want).abs() < 1e-4, "n={n}");
         }
@@ -489,42 +452,23 @@ mod tests {
             eprintln!("note: no AVX-512 here; nothing to compare");
             return;
         }
-        let vals = |n: usize, seed: f32| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as f32 + seed) * 0.7373).sin() * 9.0 - 1.0)
-                .collect()
-        };
+        let vals = |n: usize, seed: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.7373).sin() * 9.0 - 1.0).collect() };
         for n in [1usize, 15, 16, 17, 64, 100, 263, 600] {
             let g = vals(n, 3.0);
             let (mut a, mut b) = (vals(n, 0.0), vals(n, 0.0));
             // SAFETY: available() was checked above.
             let done = unsafe { avx512::swiglu(&mut a, &g) };
             swiglu_generic(&mut b, &g);
-            assert_eq!(
-                a[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "swiglu n={n}"
-            );
+            assert_eq!(a[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b[..done].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "swiglu n={n}");
             for first in [0usize, 1, 7, 15, 16, 33] {
                 let (mut a, mut b) = (vals(n, 1.0), vals(n, 1.0));
                 unsafe { avx512::soft_max(&mut a, first) };
                 soft_max_generic(&mut b, first);
-                assert_eq!(
-                    a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                    "soft_max n={n} first={first}"
-                );
+                assert_eq!(a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "soft_max n={n} first={first}");
             }
             let x: Vec<f16> = vals(n, 2.0).iter().map(|&v| f16::from_f32(v)).collect();
-            let y: Vec<f16> = vals(n, 5.0)
-                .iter()
-                .map(|&v| f16::from_f32(v * 0.1))
-                .collect();
-            assert_eq!(
-                unsafe { avx512::dot_f16(&x, &y) }.to_bits(),
-                dot_f16_generic(&x, &y).to_bits(),
-                "dot_f16 n={n}"
-            );
+            let y: Vec<f16> = vals(n, 5.0).iter().map(|&v| f16::from_f32(v * 0.1)).collect();
+            assert_eq!(unsafe { avx512::dot_f16(&x, &y) }.to_bits(), dot_f16_generic(&x, &y).to_bits(), "dot_f16 n={n}");
         }
     }
 
@@ -538,11 +482,7 @@ mod tests {
             return;
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        let vals = |n: usize, seed: f32, amp: f32| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i as f32 + seed) * 0.7373).sin() * amp - 1.0)
-                .collect()
-        };
+        let vals = |n: usize, seed: f32, amp: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.7373).sin() * amp - 1.0).collect() };
         // amplitude 120 drives v_expf into the subnormal, overflow and cut-off ranges (scalef's slow path)
         for amp in [9.0f32, 120.0] {
             for n in [1usize, 15, 16, 17, 64, 100, 263, 600] {
@@ -558,20 +498,10 @@ mod tests {
                     soft_max_generic(&mut b, first);
                     assert_eq!(bits(&a), bits(&b), "soft_max n={n} first={first} amp={amp}");
                 }
-                let x: Vec<f16> = vals(n, 2.0, amp)
-                    .iter()
-                    .map(|&v| f16::from_f32(v))
-                    .collect();
-                let y: Vec<f32> = vals(n, 5.0, amp)
-                    .iter()
-                    .map(|&v| f16::from_f32(v * 0.1).to_f32())
-                    .collect();
+                let x: Vec<f16> = vals(n, 2.0, amp).iter().map(|&v| f16::from_f32(v)).collect();
+                let y: Vec<f32> = vals(n, 5.0, amp).iter().map(|&v| f16::from_f32(v * 0.1).to_f32()).collect();
                 let y16: Vec<f16> = y.iter().map(|&v| f16::from_f32(v)).collect();
-                assert_eq!(
-                    unsafe { avx2::dot_f16_f32(&x, &y) }.to_bits(),
-                    dot_f16_generic(&x, &y16).to_bits(),
-                    "dot_f16 n={n}"
-                );
+                assert_eq!(unsafe { avx2::dot_f16_f32(&x, &y) }.to_bits(), dot_f16_generic(&x, &y16).to_bits(), "dot_f16 n={n}");
                 let mut r = vals(n, 4.0, amp * 1000.0);
                 let want: Vec<f32> = r.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
                 round_through_f16(&mut r);
@@ -599,19 +529,10 @@ mod tests {
     #[test]
     fn lane_acc_add_cells_equals_add_and_dot_f16_f32_equals_dot_f16() {
         use half::f16;
-        for (hd, n, first) in [
-            (64usize, 5usize, 0usize),
-            (64, 200, 37),
-            (256, 130, 64),
-            (48, 70, 3),
-        ] {
-            let values: Vec<f16> = (0..n * hd + 7)
-                .map(|i| f16::from_f32(((i as f32) * 0.37).sin()))
-                .collect();
+        for (hd, n, first) in [(64usize, 5usize, 0usize), (64, 200, 37), (256, 130, 64), (48, 70, 3)] {
+            let values: Vec<f16> = (0..n * hd + 7).map(|i| f16::from_f32(((i as f32) * 0.37).sin())).collect();
             let offsets: Vec<usize> = (0..n).map(|i| ((i * 13) % n) * hd).collect();
-            let w: Vec<f32> = (0..n)
-                .map(|i| f16::from_f32(((i as f32) * 0.11).cos().abs() / n as f32).to_f32())
-                .collect();
+            let w: Vec<f32> = (0..n).map(|i| f16::from_f32(((i as f32) * 0.11).cos().abs() / n as f32).to_f32()).collect();
             let (mut a, mut b) = (LaneAcc::default(), LaneAcc::default());
             a.reset(hd);
             b.reset(hd);
@@ -622,21 +543,11 @@ mod tests {
             let (mut oa, mut ob) = (vec![0.0; hd], vec![0.0; hd]);
             a.reduce(&mut oa);
             b.reduce(&mut ob);
-            assert_eq!(
-                oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "hd={hd} n={n}"
-            );
-            let q: Vec<f16> = (0..hd)
-                .map(|i| f16::from_f32((i as f32 * 0.7).cos()))
-                .collect();
+            assert_eq!(oa.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), ob.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "hd={hd} n={n}");
+            let q: Vec<f16> = (0..hd).map(|i| f16::from_f32((i as f32 * 0.7).cos())).collect();
             let q32: Vec<f32> = q.iter().map(|x| x.to_f32()).collect();
             let k = &values[offsets[1]..offsets[1] + hd];
-            assert_eq!(
-                dot_f16_f32(k, &q, &q32).to_bits(),
-                dot_f16(k, &q).to_bits(),
-                "hd={hd}"
-            );
+            assert_eq!(dot_f16_f32(k, &q, &q32).to_bits(), dot_f16(k, &q).to_bits(), "hd={hd}");
         }
     }
 
@@ -645,12 +556,8 @@ mod tests {
     fn dot_f16_x16_equals_dot_f16() {
         use half::f16;
         for hd in [64usize, 128, 256] {
-            let keys: Vec<f16> = (0..40 * hd)
-                .map(|i| f16::from_f32(((i as f32) * 0.913).sin() * 3.0))
-                .collect();
-            let q: Vec<f16> = (0..hd)
-                .map(|i| f16::from_f32(((i as f32) * 0.29).cos()))
-                .collect();
+            let keys: Vec<f16> = (0..40 * hd).map(|i| f16::from_f32(((i as f32) * 0.913).sin() * 3.0)).collect();
+            let q: Vec<f16> = (0..hd).map(|i| f16::from_f32(((i as f32) * 0.29).cos())).collect();
             let q32: Vec<f32> = q.iter().map(|x| x.to_f32()).collect();
             let offsets: Vec<usize> = (0..16).map(|c| ((c * 7 + 3) % 40) * hd).collect();
             let mut out = [0.0f32; 16];
@@ -659,11 +566,7 @@ mod tests {
                 return;
             }
             for (c, &o) in offsets.iter().enumerate() {
-                assert_eq!(
-                    out[c].to_bits(),
-                    dot_f16(&keys[o..o + hd], &q).to_bits(),
-                    "hd={hd} key {c}"
-                );
+                assert_eq!(out[c].to_bits(), dot_f16(&keys[o..o + hd], &q).to_bits(), "hd={hd} key {c}");
             }
         }
     }

@@ -32,11 +32,7 @@ fn expected(t: GgmlType, n: usize, w: &[u8], a: &[u8]) -> (f64, f64) {
     let at = t.dot_activation_type();
     let ad = dequant(at, a, n);
     let mut dot: f64 = wd.iter().zip(&ad).map(|(&p, &q)| p as f64 * q as f64).sum();
-    let mag: f64 = wd
-        .iter()
-        .zip(&ad)
-        .map(|(&p, &q)| (p as f64 * q as f64).abs())
-        .sum();
+    let mag: f64 = wd.iter().zip(&ad).map(|(&p, &q)| (p as f64 * q as f64).abs()).sum();
     if at == GgmlType::Q8_1 {
         for (i, (wb, ab)) in w
             .chunks_exact(t.block_bytes())
@@ -70,11 +66,7 @@ fn check_type(t: GgmlType, seed: u64, make_x: impl Fn(&mut Rng, usize) -> f32) {
                 // all SIMD levels follow ggml's x86 rounding sequence: bit-identical to each other
                 if level >= SimdLevel::Avx2 {
                     let first = *simd.get_or_insert(got);
-                    assert_eq!(
-                        got.to_bits(),
-                        first.to_bits(),
-                        "{t} n={n} {level:?} differs from AVX2"
-                    );
+                    assert_eq!(got.to_bits(), first.to_bits(), "{t} n={n} {level:?} differs from AVX2");
                 }
                 let tol = 1e-5 * mag + 1e-6;
                 assert!(
@@ -112,9 +104,7 @@ fn vec_dot_extremes() {
                 }
             }
             for sign in [1.0f32, -1.0] {
-                let x: Vec<f32> = (0..n)
-                    .map(|i| if i % 3 == 0 { -sign } else { sign })
-                    .collect();
+                let x: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -sign } else { sign }).collect();
                 let a = quant(t.dot_activation_type(), &x);
                 let (want, mag) = expected(t, n, &w, &a);
                 for level in available_levels() {
@@ -166,19 +156,10 @@ fn bench_vec_dot() {
             let w = random_weights(t, n * rows, &mut rng);
             let x: Vec<f32> = (0..n).map(|_| rng.activation()).collect();
             let a = quant(t.dot_activation_type(), &x);
-            let mut line = format!(
-                "{:5} n={n:5} rows={rows:6} ({:6} KiB):",
-                t.name(),
-                rb * rows / 1024
-            );
+            let mut line = format!("{:5} n={n:5} rows={rows:6} ({:6} KiB):", t.name(), rb * rows / 1024);
             for level in available_levels() {
                 let f = vec_dot_kernel_at(level, t);
-                let reps = (if level == SimdLevel::Scalar {
-                    1 << 19
-                } else {
-                    1 << 22
-                } / (rb * rows))
-                    .max(1);
+                let reps = (if level == SimdLevel::Scalar { 1 << 19 } else { 1 << 22 } / (rb * rows)).max(1);
                 let (mut best, mut sink) = (f64::MAX, 0.0f32);
                 for _ in 0..7 {
                     let start = std::time::Instant::now();
@@ -190,11 +171,7 @@ fn bench_vec_dot() {
                     best = best.min(start.elapsed().as_secs_f64() / reps as f64);
                 }
                 std::hint::black_box(sink);
-                line += &format!(
-                    "  {}: {:5.1} GB/s",
-                    level.name(),
-                    (rb * rows) as f64 / best / 1e9
-                );
+                line += &format!("  {}: {:5.1} GB/s", level.name(), (rb * rows) as f64 / best / 1e9);
             }
             eprintln!("{line}");
         }
@@ -206,9 +183,7 @@ fn bench_vec_dot() {
 fn multi_token_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(77);
     for t in WEIGHT_TYPES {
-        let Some(multi) = multi_dot_kernel(t, 4864) else {
-            continue;
-        };
+        let Some(multi) = multi_dot_kernel(t, 4864) else { continue };
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
             let w = random_weights(t, n, &mut rng);
@@ -228,16 +203,8 @@ fn multi_token_kernels_equal_one_row_kernel() {
             multi(n, &ws, wb, 3, &acts, stride, &mut got);
             for (i, g) in got.iter().enumerate() {
                 let (wr, r) = (i / rows, i % rows);
-                let want = one(
-                    n,
-                    &ws[wr * wb..(wr + 1) * wb],
-                    &acts[r * stride..(r + 1) * stride],
-                );
-                assert_eq!(
-                    g.to_bits(),
-                    want.to_bits(),
-                    "{t} n={n} weight row {wr} token {r}: {g} vs {want}"
-                );
+                let want = one(n, &ws[wr * wb..(wr + 1) * wb], &acts[r * stride..(r + 1) * stride]);
+                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} weight row {wr} token {r}: {g} vs {want}");
             }
         }
     }
@@ -254,9 +221,7 @@ fn multi_rows(t: GgmlType, n: usize, rng: &mut Rng) -> (Vec<u8>, usize) {
 fn multi_weight_row_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(78);
     for t in WEIGHT_TYPES {
-        let Some(rows) = multi_row_kernel(t) else {
-            continue;
-        };
+        let Some(rows) = multi_row_kernel(t) else { continue };
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
             let (w, stride) = multi_rows(t, n, &mut rng);
@@ -265,11 +230,7 @@ fn multi_weight_row_kernels_equal_one_row_kernel() {
             let got = rows(n, &w, stride, &a);
             for (r, g) in got.iter().enumerate() {
                 let want = one(n, &w[r * stride..(r + 1) * stride], &a);
-                assert_eq!(
-                    g.to_bits(),
-                    want.to_bits(),
-                    "{t} n={n} row {r}: {g} vs {want}"
-                );
+                assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} row {r}: {g} vs {want}");
             }
         }
     }
@@ -282,9 +243,7 @@ fn pair_kernels_equal_one_row_kernel() {
     let mut rng = Rng::new(80);
     let mut tested = 0;
     for t in WEIGHT_TYPES {
-        let Some(pairs) = pair_dot_kernel(t, 4864) else {
-            continue;
-        };
+        let Some(pairs) = pair_dot_kernel(t, 4864) else { continue };
         tested += 1;
         let one = vec_dot_kernel(t);
         for &n in lengths(t) {
@@ -307,25 +266,14 @@ fn pair_kernels_equal_one_row_kernel() {
                     for r in 0..MULTI {
                         for k in 0..(2 * n_pairs).min(batch - 2 * first) {
                             let tok = 2 * first + k;
-                            let want = one(
-                                n,
-                                &w[r * stride..(r + 1) * stride],
-                                &acts[tok * plain..(tok + 1) * plain],
-                            );
+                            let want = one(n, &w[r * stride..(r + 1) * stride], &acts[tok * plain..(tok + 1) * plain]);
                             let g = got[r * per_call + k];
-                            assert_eq!(
-                                g.to_bits(),
-                                want.to_bits(),
-                                "{t} n={n} batch {batch} row {r} token {tok}: {g} vs {want}"
-                            );
+                            assert_eq!(g.to_bits(), want.to_bits(), "{t} n={n} batch {batch} row {r} token {tok}: {g} vs {want}");
                         }
                     }
                 }
             }
         }
     }
-    assert!(
-        tested == 4 || simd_level() < SimdLevel::Avx512,
-        "Q4_0, Q4_1, Q5_0 and Q8_0 have pair kernels on AVX-512"
-    );
+    assert!(tested == 4 || simd_level() < SimdLevel::Avx512, "Q4_0, Q4_1, Q5_0 and Q8_0 have pair kernels on AVX-512");
 }

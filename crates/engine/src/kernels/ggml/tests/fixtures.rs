@@ -60,12 +60,7 @@ fn dequantize_matches_gguf_py() {
     for r in records().iter().filter(|r| !r.quantize) {
         let got = dequant(r.t, r.bytes, r.values.len());
         for (i, (g, w)) in got.iter().zip(&r.values).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                w.to_bits(),
-                "{} element {i}: {g} vs gguf-py {w}",
-                r.t
-            );
+            assert_eq!(g.to_bits(), w.to_bits(), "{} element {i}: {g} vs gguf-py {w}", r.t);
         }
         seen.push(r.t);
     }
@@ -122,10 +117,7 @@ fn matches_llama_cpp_x86_bit_for_bit() {
         if nx > 0 {
             let mut q = vec![0u8; ab];
             quantize_row_ggml_x86(at, &x, &mut q);
-            assert_eq!(
-                q, xq,
-                "{at} activations of {t} n={n} differ from ggml's quantize_row"
-            );
+            assert_eq!(q, xq, "{at} activations of {t} n={n} differ from ggml's quantize_row");
         }
         for level in available_levels() {
             let got = vec_dot_kernel_at(level, t)(n, w, xq);

@@ -23,17 +23,9 @@ fn q4_0_known() {
 
 #[test]
 fn q4_1_and_q5_known() {
-    let qs: Vec<u8> = (0..16)
-        .map(|j| (j as u8) | (((j as u8 + 3) & 15) << 4))
-        .collect();
+    let qs: Vec<u8> = (0..16).map(|j| (j as u8) | (((j as u8 + 3) & 15) << 4)).collect();
     let qh: u32 = 0xA5C3_0F81;
-    let q4 = |j: usize| {
-        if j < 16 {
-            j as u32
-        } else {
-            (j as u32 - 16 + 3) & 15
-        }
-    };
+    let q4 = |j: usize| if j < 16 { j as u32 } else { (j as u32 - 16 + 3) & 15 };
     let q5 = |j: usize| q4(j) | (((qh >> j) & 1) << 4);
     let mut b = [f16b(0.25).as_slice(), &f16b(-1.0), &qs].concat();
     let y = dequant(GgmlType::Q4_1, &b, 32);
@@ -141,19 +133,14 @@ fn q6_k_known() {
             let q = |k: usize| l[j + i + 32 * k];
             ql[64 * h + i] = (q(0) & 0xF) | ((q(2) & 0xF) << 4);
             ql[64 * h + i + 32] = (q(1) & 0xF) | ((q(3) & 0xF) << 4);
-            qh[32 * h + i] =
-                (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
+            qh[32 * h + i] = (q(0) >> 4) | ((q(1) >> 4) << 2) | ((q(2) >> 4) << 4) | ((q(3) >> 4) << 6);
         }
     }
     let d = 0.5f32;
     let b = [ql.as_slice(), &qh, &sc.map(|s| s as u8), &f16b(d)].concat();
     let y = dequant(GgmlType::Q6_K, &b, 256);
     for i in 0..256 {
-        assert_eq!(
-            y[i],
-            d * sc[i / 16] as f32 * (l[i] as f32 - 32.0),
-            "Q6_K element {i}"
-        );
+        assert_eq!(y[i], d * sc[i / 16] as f32 * (l[i] as f32 - 32.0), "Q6_K element {i}");
     }
 }
 
@@ -220,10 +207,7 @@ fn rounding_flavors() {
     let b = quant(GgmlType::Q8_K, &k);
     assert_eq!(rd_f32(&b, 0), 1.0);
     assert_eq!(
-        b[Q8_K_QS..Q8_K_QS + 5]
-            .iter()
-            .map(|&v| v as i8)
-            .collect::<Vec<_>>(),
+        b[Q8_K_QS..Q8_K_QS + 5].iter().map(|&v| v as i8).collect::<Vec<_>>(),
         [-127, 0, 2, 2, -2]
     );
     // a positive max gives a negative d

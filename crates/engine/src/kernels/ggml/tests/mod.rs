@@ -67,8 +67,7 @@ pub(crate) fn random_weights(t: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
             let scale = if t.block_len() == QK_K { 0.01 } else { 0.1 };
             for b in w.chunks_exact_mut(t.block_bytes()) {
                 for &off in f16_fields(t) {
-                    b[off..off + 2]
-                        .copy_from_slice(&f32_to_f16(rng.uniform() * scale).to_le_bytes());
+                    b[off..off + 2].copy_from_slice(&f32_to_f16(rng.uniform() * scale).to_le_bytes());
                 }
             }
         }
@@ -128,8 +127,5 @@ fn levels() {
     let levels = available_levels();
     assert_eq!(levels[0], SimdLevel::Scalar);
     assert!(levels.contains(&simd_level()));
-    eprintln!(
-        "available SIMD levels: {levels:?}, active: {:?}",
-        simd_level()
-    );
+    eprintln!("available SIMD levels: {levels:?}, active: {:?}", simd_level());
 }
