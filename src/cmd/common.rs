@@ -69,6 +69,16 @@ pub struct ModelArgs {
     /// The draft model of `--spec draft` and `--spec auto` (a name from `reckon models` or a path).
     #[arg(long, value_name = "MODEL")]
     pub spec_draft: Option<String>,
+    /// Sparse prefill (SpecPrefill, docs/spec-prefill.md): prompts of at least --spec-prefill-min-tokens
+    /// are scored by the model's first --spec-prefill-layers layers and only this share of their chunks
+    /// (after a prefix-cache hit) is prefilled, each token at its own position. Off by default; the
+    /// answer then depends on what was dropped.
+    #[arg(long, value_name = "SHARE")]
+    pub spec_prefill_keep: Option<f64>,
+    #[arg(long, default_value_t = 2048, requires = "spec_prefill_keep")]
+    pub spec_prefill_min_tokens: usize,
+    #[arg(long, default_value_t = 4, requires = "spec_prefill_keep")]
+    pub spec_prefill_layers: usize,
     /// What `--spec` is when not given (set by the command before it reads the options).
     #[arg(skip = SpecArg::Off)]
     pub default_spec: SpecArg,
@@ -156,7 +166,16 @@ impl ModelArgs {
     /// The KV choices for `model` with blocks of `block_size` (`disk_tier`: a prefix-cache directory is
     /// in use).
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
-        Ok(KvChoice { spec: self.spec()?, dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+        Ok(KvChoice { spec: self.spec()?, spec_prefill: self.spec_prefill()?, dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+    }
+
+    /// `--spec-prefill-keep` and its settings, or none.
+    pub fn spec_prefill(&self) -> Result<Option<reckon_engine::engine::sparse::SparsePrefillConfig>> {
+        let Some(keep) = self.spec_prefill_keep else { return Ok(None) };
+        anyhow::ensure!(keep > 0.0 && keep <= 1.0, "--spec-prefill-keep {keep}: a share in (0, 1]");
+        anyhow::ensure!(self.spec_prefill_layers >= 1, "--spec-prefill-layers must be at least 1");
+        let base = reckon_engine::engine::sparse::SparsePrefillConfig::default();
+        Ok(Some(reckon_engine::engine::sparse::SparsePrefillConfig { keep, min_tokens: self.spec_prefill_min_tokens, layers: self.spec_prefill_layers, ..base }))
     }
 
     /// The speculative decoding every request gets (`--spec`), or none.
@@ -316,6 +335,7 @@ pub fn kv_tokens(spec: &str, bytes_per_token: usize) -> Result<usize> {
 
 /// How the engine keeps keys and values, from `ModelArgs` (and whether a disk tier is in use).
 pub struct KvChoice {
+    pub spec_prefill: Option<reckon_engine::engine::sparse::SparsePrefillConfig>,
     pub spec: Option<reckon_engine::engine::spec::SpecConfig>,
     pub dtypes: KvDtypes,
     pub window: Option<KvWindow>,
@@ -379,6 +399,7 @@ impl KvArgs {
             kv_window: kv.window,
             hybrid_kv: kv.hybrid,
             spec: kv.spec.clone(),
+            spec_prefill: kv.spec_prefill,
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));

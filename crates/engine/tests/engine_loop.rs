@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false, spec: None }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, hybrid_kv: false, spec: None, spec_prefill: None }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {
@@ -496,4 +496,33 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
     assert_eq!(stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), 32);
     engine.shutdown(std::time::Duration::ZERO);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Sparse prefill in the engine (`EngineConfig::spec_prefill`, scored by the model's own first layer):
+/// a long prompt is thinned to about the kept share and answered; usage counts the whole prompt; the
+/// same prompt again finds in the prefix cache only what the first request computed of the prompt's
+/// own beginning (its first chunk), never a thinned block; a short prompt is prefilled whole, with the
+/// tokens of an engine without sparse prefill.
+#[test]
+fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix() {
+    use reckon_engine::engine::sparse::SparsePrefillConfig;
+    let model = model();
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8 };
+    let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(128, 64) });
+    let long = prompt(31, 120);
+    let (ids, _, reason, usage) = drain_usage(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long.clone(), 8) }).unwrap().1);
+    assert_eq!((ids.len(), reason, usage.prompt_tokens), (8, FinishReason::Length, 120));
+    let st = engine.stats();
+    let dropped = st.spec_prefill_dropped_tokens.load(Ordering::Relaxed);
+    assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 1);
+    assert!((48..=64).contains(&dropped), "about half of 120 dropped: {dropped}");
+    // again: the first chunk (8 tokens, two 4-token blocks) is the only true prefix it computed
+    let (_, _, _, usage) = drain_usage(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long.clone(), 8) }).unwrap().1);
+    assert_eq!(usage.cached_tokens, 8);
+    wait_idle(&engine);
+    // a prompt below the threshold: prefilled whole, the plain engine's tokens
+    let short = prompt(32, 40);
+    let plain = drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(GenerateParams::greedy(short.clone(), 12)).unwrap().1).0;
+    assert_eq!(drain(engine.submit(GenerateParams::greedy(short, 12)).unwrap().1).0, plain);
+    assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 2);
 }

@@ -55,7 +55,7 @@ fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: b
     ];
     // (a hybrid layout's blocks are pages of fewer layers: more of them)
     let num_blocks = if hybrid_kv { 1024 } else { 128 };
-    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, hybrid_kv, spec: None };
+    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, hybrid_kv, spec: None, spec_prefill: None };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, hybrid_kv: false, num_blocks: 128, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);

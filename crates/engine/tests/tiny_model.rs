@@ -236,3 +236,100 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
         }
     }
 }
+
+/// Sparse prefill (`Model::forward_at`, issue 21): kept tokens in consecutive cells, each rotated for its
+/// place in the full prompt. Layer 0's keys and values depend on a token and its position only, so a kept
+/// token's cells hold the very bits the full prefill wrote at its position (its RoPE position is its index
+/// in the prompt); with every token kept the logits are the full prefill's; the thinned tokens at their
+/// cells' positions instead give other keys and other logits.
+#[test]
+fn a_sparse_prefill_keeps_each_token_at_its_position() {
+    for spec in [TinySpec::llama(GgmlType::Q4_1), TinySpec::qwen2()] {
+        for model in load_each(&spec, 21) {
+            let prompt = tokens(5, 40, spec.vocab);
+            let table: Vec<u32> = (0..16).collect();
+            let tables = std::slice::from_ref(&table);
+            let mut s = Scratch::default();
+            let run = |tokens: &[u32], positions: Option<&[usize]>, kv: &mut reckon_engine::kv::KvStorage, s: &mut Scratch| {
+                let seq = SeqInput { tokens, start_pos: 0, block_tables: tables, logits: LogitsWanted::Last };
+                model.forward_at(&[seq], &[positions], None, kv, s).to_vec()
+            };
+            let mut full = model.new_kv(4, 16);
+            let full_logits = run(&prompt, None, &mut full, &mut s);
+            let all: Vec<usize> = (0..40).collect();
+            assert_eq!(run(&prompt, Some(&all), &mut model.new_kv(4, 16), &mut s), full_logits, "every token kept");
+            let kept: Vec<usize> = (0..8).chain(17..25).chain(36..40).collect();
+            let thin: Vec<u32> = kept.iter().map(|&p| prompt[p]).collect();
+            let mut sparse = model.new_kv(4, 16);
+            let sparse_logits = run(&thin, Some(&kept), &mut sparse, &mut s);
+            let d = model.config.kv_dim();
+            let ((fk, fv), (sk, sv)) = (full.layer(0), sparse.layer(0));
+            for (cell, &p) in kept.iter().enumerate() {
+                let (a, b) = (full.slot(&table, p), sparse.slot(&table, cell));
+                assert_eq!(fk[a * d..(a + 1) * d], sk[b * d..(b + 1) * d], "{}: layer 0 key of position {p} (cell {cell})", spec.arch);
+                assert_eq!(fv[a * d..(a + 1) * d], sv[b * d..(b + 1) * d], "{}: layer 0 value of position {p}", spec.arch);
+            }
+            let mut shifted = model.new_kv(4, 16);
+            assert_ne!(run(&thin, None, &mut shifted, &mut s), sparse_logits, "positions matter");
+            let b = sparse.slot(&table, 8);
+            assert_ne!(shifted.layer(0).0[b * d..(b + 1) * d], sk[b * d..(b + 1) * d], "cell 8 rotated for position 17, not 8");
+        }
+    }
+}
+
+/// Sparse prefill's scoring (`engine::sparse`): the attention probabilities it computes from a layer's
+/// roped queries and the stored keys are the model's own: weighting the stored values by them gives the
+/// attention output the model computed (`kqv_out`), for every head of the look-ahead queries, GQA and
+/// all. And the importance it returns is a position's largest head probability averaged over queries
+/// and layers: finite, within [0, 1].
+#[test]
+fn sparse_prefill_scoring_uses_the_models_own_attention() {
+    use reckon_engine::engine::sparse::{head_probs, importance};
+    use reckon_engine::model::Tracer;
+    use std::sync::Mutex;
+    struct Keep(Mutex<Vec<(String, usize, Vec<f32>)>>);
+    impl Tracer for Keep {
+        fn record(&self, name: &str, layer: usize, rows: &[f32], _: usize) {
+            if name == "Qcur" || name == "kqv_out" {
+                self.0.lock().unwrap().push((name.to_string(), layer, rows.to_vec()));
+            }
+        }
+    }
+    for spec in [TinySpec::llama(GgmlType::Q4_1), TinySpec::qwen2()] {
+        for model in load_each(&spec, 23) {
+            let c = &model.config;
+            let prompt = tokens(9, 37, spec.vocab);
+            let (n, w) = (prompt.len(), 3);
+            let mut kv = model.new_kv(16, 3);
+            let table: Vec<u32> = (0..3).collect();
+            let tables = std::slice::from_ref(&table);
+            let mut s = Scratch::default();
+            let quiet = Keep(Mutex::new(Vec::new()));
+            model.forward_layers(&[SeqInput { tokens: &prompt[..n - w], start_pos: 0, block_tables: tables, logits: LogitsWanted::None }], c.n_layers, &mut kv, &mut s, &quiet);
+            let keep = Keep(Mutex::new(Vec::new()));
+            model.forward_layers(&[SeqInput { tokens: &prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None }], c.n_layers, &mut kv, &mut s, &keep);
+            let got = keep.0.into_inner().unwrap();
+            let (q_dim, kv_dim, hd, group) = (c.q_dim(), c.kv_dim(), c.head_dim, c.n_heads / c.n_kv_heads);
+            for layer in 0..c.n_layers {
+                let rows = |name: &str| got.iter().find(|g| g.0 == name && g.1 == layer).map(|g| g.2.clone()).unwrap();
+                let (q, out) = (rows("Qcur"), rows("kqv_out"));
+                let (keys, values) = kv.layer(layer);
+                for j in 0..w {
+                    let slots: Vec<usize> = (0..=n - w + j).map(|p| kv.slot(&table, p)).collect();
+                    for h in 0..c.n_heads {
+                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], keys, &slots, h / group, kv_dim, c.attn_scale);
+                        for d in 0..hd {
+                            let want: f32 = slots.iter().zip(&p).map(|(&sl, &pr)| pr * values[sl * kv_dim + (h / group) * hd + d].to_f32()).sum();
+                            let have = out[j * q_dim + h * hd + d];
+                            assert!((want - have).abs() <= 2e-3 * (1.0 + have.abs()), "{} layer {layer} query {j} head {h}: {want} vs {have}", spec.arch);
+                        }
+                    }
+                }
+            }
+            let imp = importance(&model, &prompt, c.n_layers, w);
+            assert_eq!(imp.len(), n);
+            assert!(imp.iter().all(|x| x.is_finite() && (0.0..=1.0).contains(x)), "{imp:?}");
+            assert_eq!(imp, importance(&model, &prompt, c.n_layers, w), "deterministic");
+        }
+    }
+}

@@ -135,6 +135,12 @@ pub fn render(state: &AppState) -> String {
         let _ = writeln!(out, "{name}{{{m},position=\"{p}\"}} {}", count(c));
     }
     for (name, help, v) in [
+        ("reckon_spec_prefill_requests_total", "Requests whose prompt was prefilled sparsely (docs/spec-prefill.md).", &s.spec_prefill_requests),
+        ("reckon_spec_prefill_dropped_tokens_total", "Prompt tokens a sparse prefill did not compute.", &s.spec_prefill_dropped_tokens),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v));
+    }
+    for (name, help, v) in [
         ("reckon_engine_step_seconds_total", "Time of the engine's model steps (the draft model's passes included).", &s.step_ns),
         ("reckon_spec_draft_model_seconds_total", "Time the draft model of speculative decoding took (part of the engine's steps).", &s.draft_ns),
     ] {

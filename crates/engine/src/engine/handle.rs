@@ -44,6 +44,9 @@ pub struct EngineStats {
     /// Guesses kept at each position of a step's guesses (`vllm:spec_decode_num_accepted_tokens_per_pos`;
     /// positions past the last counted in it).
     pub spec_accepted_per_pos: [AtomicU64; 16],
+    /// Sparse prefill: requests thinned, and prompt tokens they did not compute.
+    pub spec_prefill_requests: AtomicU64,
+    pub spec_prefill_dropped_tokens: AtomicU64,
     /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
     /// model's.
     pub step_ns: AtomicU64,

@@ -10,6 +10,7 @@ mod events;
 mod handle;
 mod request;
 mod scheduler;
+pub mod sparse;
 pub mod spec;
 mod stop;
 mod validate;
@@ -70,6 +71,8 @@ pub struct EngineConfig {
     /// Speculative decoding with the n-gram proposer for every request without a grammar (`engine::spec`);
     /// `None`: only requests that bring a prediction speculate (with the default configuration).
     pub spec: Option<spec::SpecConfig>,
+    /// Sparse prefill of long prompts (`engine::sparse`), scored by the model's own first layers.
+    pub spec_prefill: Option<sparse::SparsePrefillConfig>,
 }
 
 impl EngineConfig {
@@ -102,6 +105,7 @@ impl Default for EngineConfig {
             kv_window: None,
             hybrid_kv: false,
             spec: None,
+            spec_prefill: None,
         }
     }
 }
@@ -238,16 +242,38 @@ impl Engine {
     pub fn add_request(&mut self, id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, restore_reply: Option<RestoreReply>) {
         let blocks = self.scheduler.kv().new_blocks(req.cache_salt().map(str::as_bytes));
         let mut req = Request::new(id, req, blocks, events, arrived);
+        let sparse_prefill = self.config.spec_prefill.filter(|_| req.constraint.is_none());
         // (a grammar masks each token as it is sampled: such requests do not guess ahead)
         if req.constraint.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
             req.spec = Some(spec::SpecState { config: self.config.spec.clone().unwrap_or_default(), ..Default::default() });
         }
         self.scheduler.add(req);
+        if let Some(config) = sparse_prefill {
+            self.sparsify(id, &config);
+        }
         if let (Some(offload), Some(reply)) = (self.offload.as_mut(), restore_reply) {
             let req = self.scheduler.request(id).expect("just added");
             let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
             if offload.start_restore(id, &probe, &req.tokens, &self.kv, reply) {
                 self.scheduler.hold(id);
+            }
+        }
+    }
+
+    /// Scores a new request's prompt and thins it (`engine::sparse`), keeping whatever the prefix cache
+    /// holds now. Runs on the engine's thread: the scoring pass delays the next step.
+    fn sparsify(&mut self, id: RequestId, config: &sparse::SparsePrefillConfig) {
+        let Some(req) = self.scheduler.request(id) else { return };
+        let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
+        let protect = probe.in_memory * self.config.block_size;
+        let Some(kept) = sparse::plan(&self.model, &req.tokens, protect, config) else { return };
+        let dropped = req.tokens.len() - kept.len();
+        if self.scheduler.sparsify(id, kept) {
+            self.stats.spec_prefill_requests.fetch_add(1, Ordering::Relaxed);
+            self.stats.spec_prefill_dropped_tokens.fetch_add(dropped as u64, Ordering::Relaxed);
+            // (a draft model would see the thinned prompt at its cells' positions)
+            if let Some(spec) = self.scheduler.request_mut(id).and_then(|r| r.spec.as_mut()) {
+                spec.config.draft = false;
             }
         }
     }
@@ -413,7 +439,17 @@ impl Engine {
                 SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits }
             })
             .collect();
-        let logits = self.model.forward_windowed(&inputs, self.config.kv_window, &mut self.kv, &mut self.scratch);
+        // a sparsely prefilled request's cells sit at their positions in the full prompt
+        let positions: Vec<Option<Vec<usize>>> = plan
+            .chunks
+            .iter()
+            .map(|c| {
+                let req = self.scheduler.request(c.id).expect("planned requests exist");
+                req.sparse.as_ref().map(|s| (c.start..c.start + c.len).map(|i| s.position(i)).collect())
+            })
+            .collect();
+        let positions: Vec<Option<&[usize]>> = positions.iter().map(|p| p.as_deref()).collect();
+        let logits = self.model.forward_at(&inputs, &positions, self.config.kv_window, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on
@@ -515,7 +551,7 @@ impl Engine {
         let now = Instant::now();
         let (accepted, drafted) = req.spec.as_ref().map_or((0, 0), |s| (s.accepted, s.drafted));
         let usage = Usage {
-            prompt_tokens: req.num_prompt_tokens,
+            prompt_tokens: req.num_prompt_tokens_in_full(),
             completion_tokens: req.num_generated(),
             cached_tokens: req.num_cached_tokens,
             accepted_prediction_tokens: accepted,
@@ -524,7 +560,7 @@ impl Engine {
         let since = |t: Option<Instant>| t.unwrap_or(now).duration_since(req.times.arrived);
         let timings = Timings { queue: since(req.times.first_scheduled), time_to_first_token: since(req.times.first_token), end_to_end: now.duration_since(req.times.arrived) };
         req.send(Event::Finished { reason, usage, timings, stop: req.matched_stop().map(str::to_string) });
-        self.stats.prompt_tokens.fetch_add(req.num_prompt_tokens as u64, Ordering::Relaxed);
+        self.stats.prompt_tokens.fetch_add(req.num_prompt_tokens_in_full() as u64, Ordering::Relaxed);
         let counter = if reason == FinishReason::Abort { &self.stats.aborted_requests } else { &self.stats.finished_requests };
         counter.fetch_add(1, Ordering::Relaxed);
     }

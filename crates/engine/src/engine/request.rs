@@ -88,6 +88,9 @@ pub struct Request {
     pub spec: Option<super::spec::SpecState>,
     /// The client's guess of the output (OpenAI's `prediction`), for the proposer.
     pub prediction: Vec<u32>,
+    /// A sparse prefill (`engine::sparse`): `tokens` begins with the kept prompt tokens, each cell at its
+    /// position in the full prompt.
+    pub sparse: Option<super::sparse::SparsePrompt>,
     pub times: RequestTimes,
     output: Output,
     events: UnboundedSender<Event>,
@@ -134,6 +137,7 @@ impl Request {
             constraint: p.constraint,
             spec: None,
             prediction: p.prediction,
+            sparse: None,
             times: RequestTimes { arrived, first_scheduled: None, first_token: None },
             output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,
@@ -142,6 +146,25 @@ impl Request {
 
     pub fn num_generated(&self) -> usize {
         self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// The prompt's length before a sparse prefill thinned it (what usage reports).
+    pub fn num_prompt_tokens_in_full(&self) -> usize {
+        self.sparse.as_ref().map_or(self.num_prompt_tokens, |s| s.prompt_len)
+    }
+
+    /// Thins the prompt of a request that has computed and generated nothing to the `kept` positions
+    /// (`engine::sparse`); false (nothing changed) if it cannot be: already started, or positions that
+    /// are not increasing or do not end with the prompt's last.
+    pub fn sparsify(&mut self, kept: Vec<usize>) -> bool {
+        if self.num_computed_tokens > 0 || self.tokens.len() != self.num_prompt_tokens || self.sparse.is_some() {
+            return false;
+        }
+        let Some(sparse) = super::sparse::SparsePrompt::new(kept, self.num_prompt_tokens) else { return false };
+        self.tokens = sparse.kept.iter().map(|&p| self.tokens[p]).collect();
+        self.num_prompt_tokens = self.tokens.len();
+        self.sparse = Some(sparse);
+        true
     }
 
     /// Whether the next chunk is the one newest generated token (a decode): the whole prompt is computed

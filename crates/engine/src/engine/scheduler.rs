@@ -285,6 +285,19 @@ impl Scheduler {
         }
     }
 
+    /// Thins a waiting request's prompt to the `kept` positions before its first admission (a sparse
+    /// prefill, `engine::sparse`): from then on its blocks meet the prefix cache only over its genuine
+    /// prefix. False (nothing changed) if the request is unknown, started, or the positions are invalid.
+    pub fn sparsify(&mut self, id: RequestId, kept: Vec<usize>) -> bool {
+        let Some(req) = self.requests.get_mut(&id) else { return false };
+        if req.status != RequestStatus::Waiting || req.num_preemptions > 0 || !req.sparsify(kept) {
+            return false;
+        }
+        let genuine = req.sparse.as_ref().expect("just sparsified").genuine_prefix();
+        self.kv.limit_caching(&mut req.blocks, genuine);
+        true
+    }
+
     /// For a waiting request: its prefix keys and how many of its blocks are cached in memory (see
     /// `PrefixProbe`). Takes nothing.
     pub fn probe(&self, id: RequestId) -> Option<(BlockHash, Vec<BlockHash>, usize)> {

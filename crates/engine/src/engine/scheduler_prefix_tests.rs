@@ -295,3 +295,40 @@ fn a_held_sequence_keeps_its_memory_prefix_until_admitted() {
     s.finish(3);
     assert_eq!(s.pool().num_free(), 6);
 }
+
+/// A sparse prefill (`engine::sparse`): the request computes its kept tokens in consecutive cells; only
+/// its genuine prefix (here blocks 0 and 1: positions 0..8 kept) is registered, so a later request whose
+/// prompt equals the compacted tokens finds those two blocks and nothing of the thinned rest, and a
+/// request with the full prompt finds the same two. Its usage counts the full prompt.
+#[test]
+fn a_sparse_prefill_registers_only_its_genuine_prefix() {
+    let mut s = cached_config(4).scheduler(32);
+    let prompt: Vec<u32> = (100..124).collect();
+    add(&mut s, 1, prompt.clone(), 2);
+    // keep 0..10, 16..20 and the last token: 15 of 24
+    let kept: Vec<usize> = (0..10).chain(16..20).chain([23]).collect();
+    assert!(s.sparsify(1, kept.clone()));
+    assert!(!s.sparsify(1, kept.clone()), "a request is thinned once");
+    let req = s.request(1).unwrap();
+    assert_eq!(req.tokens, kept.iter().map(|&p| prompt[p]).collect::<Vec<_>>());
+    assert_eq!((req.num_prompt_tokens, req.num_prompt_tokens_in_full()), (15, 24));
+    assert_eq!(req.blocks.cache_limit(), Some(10));
+    assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 15)]);
+    step(&mut s);
+    assert_eq!(s.pool().num_cached(), 2, "blocks 0 and 1 (positions 0..8) only");
+    // the compacted tokens as a prompt: the two genuine blocks hit, the thinned ones do not
+    let compacted = s.request(1).unwrap().tokens[..15].to_vec();
+    add(&mut s, 2, compacted, 1);
+    let plan = step(&mut s);
+    assert!(plan.chunks.contains(&chunk(2, 8, 7)), "{:?}", plan.chunks);
+    // the full prompt: the same two blocks
+    add(&mut s, 3, prompt.clone(), 1);
+    let plan = step(&mut s);
+    assert!(plan.chunks.contains(&chunk(3, 8, 16)), "{:?}", plan.chunks);
+    // a started request is not thinned
+    assert!(!s.sparsify(3, (0..24).collect()));
+    for id in [1, 2, 3] {
+        s.finish(id);
+    }
+    assert_eq!(s.pool().num_free(), 32);
+}

@@ -34,6 +34,9 @@ pub struct RequestBlocks {
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
+    /// Only positions before this one are looked up in or registered with the prefix cache: a sparse
+    /// prefill's cells after it hold a thinned prompt (`engine::sparse`), which is no prefix.
+    cache_limit: Option<usize>,
 }
 
 /// One layer group's keys of a request's blocks.
@@ -59,6 +62,11 @@ impl RequestBlocks {
     /// Every layer group's table (`kv::layout`).
     pub fn tables(&self) -> &[Vec<u32>] {
         &self.tables
+    }
+
+    /// Positions past which the request's blocks never meet the prefix cache (`KvCacheManager::limit_caching`).
+    pub fn cache_limit(&self) -> Option<usize> {
+        self.cache_limit
     }
 
     /// Blocks held now, over all groups.
@@ -198,10 +206,21 @@ impl KvCacheManager {
         RequestBlocks { tables: vec![Vec::new(); self.num_groups()], groups, ..RequestBlocks::default() }
     }
 
+    /// From now on only the request's positions before `n` are looked up in or registered with the
+    /// prefix cache (a sparse prefill's genuine prefix; `engine::sparse`). Only lowers the limit.
+    pub fn limit_caching(&self, blocks: &mut RequestBlocks, n: usize) {
+        blocks.cache_limit = Some(blocks.cache_limit.map_or(n, |l| l.min(n)));
+    }
+
+    /// Full blocks of the request that may meet the prefix cache.
+    fn cacheable_blocks(&self, blocks: &RequestBlocks) -> usize {
+        blocks.cache_limit.map_or(usize::MAX, |l| l / self.block_size)
+    }
+
     /// See `PrefixProbe` (the first group's blocks: the disk tier, which asks, serves one-group layouts
     /// only). Takes nothing.
     pub fn probe(&self, tokens: &[u32], blocks: &RequestBlocks) -> PrefixProbe {
-        let max_blocks = tokens.len().saturating_sub(1) / self.block_size;
+        let max_blocks = (tokens.len().saturating_sub(1) / self.block_size).min(self.cacheable_blocks(blocks));
         let mut hashes = Vec::with_capacity(max_blocks);
         let root = blocks.groups[0].root;
         self.extend_chain(root, &mut hashes, tokens, max_blocks);
@@ -315,8 +334,9 @@ impl KvCacheManager {
             return;
         }
         let bs = self.block_size;
+        let cacheable = self.cacheable_blocks(blocks);
         for (keys, table) in blocks.groups.iter_mut().zip(&blocks.tables) {
-            let mut full = num_computed / bs;
+            let mut full = (num_computed / bs).min(cacheable);
             // Once the window has released a block, no block after the sinks can be reached by a lookup
             // (it walks the chain from the first block): none is registered.
             if let Some(w) = self.window.filter(|_| keys.released_to > 0) {
@@ -399,7 +419,7 @@ impl KvCacheManager {
             return (0, vec![Vec::new(); groups]);
         }
         let bs = self.block_size;
-        let max_blocks = (tokens.len() - 1) / bs;
+        let max_blocks = ((tokens.len() - 1) / bs).min(self.cacheable_blocks(blocks));
         for keys in &mut blocks.groups {
             Self::extend_chain_with(&self.pool, bs, keys.root, &mut keys.hashes, tokens, max_blocks);
         }

@@ -192,26 +192,17 @@ impl Model {
     /// block tables' entries the window released (`NULL_BLOCK`) are never read. (A window needs a
     /// one-group layout; a hybrid layout's sliding groups read their own window, from the kernels'.)
     pub fn forward_windowed<'s>(&self, seqs: &[SeqInput], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
-        let layout = kv.layout().clone();
-        assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
-        let mut views = Vec::new();
-        let positions: Vec<usize> = seqs.iter().flat_map(|s| s.start_pos..s.start_pos + s.tokens.len()).collect();
-        let places: Vec<Vec<Place>> = (0..layout.num_groups()).map(|g| self.places(seqs, g, window, kv, &mut views)).collect();
-        let queries: Vec<Vec<QueryPos>> = places
-            .iter()
-            .enumerate()
-            .map(|(g, places)| places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(&seqs[i].block_tables[g][..], |v| &views[v][..]), pos }).collect())
-            .collect();
-        let n = positions.len();
-        debug_assert!(n > 0, "a step has tokens");
+        self.forward_at(seqs, &[], window, kv, scratch)
+    }
+
+    /// `forward_windowed` where a sequence's tokens may sit at RoPE positions other than their cells:
+    /// `positions[i]` (when given) holds one position per token of `seqs[i]`, whose cells still run from
+    /// its `start_pos`. A sparse prefill (`engine::sparse`) keeps a prompt's chosen tokens in consecutive
+    /// cells, each rotated for its place in the full prompt; attention runs over cells in order, so a
+    /// kept token attends to the kept tokens before it, each at its own position.
+    pub fn forward_at<'s>(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+        self.run_layers(seqs, positions, window, self.config.n_layers, self.tracer.as_deref(), kv, scratch);
         let c = &self.config;
-        self.embed(seqs, scratch);
-        for il in 0..c.n_layers {
-            let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
-            let (g, kv_layer) = layout.place(il);
-            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, tracer: self.tracer.as_deref() };
-            self.weights.layers.forward(&ctx, kv, scratch);
-        }
         scratch.residual.settle(&scratch.proj);
         let rows = logit_rows(seqs);
         resize(&mut scratch.xn, rows.len() * c.d_model);
@@ -219,9 +210,47 @@ impl Model {
             ops::rms_norm(&scratch.residual.x[t * c.d_model..(t + 1) * c.d_model], &self.weights.output_norm, c.norm_eps, out);
         }
         resize(&mut scratch.logits, rows.len() * c.vocab_size);
-        debug_assert!(n >= rows.len());
         self.weights.output.view(&self.file).matmul(&scratch.xn, &mut scratch.act_q, &mut scratch.logits);
         &scratch.logits
+    }
+
+    /// The first `layers` layers of a step (their keys and values written), no logits; `tracer` sees
+    /// their activations. A sparse prefill's scoring pass (`engine::sparse::score`) runs this.
+    pub fn forward_layers(&self, seqs: &[SeqInput], layers: usize, kv: &mut KvStorage, scratch: &mut Scratch, tracer: &dyn Tracer) {
+        self.run_layers(seqs, &[], None, layers.min(self.config.n_layers), Some(tracer), kv, scratch);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_layers(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], window: Option<KvWindow>, layers: usize, tracer: Option<&dyn Tracer>, kv: &mut KvStorage, scratch: &mut Scratch) {
+        let layout = kv.layout().clone();
+        assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
+        let mut views = Vec::new();
+        let positions: Vec<usize> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| match positions.get(i).copied().flatten() {
+                Some(p) => {
+                    assert_eq!(p.len(), s.tokens.len(), "a position per token");
+                    p.to_vec()
+                }
+                None => (s.start_pos..s.start_pos + s.tokens.len()).collect(),
+            })
+            .collect();
+        let places: Vec<Vec<Place>> = (0..layout.num_groups()).map(|g| self.places(seqs, g, window, kv, &mut views)).collect();
+        let queries: Vec<Vec<QueryPos>> = places
+            .iter()
+            .enumerate()
+            .map(|(g, places)| places.iter().map(|&(i, v, pos)| QueryPos { block_table: v.map_or(&seqs[i].block_tables[g][..], |v| &views[v][..]), pos }).collect())
+            .collect();
+        debug_assert!(!positions.is_empty(), "a step has tokens");
+        let c = &self.config;
+        self.embed(seqs, scratch);
+        for il in 0..layers {
+            let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
+            let (g, kv_layer) = layout.place(il);
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, tracer };
+            self.weights.layers.forward(&ctx, kv, scratch);
+        }
     }
 
     /// Teacher forcing: the logits after every token of `tokens` (`[tokens.len(), vocab]`), computed in

@@ -47,6 +47,7 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
         kv_window: None,
         hybrid_kv: false,
         spec: None,
+        spec_prefill: None,
     }
 }
 

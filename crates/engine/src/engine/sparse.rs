@@ -1,0 +1,257 @@
+//! Sparse prefill (SpecPrefill, Liu et al., ICML 2025; issue 21): a long prompt's tokens are scored, and
+//! the target computes only the chosen chunks, every kept token at its original position.
+//!
+//! A sparsely prefilled request keeps the kept tokens in consecutive cells: its `tokens` begin with
+//! them (compacted), `SparsePrompt` maps each cell to its position in the full prompt, and the model
+//! rotates each token for that position (`Model::forward_at`); tokens after them (generated) continue
+//! from the full prompt's length. Everything that counts cells (the scheduler, the KV manager, the
+//! block tables) is unchanged. What is not a prefix of the prompt must never meet the prefix cache: the
+//! request's blocks are looked up and registered only up to its genuine prefix (the leading kept
+//! positions that are the prompt's own first positions, a prefix-cache hit among them), through
+//! `KvCacheManager::limit_caching`.
+//!
+//! Scoring (`score`): a scorer model (a draft of the target's vocabulary, or the target itself) runs its
+//! first `layers` layers over the prompt; the last `lookahead` prompt tokens' queries attend over every
+//! position; a position's importance is the largest probability any head gives it, averaged over those
+//! queries and layers, and a chunk's score the mean of its positions'. (SpecPrefill's queries are the
+//! draft's look-ahead tokens; here they are the prompt's last tokens.)
+//!
+//! Built so far: the cell/position map, the model's positions, the cache limit, the scoring pass and the
+//! choice of chunks (`select`). Not yet: the engine's decision to sparsify, idle recovery, the lab.
+
+use crate::model::{LogitsWanted, Model, Scratch, SeqInput, Tracer};
+use half::f16;
+use std::sync::Mutex;
+
+/// When and how the engine prefills sparsely (`--spec-prefill-keep`; scoring with the target's own first
+/// `layers` layers, `self` scoring).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SparsePrefillConfig {
+    /// Share of the prompt (after a prefix-cache hit) kept.
+    pub keep: f64,
+    /// Prompts shorter than this are prefilled whole (scoring costs time too).
+    pub min_tokens: usize,
+    /// Layers of the scoring pass.
+    pub layers: usize,
+    /// The prompt's last tokens whose attention scores the rest.
+    pub lookahead: usize,
+    /// Tokens per chunk kept or dropped together.
+    pub chunk: usize,
+}
+
+impl Default for SparsePrefillConfig {
+    fn default() -> Self {
+        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 8, chunk: 32 }
+    }
+}
+
+/// The positions to keep of `prompt` under `config`, scored by `model`, the first `protect` (a prefix-cache
+/// hit) kept whole; `None` where the prompt is too short or nothing would be dropped.
+pub fn plan(model: &Model, prompt: &[u32], protect: usize, config: &SparsePrefillConfig) -> Option<Vec<usize>> {
+    if prompt.len() < config.min_tokens.max(2) || protect + 2 * config.chunk >= prompt.len() {
+        return None;
+    }
+    let imp = importance(model, prompt, config.layers, config.lookahead);
+    let kept = select(prompt.len(), protect, config.chunk, &chunk_scores(&imp, protect, config.chunk), config.keep);
+    (kept.len() < prompt.len()).then_some(kept)
+}
+
+/// A sparsely prefilled prompt: cell `i < kept.len()` holds the prompt's token at position `kept[i]`;
+/// later cells (generated tokens) sit at positions from `prompt_len` on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SparsePrompt {
+    /// Kept positions of the prompt, increasing; the last is the prompt's last (its logits give the
+    /// first token).
+    pub kept: Vec<usize>,
+    pub prompt_len: usize,
+}
+
+impl SparsePrompt {
+    /// `kept` positions of a prompt of `prompt_len` tokens: increasing, ending with the last one.
+    pub fn new(kept: Vec<usize>, prompt_len: usize) -> Option<SparsePrompt> {
+        let ok = kept.last() == Some(&(prompt_len.checked_sub(1)?)) && kept.windows(2).all(|w| w[0] < w[1]);
+        ok.then_some(SparsePrompt { kept, prompt_len })
+    }
+
+    /// The RoPE position of cell `i`.
+    pub fn position(&self, i: usize) -> usize {
+        match self.kept.get(i) {
+            Some(&p) => p,
+            None => self.prompt_len + i - self.kept.len(),
+        }
+    }
+
+    /// Leading cells that hold the prompt's own first positions (a prefix, cacheable).
+    pub fn genuine_prefix(&self) -> usize {
+        self.kept.iter().enumerate().take_while(|&(i, &p)| i == p).count()
+    }
+
+    /// Prompt positions not computed.
+    pub fn dropped(&self) -> usize {
+        self.prompt_len - self.kept.len()
+    }
+}
+
+/// The positions a sparse prefill keeps of a prompt of `len` tokens: the first `protect` (a prefix-cache
+/// hit, never thinned), then, of the rest cut into chunks of `chunk` tokens (`scores[j]` for chunk j),
+/// the first and the last chunk always and the best-scored others (ties: the earlier) until `keep` of the
+/// rest's tokens are kept. In increasing order.
+pub fn select(len: usize, protect: usize, chunk: usize, scores: &[f32], keep: f64) -> Vec<usize> {
+    let protect = protect.min(len);
+    let rest = len - protect;
+    let chunk = chunk.max(1);
+    let n_chunks = rest.div_ceil(chunk);
+    debug_assert_eq!(scores.len(), n_chunks, "a score per chunk");
+    let span = |j: usize| protect + j * chunk..(protect + (j + 1) * chunk).min(len);
+    let mut take = vec![false; n_chunks];
+    if n_chunks > 0 {
+        take[0] = true;
+        take[n_chunks - 1] = true;
+    }
+    let budget = (keep.clamp(0.0, 1.0) * rest as f64).ceil() as usize;
+    let mut order: Vec<usize> = (0..n_chunks).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    let mut kept: usize = (0..n_chunks).filter(|&j| take[j]).map(|j| span(j).len()).sum();
+    for j in order {
+        if kept >= budget {
+            break;
+        }
+        if !take[j] {
+            take[j] = true;
+            kept += span(j).len();
+        }
+    }
+    (0..protect).chain((0..n_chunks).filter(|&j| take[j]).flat_map(span)).collect()
+}
+
+/// Keeps each layer's roped queries (`Qcur`) of the step it is armed for.
+struct Queries(Mutex<Vec<(usize, Vec<f32>)>>);
+
+impl Tracer for Queries {
+    fn record(&self, name: &str, layer: usize, rows: &[f32], _n: usize) {
+        if name == "Qcur" {
+            self.0.lock().expect("not poisoned").push((layer, rows.to_vec()));
+        }
+    }
+}
+
+/// Attention probabilities of one query head (`q`, `[head_dim]`, roped) over the keys of `slots` in a
+/// layer's f16 keys (`keys`: slot-major rows of `kv_dim`), reading KV head `kv_head`; `scale` multiplies
+/// q·k. The softmax is over the given slots.
+pub fn head_probs(q: &[f32], keys: &[f16], slots: &[usize], kv_head: usize, kv_dim: usize, scale: f32) -> Vec<f32> {
+    let hd = q.len();
+    let logits: Vec<f32> = slots
+        .iter()
+        .map(|&s| {
+            let k = &keys[s * kv_dim + kv_head * hd..][..hd];
+            scale * q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum::<f32>()
+        })
+        .collect();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+/// Per prompt position, its importance to the last `lookahead` tokens under `model`'s first `layers`
+/// layers: the largest probability any head of a look-ahead query gives it, averaged over the queries
+/// and layers (see the module comment). Runs the prefill in steps of 512 tokens over a KV storage of its
+/// own.
+pub fn importance(model: &Model, prompt: &[u32], layers: usize, lookahead: usize) -> Vec<f32> {
+    let c = &model.config;
+    let (n, layers) = (prompt.len(), layers.clamp(1, c.n_layers));
+    let w = lookahead.clamp(1, n.max(1));
+    if n == 0 {
+        return Vec::new();
+    }
+    const BS: usize = 16;
+    let mut kv = model.new_kv(BS, n.div_ceil(BS));
+    let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
+    let tables = std::slice::from_ref(&table);
+    let mut scratch = Scratch::default();
+    let quiet = Queries(Mutex::new(Vec::new()));
+    let mut start = 0;
+    // the prompt before the look-ahead queries, then the queries in a step of their own (whose queries
+    // the tracer keeps)
+    while start < n - w {
+        let end = (start + 512).min(n - w);
+        let seq = SeqInput { tokens: &prompt[start..end], start_pos: start, block_tables: tables, logits: LogitsWanted::None };
+        model.forward_layers(&[seq], layers, &mut kv, &mut scratch, &quiet);
+        quiet.0.lock().expect("not poisoned").clear();
+        start = end;
+    }
+    let armed = Queries(Mutex::new(Vec::new()));
+    let seq = SeqInput { tokens: &prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None };
+    model.forward_layers(&[seq], layers, &mut kv, &mut scratch, &armed);
+    let (q_dim, kv_dim, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+    let group = c.n_heads / c.n_kv_heads;
+    let mut imp = vec![0f32; n];
+    for (layer, rows) in armed.0.into_inner().expect("not poisoned") {
+        let keys = kv.layer(layer).0;
+        for j in 0..w {
+            let qpos = n - w + j;
+            let slots: Vec<usize> = (0..=qpos).map(|p| kv.slot(&table, p)).collect();
+            let mut best = vec![0f32; qpos + 1];
+            for h in 0..c.n_heads {
+                let q = &rows[j * q_dim + h * hd..][..hd];
+                for (b, p) in best.iter_mut().zip(head_probs(q, keys, &slots, h / group, kv_dim, c.attn_scale)) {
+                    *b = b.max(p);
+                }
+            }
+            imp.iter_mut().zip(best).for_each(|(i, b)| *i += b);
+        }
+    }
+    let norm = (w * layers) as f32;
+    imp.iter_mut().for_each(|x| *x /= norm);
+    imp
+}
+
+/// Chunk scores for `select`: the mean importance of each chunk of `chunk` positions from `from` on.
+pub fn chunk_scores(importance: &[f32], from: usize, chunk: usize) -> Vec<f32> {
+    importance[from.min(importance.len())..].chunks(chunk.max(1)).map(|c| c.iter().sum::<f32>() / c.len() as f32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sparse_prompt_maps_cells_to_positions_and_continues_after_the_prompt() {
+        let s = SparsePrompt::new(vec![0, 1, 2, 7, 8, 11], 12).unwrap();
+        assert_eq!((0..9).map(|i| s.position(i)).collect::<Vec<_>>(), vec![0, 1, 2, 7, 8, 11, 12, 13, 14]);
+        assert_eq!((s.genuine_prefix(), s.dropped()), (3, 6));
+        assert!(SparsePrompt::new(vec![0, 3, 2, 11], 12).is_none(), "not increasing");
+        assert!(SparsePrompt::new(vec![0, 3], 12).is_none(), "the last token is always kept");
+        assert!(SparsePrompt::new(vec![], 0).is_none());
+    }
+
+    #[test]
+    fn chunk_scores_average_each_chunk_after_the_protected_prefix() {
+        assert_eq!(chunk_scores(&[9.0, 9.0, 1.0, 3.0, 2.0, 2.0, 5.0], 2, 2), vec![2.0, 2.0, 5.0]);
+        assert!(chunk_scores(&[1.0], 4, 2).is_empty());
+    }
+
+    #[test]
+    fn head_probs_is_a_softmax_over_the_given_slots() {
+        let keys: Vec<f16> = [1.0, 0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 2.0, 1.0, 1.0, 0.0, 0.0].iter().map(|&x| f16::from_f32(x)).collect();
+        // kv_dim 4: two KV heads of 2; three slots; head 1 of slot s is keys[s*4+2..s*4+4]
+        let p = head_probs(&[1.0, 0.0], &keys, &[0, 2], 0, 4, 1.0);
+        let (e1, e0) = (1f32.exp(), 1f32.exp());
+        assert!((p[0] - e1 / (e1 + e0)).abs() < 1e-6 && (p.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let p = head_probs(&[0.0, 1.0], &keys, &[0, 1], 1, 4, 2.0);
+        // head 1: slot 0 (0, 1) -> 2, slot 1 (0, 2) -> 4
+        assert!((p[1] - 4f32.exp() / (2f32.exp() + 4f32.exp())).abs() < 1e-6);
+    }
+
+    #[test]
+    fn select_keeps_the_protected_prefix_the_ends_and_the_best_chunks() {
+        // 4 protected, then 20 tokens in chunks of 4: scores pick chunk 2 after the ends (0 and 4)
+        let kept = select(24, 4, 4, &[0.0, 0.1, 0.9, 0.5, 0.0], 0.5);
+        assert_eq!(kept, [0, 1, 2, 3].into_iter().chain(4..8).chain(12..16).chain(20..24).collect::<Vec<_>>());
+        // keep 1.0: everything; keep 0: the ends only (a short last chunk included)
+        assert_eq!(select(23, 4, 4, &[0.0; 5], 1.0), (0..23).collect::<Vec<_>>());
+        assert_eq!(select(23, 4, 4, &[0.0; 5], 0.0), (0..8).chain(20..23).collect::<Vec<_>>());
+        // ties go to the earlier chunk
+        assert_eq!(select(16, 0, 4, &[0.0, 1.0, 1.0, 0.0], 0.75), (0..8).chain(12..16).collect::<Vec<_>>());
+    }
+}
