@@ -79,6 +79,10 @@ pub struct ModelArgs {
     pub spec_prefill_min_tokens: usize,
     #[arg(long, default_value_t = 4, requires = "spec_prefill_keep")]
     pub spec_prefill_layers: usize,
+    /// While idle, recompute the full prompts of recent sparse prefills, so a later turn finds the whole
+    /// prefix in the cache (any arriving request stops it at once).
+    #[arg(long, requires = "spec_prefill_keep")]
+    pub spec_prefill_recover: bool,
     /// What `--spec` is when not given (set by the command before it reads the options).
     #[arg(skip = SpecArg::Off)]
     pub default_spec: SpecArg,
@@ -175,7 +179,7 @@ impl ModelArgs {
         anyhow::ensure!(keep > 0.0 && keep <= 1.0, "--spec-prefill-keep {keep}: a share in (0, 1]");
         anyhow::ensure!(self.spec_prefill_layers >= 1, "--spec-prefill-layers must be at least 1");
         let base = reckon_engine::engine::sparse::SparsePrefillConfig::default();
-        Ok(Some(reckon_engine::engine::sparse::SparsePrefillConfig { keep, min_tokens: self.spec_prefill_min_tokens, layers: self.spec_prefill_layers, ..base }))
+        Ok(Some(reckon_engine::engine::sparse::SparsePrefillConfig { keep, min_tokens: self.spec_prefill_min_tokens, layers: self.spec_prefill_layers, recover: self.spec_prefill_recover, ..base }))
     }
 
     /// The speculative decoding every request gets (`--spec`), or none.

@@ -507,7 +507,7 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
 fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix() {
     use reckon_engine::engine::sparse::SparsePrefillConfig;
     let model = model();
-    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8 };
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: false };
     let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(128, 64) });
     let long = prompt(31, 120);
     let (ids, _, reason, usage) = drain_usage(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long.clone(), 8) }).unwrap().1);
@@ -525,4 +525,46 @@ fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix()
     let plain = drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(GenerateParams::greedy(short.clone(), 12)).unwrap().1).0;
     assert_eq!(drain(engine.submit(GenerateParams::greedy(short, 12)).unwrap().1).0, plain);
     assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 2);
+}
+
+/// Idle recovery of a sparse prefill (`SparsePrefillConfig::recover`): once the engine is idle it
+/// recomputes the full prompt in the background; the same prompt then finds every full block in the
+/// prefix cache and gets exactly the tokens of a full prefill. A request arriving meanwhile is served,
+/// and the recovery still completes.
+#[test]
+fn idle_recovery_gives_a_later_turn_the_full_prefix() {
+    use reckon_engine::engine::sparse::SparsePrefillConfig;
+    let model = model();
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: true };
+    let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(128, 16) });
+    let long = prompt(41, 120);
+    let full = drain(spawn(model.clone(), Arc::new(Names), config(128, 64)).submit(GenerateParams::greedy(long.clone(), 10)).unwrap().1).0;
+    drain(engine.submit(GenerateParams::greedy(long.clone(), 10)).unwrap().1);
+    // another request right away: it stops the recovery (or comes before it), and is served
+    let other = prompt(42, 20);
+    let other_plain = drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(GenerateParams::greedy(other.clone(), 6)).unwrap().1).0;
+    assert_eq!(drain(engine.submit(GenerateParams::greedy(other, 6)).unwrap().1).0, other_plain);
+    let st = engine.stats();
+    for _ in 0..2000 {
+        if st.spec_prefill_recovery_debt.load(Ordering::Relaxed) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(st.spec_prefill_recovery_debt.load(Ordering::Relaxed), 0, "recovery finished");
+    assert!(st.spec_prefill_recovery_steps.load(Ordering::Relaxed) >= 120 / 16, "16-token steps");
+    wait_idle(&engine);
+    let (ids, _, _, usage) = drain_usage(engine.submit(GenerateParams::greedy(long.clone(), 10)).unwrap().1);
+    assert_eq!(usage.cached_tokens, 116, "every full block of the prompt");
+    assert_eq!(ids, full, "the tokens of a full prefill");
+    assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 1, "the second turn was not thinned");
+    // (the counter follows the last event by a moment)
+    for _ in 0..500 {
+        if st.finished_requests.load(Ordering::Relaxed) >= 3 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(st.finished_requests.load(Ordering::Relaxed), 3, "the recovery is not counted");
 }

@@ -137,6 +137,8 @@ pub fn render(state: &AppState) -> String {
     for (name, help, v) in [
         ("reckon_spec_prefill_requests_total", "Requests whose prompt was prefilled sparsely (docs/spec-prefill.md).", &s.spec_prefill_requests),
         ("reckon_spec_prefill_dropped_tokens_total", "Prompt tokens a sparse prefill did not compute.", &s.spec_prefill_dropped_tokens),
+        ("reckon_spec_prefill_recovery_steps_total", "Engine steps of idle recovery (background prefills of sparse prompts' full keys and values).", &s.spec_prefill_recovery_steps),
+        ("reckon_spec_prefill_recovered_tokens_total", "Prompt tokens idle recovery computed.", &s.spec_prefill_recovered_tokens),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v));
     }
@@ -146,6 +148,8 @@ pub fn render(state: &AppState) -> String {
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v) as f64 / 1e9);
     }
+    let name = "reckon_spec_prefill_recovery_debt_tokens";
+    let _ = writeln!(out, "# HELP {name} Prompt tokens sparse prefills left uncomputed that idle recovery has yet to recompute.\n# TYPE {name} gauge\n{name}{{{m}}} {}", count(&s.spec_prefill_recovery_debt));
     let name = "reckon_spec_step_cost_seconds";
     let _ = writeln!(out, "# HELP {name} The engine's step time fitted as fixed + per_token x tokens (what --spec auto decides by; 0 until fitted).\n# TYPE {name} gauge");
     for (term, v) in [("fixed", &s.step_cost_a_ns), ("per_token", &s.step_cost_b_ns)] {

@@ -47,6 +47,11 @@ pub struct EngineStats {
     /// Sparse prefill: requests thinned, and prompt tokens they did not compute.
     pub spec_prefill_requests: AtomicU64,
     pub spec_prefill_dropped_tokens: AtomicU64,
+    /// Idle recovery: prompt tokens a sparse prefill left uncomputed and not yet recovered, recovery
+    /// steps run and prompt tokens they computed.
+    pub spec_prefill_recovery_debt: AtomicU64,
+    pub spec_prefill_recovery_steps: AtomicU64,
+    pub spec_prefill_recovered_tokens: AtomicU64,
     /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
     /// model's.
     pub step_ns: AtomicU64,
@@ -191,7 +196,8 @@ struct Loop {
 impl Loop {
     fn run(mut self) {
         loop {
-            if !self.engine.has_runnable_work() {
+            // idle: recover a sparse prefill's full prompt in the background (not while draining)
+            if !self.engine.has_runnable_work() && !(self.drain.is_none() && self.engine.start_recovery()) {
                 // Idle (or waiting only for disk reads): sleep until a command comes; every handle gone
                 // means stop.
                 if self.drain.is_some() && !self.engine.has_work() {
@@ -238,7 +244,10 @@ impl Loop {
                     *first = (*first).min(deadline);
                     acks.push(ack);
                 }
-                None => self.drain = Some((deadline, vec![ack])),
+                None => {
+                    self.engine.stop_recovery();
+                    self.drain = Some((deadline, vec![ack]));
+                }
             },
             Command::Restored(r) => self.engine.restored(r),
         }

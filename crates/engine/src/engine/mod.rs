@@ -139,7 +139,24 @@ pub struct Engine {
     masked: Vec<f32>,
     /// Seconds the draft model took in the step in flight.
     draft_secs: f64,
+    /// Idle recovery (`engine::sparse`): full prompts to recompute (with their cache salt and the
+    /// tokens their sparse prefill dropped), latest first; the one in flight as a background request.
+    recovery: std::collections::VecDeque<Recovery>,
+    recovering: Option<(RequestId, tokio::sync::mpsc::UnboundedReceiver<Event>, Recovery)>,
+    /// The next background request's id (counting down from `FIRST_BACKGROUND_ID`).
+    next_background_id: RequestId,
 }
+
+/// A sparse prefill's full prompt, for idle recovery.
+#[derive(Clone)]
+struct Recovery {
+    prompt: Vec<u32>,
+    cache_salt: Option<String>,
+    dropped: usize,
+}
+
+/// Ids of background requests count down from here (clients' count up from 1).
+const FIRST_BACKGROUND_ID: RequestId = RequestId::MAX;
 
 impl Engine {
     /// An engine over `model` with `config`'s KV cache; with `disk`, the prefix cache also keeps blocks
@@ -189,7 +206,7 @@ impl Engine {
             max_running: config.max_running,
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0 })
+        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID })
     }
 
     /// What a request must fit.
@@ -240,7 +257,10 @@ impl Engine {
     /// Queues a request. `restore_reply` delivers a disk read started for it, if its prompt's next blocks
     /// are in the disk tier.
     pub fn add_request(&mut self, id: RequestId, req: ValidatedRequest, events: UnboundedSender<Event>, arrived: Instant, restore_reply: Option<RestoreReply>) {
+        // an arriving request stops an idle recovery before the next step
+        self.stop_recovery();
         let blocks = self.scheduler.kv().new_blocks(req.cache_salt().map(str::as_bytes));
+        let cache_salt = req.cache_salt().map(str::to_string);
         let mut req = Request::new(id, req, blocks, events, arrived);
         let sparse_prefill = self.config.spec_prefill.filter(|_| req.constraint.is_none());
         // (a grammar masks each token as it is sampled: such requests do not guess ahead)
@@ -249,7 +269,7 @@ impl Engine {
         }
         self.scheduler.add(req);
         if let Some(config) = sparse_prefill {
-            self.sparsify(id, &config);
+            self.sparsify(id, &config, cache_salt);
         }
         if let (Some(offload), Some(reply)) = (self.offload.as_mut(), restore_reply) {
             let req = self.scheduler.request(id).expect("just added");
@@ -262,19 +282,61 @@ impl Engine {
 
     /// Scores a new request's prompt and thins it (`engine::sparse`), keeping whatever the prefix cache
     /// holds now. Runs on the engine's thread: the scoring pass delays the next step.
-    fn sparsify(&mut self, id: RequestId, config: &sparse::SparsePrefillConfig) {
+    fn sparsify(&mut self, id: RequestId, config: &sparse::SparsePrefillConfig, cache_salt: Option<String>) {
         let Some(req) = self.scheduler.request(id) else { return };
         let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
         let protect = probe.in_memory * self.config.block_size;
         let Some(kept) = sparse::plan(&self.model, &req.tokens, protect, config) else { return };
         let dropped = req.tokens.len() - kept.len();
+        let prompt = req.tokens.clone();
         if self.scheduler.sparsify(id, kept) {
+            if config.recover {
+                self.recovery.push_front(Recovery { prompt, cache_salt, dropped });
+                self.recovery.truncate(sparse::MAX_RECOVERIES);
+                self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
+            }
             self.stats.spec_prefill_requests.fetch_add(1, Ordering::Relaxed);
             self.stats.spec_prefill_dropped_tokens.fetch_add(dropped as u64, Ordering::Relaxed);
             // (a draft model would see the thinned prompt at its cells' positions)
             if let Some(spec) = self.scheduler.request_mut(id).and_then(|r| r.spec.as_mut()) {
                 spec.config.draft = false;
             }
+        }
+    }
+
+    /// Tokens the remembered sparse prefills dropped (the one being recovered included).
+    fn recovery_debt(&self) -> usize {
+        self.recovery.iter().chain(self.recovering.as_ref().map(|r| &r.2)).map(|r| r.dropped).sum()
+    }
+
+    /// With nothing else to run: starts (or keeps) recomputing the latest remembered sparse prefill's
+    /// full prompt as a background request (`engine::sparse`). True while one is in flight.
+    pub fn start_recovery(&mut self) -> bool {
+        if self.recovering.is_some() {
+            return true;
+        }
+        while let Some(r) = self.recovery.pop_front() {
+            let params = GenerateParams { ignore_eos: true, cache_salt: r.cache_salt.clone(), ..GenerateParams::greedy(r.prompt.clone(), 1) };
+            let Ok(valid) = validate(params, &self.limits()) else { continue };
+            let id = self.next_background_id;
+            self.next_background_id -= 1;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let blocks = self.scheduler.kv().new_blocks(r.cache_salt.as_deref().map(str::as_bytes));
+            let mut req = Request::new(id, valid, blocks, tx, Instant::now());
+            req.background = true;
+            self.scheduler.add(req);
+            self.recovering = Some((id, rx, r));
+            return true;
+        }
+        false
+    }
+
+    /// Stops the background recovery, if any, before the next step; what it computed stays cached, and
+    /// its prompt goes back to the front of the queue.
+    pub fn stop_recovery(&mut self) {
+        if let Some((id, _, r)) = self.recovering.take() {
+            self.remove(id);
+            self.recovery.push_front(r);
         }
     }
 
@@ -323,6 +385,10 @@ impl Engine {
             }
         }
         self.draft_secs = 0.0;
+        if let Some(c) = self.recovering.as_ref().and_then(|r| plan.chunks.iter().find(|c| c.id == r.0)) {
+            self.stats.spec_prefill_recovery_steps.fetch_add(1, Ordering::Relaxed);
+            self.stats.spec_prefill_recovered_tokens.fetch_add(c.len as u64, Ordering::Relaxed);
+        }
         let sampled = self.execute(&plan);
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
         // the target's step alone: the draft model's passes are fitted apart
@@ -525,7 +591,9 @@ impl Engine {
             let first = req.tokens.len() - s.tokens.len();
             let mut ended = None;
             for (j, (token, logprobs)) in s.tokens.into_iter().enumerate() {
-                self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                if !req.background {
+                    self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                }
                 let (text, finish) = req.process_token(first + j, &*self.detok);
                 let delivered = req.send_token(token, text, logprobs);
                 ended = match finish {
@@ -548,6 +616,14 @@ impl Engine {
     /// Ends a request: its blocks back to the pool at once, its last event.
     fn finish(&mut self, id: RequestId, reason: FinishReason) {
         let Some(req) = self.remove(id) else { return };
+        if req.background {
+            // a recovery done: its full blocks are in the prefix cache
+            if self.recovering.as_ref().is_some_and(|r| r.0 == id) {
+                self.recovering = None;
+            }
+            self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
+            return;
+        }
         let now = Instant::now();
         let (accepted, drafted) = req.spec.as_ref().map_or((0, 0), |s| (s.accepted, s.drafted));
         let usage = Usage {
@@ -587,8 +663,10 @@ impl Engine {
         // Blocks first, the request counts last (Release; `/metrics` reads the counts first, Acquire): a
         // reader that sees a finished request gone also sees its blocks freed.
         s.blocks_used.store(pool.num_blocks() - pool.num_free(), Ordering::Relaxed);
-        s.waiting.store(self.scheduler.num_waiting(), Ordering::Release);
-        s.running.store(self.scheduler.num_running(), Ordering::Release);
+        // (a background recovery is not a request anyone waits for)
+        let background = self.recovering.as_ref().and_then(|r| self.scheduler.request(r.0)).map(|r| r.status);
+        s.waiting.store(self.scheduler.num_waiting() - usize::from(background.is_some_and(|b| b != RequestStatus::Running)), Ordering::Release);
+        s.running.store(self.scheduler.num_running() - usize::from(background == Some(RequestStatus::Running)), Ordering::Release);
         s.preemptions.store(self.scheduler.num_preemptions(), Ordering::Relaxed);
         let prefix = self.scheduler.prefix_stats();
         s.prefix_cache_queried_tokens.store(prefix.queried_tokens, Ordering::Relaxed);

@@ -91,6 +91,9 @@ pub struct Request {
     /// A sparse prefill (`engine::sparse`): `tokens` begins with the kept prompt tokens, each cell at its
     /// position in the full prompt.
     pub sparse: Option<super::sparse::SparsePrompt>,
+    /// The engine's own idle recovery of a sparse prefill (`engine::sparse`): not counted in the
+    /// request statistics.
+    pub background: bool,
     pub times: RequestTimes,
     output: Output,
     events: UnboundedSender<Event>,
@@ -138,6 +141,7 @@ impl Request {
             spec: None,
             prediction: p.prediction,
             sparse: None,
+            background: false,
             times: RequestTimes { arrived, first_scheduled: None, first_token: None },
             output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,

@@ -16,8 +16,15 @@
 //! queries and layers, and a chunk's score the mean of its positions'. (SpecPrefill's queries are the
 //! draft's look-ahead tokens; here they are the prompt's last tokens.)
 //!
-//! Built so far: the cell/position map, the model's positions, the cache limit, the scoring pass and the
-//! choice of chunks (`select`). Not yet: the engine's decision to sparsify, idle recovery, the lab.
+//! Idle recovery (`SparsePrefillConfig::recover`): the engine remembers the full prompts of its recent
+//! sparse prefills (latest first, at most `MAX_RECOVERIES`) and, whenever it has nothing else to run,
+//! prefills one in the background as an ordinary request of one token that nobody reads, a step's
+//! budget at a time; its full blocks join the prefix cache as they are computed. Any arriving request
+//! stops it before the next step (what it computed stays cached; it resumes from there later).
+//!
+//! Built so far: the cell/position map, the model's positions, the cache limit, the scoring pass, the
+//! choice of chunks (`select`), the engine's decision and idle recovery. Not yet: draft-model scoring,
+//! the per-request field, the lab.
 
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput, Tracer};
 use half::f16;
@@ -37,11 +44,14 @@ pub struct SparsePrefillConfig {
     pub lookahead: usize,
     /// Tokens per chunk kept or dropped together.
     pub chunk: usize,
+    /// Recompute the full prompt's keys and values of recent sparse prefills while the engine is idle
+    /// (`Engine::start_recovery`), so a later turn finds the whole prefix in the cache.
+    pub recover: bool,
 }
 
 impl Default for SparsePrefillConfig {
     fn default() -> Self {
-        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 8, chunk: 32 }
+        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 8, chunk: 32, recover: false }
     }
 }
 
@@ -55,6 +65,9 @@ pub fn plan(model: &Model, prompt: &[u32], protect: usize, config: &SparsePrefil
     let kept = select(prompt.len(), protect, config.chunk, &chunk_scores(&imp, protect, config.chunk), config.keep);
     (kept.len() < prompt.len()).then_some(kept)
 }
+
+/// Full prompts the engine remembers for idle recovery at most (the latest).
+pub const MAX_RECOVERIES: usize = 8;
 
 /// A sparsely prefilled prompt: cell `i < kept.len()` holds the prompt's token at position `kept[i]`;
 /// later cells (generated tokens) sit at positions from `prompt_len` on.
