@@ -31,6 +31,9 @@ pub enum LabCommand {
     /// length for full KV and each window, the KV memory each holds, and perplexity past the window
     /// with and without the sinks.
     Eviction(EvictionArgs),
+    /// What a sparse prefill (--spec-prefill-keep) saves in time to first token and loses in needle
+    /// recall, per haystack length and keep ratio, against a full prefill in the same passes.
+    SpecPrefill(SpecPrefillArgs),
     /// What speculative decoding (--spec ngram) buys per workload (code edit, quotes, JSON extraction,
     /// free chat) and draft length k, against no speculation in the same passes: decode tok/s, the
     /// guesses kept, and whether the output stayed the same.
@@ -120,6 +123,36 @@ pub struct EvictionArgs {
     pub fluency_tokens: usize,
     /// Where to write recall.jsonl, fluency.jsonl, table.md, recall.svg and command.txt (default
     /// bench/out/eviction-<time>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct SpecPrefillArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Haystack lengths in tokens, comma-separated.
+    #[arg(long, default_value = "2048,4096,8192")]
+    pub lengths: String,
+    /// Keep ratios, comma-separated; the full prefill (1.0) is always measured.
+    #[arg(long, default_value = "0.5,0.3,0.2,0.1")]
+    pub keeps: String,
+    /// Needles per haystack, at evenly spaced depths.
+    #[arg(long, default_value_t = 5)]
+    pub needles: usize,
+    /// Layers of the scoring pass (the model's own first layers).
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Interleaved passes (arm order reversed every other pass).
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub passes: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Reply tokens at most.
+    #[arg(long, default_value_t = 12)]
+    pub max_tokens: usize,
+    /// Where to write records.jsonl, table.md, spec-prefill.svg and command.txt (default
+    /// bench/out/spec-prefill-<time>).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -221,6 +254,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::KvQuant(a) => run_kv_quant(a, false),
         LabCommand::KvTax(a) => run_kv_quant(a, true),
         LabCommand::Eviction(a) => run_eviction(a),
+        LabCommand::SpecPrefill(a) => run_spec_prefill(a),
         LabCommand::Spec(a) => run_spec(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
@@ -230,6 +264,37 @@ pub fn run(args: LabArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn run_spec_prefill(args: SpecPrefillArgs) -> Result<()> {
+    use reckon_lab::spec_prefill;
+    anyhow::ensure!(args.needles >= 1 && args.passes >= 1 && args.layers >= 1, "--needles, --passes and --layers must be at least 1");
+    let number = |flag: &'static str| move |s: &str| s.parse::<usize>().with_context(|| format!("{flag}: '{s}' is not a number"));
+    let lengths = list(&args.lengths, "--lengths", number("--lengths"))?;
+    let keeps = list(&args.keeps, "--keeps", |s| {
+        let k: f64 = s.parse().with_context(|| format!("--keeps: '{s}' is not a number"))?;
+        anyhow::ensure!(k > 0.0 && k <= 1.0, "--keeps: {k} is not in (0, 1]");
+        Ok(k)
+    })?;
+    let loaded = load(&args.model)?;
+    anyhow::ensure!(loaded.draft.is_none(), "this lab scores with the model itself");
+    let out = out_dir(&args.out, "spec-prefill")?;
+    let scoring = reckon_engine::engine::sparse::SparsePrefillConfig { layers: args.layers, ..Default::default() };
+    let lab = spec_prefill::SpecPrefillLabSpec { lengths, keeps, needles: args.needles, passes: args.passes, seed: args.seed, max_tokens: args.max_tokens, scoring };
+    let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
+    let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
+    let records = spec_prefill::run(&model, &tokenizer, &loaded.template, &lab, |r| {
+        let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        eprintln!("pass {} length {:>5} keep {:.2} needle {}: {:>8.0} ms (scoring {:>5.0}), {} {}", r.pass + 1, r.length, r.keep, r.needle, r.ttft_ms, r.scoring_ms, if r.correct { "found" } else { "MISSED" }, r.reply);
+    })?;
+    let rows = spec_prefill::rows(&records);
+    let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+    let title = format!("{name}: sparse prefill (self scoring, {} layers) vs full, {} passes, {} threads, kernels {}", args.layers, args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+    let table = spec_prefill::markdown(&rows);
+    std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
+    spec_prefill::plot(&rows, &name, &out.join("spec-prefill.svg"))?;
+    println!("{title}\n\n{table}\nraw records, table and plot: {}", out.display());
+    Ok(())
 }
 
 fn run_eviction(args: EvictionArgs) -> Result<()> {

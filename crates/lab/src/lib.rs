@@ -7,6 +7,7 @@ pub mod kv;
 pub mod prefix;
 pub mod report;
 pub mod spec;
+pub mod spec_prefill;
 pub mod stats;
 
 #[derive(Debug, thiserror::Error)]

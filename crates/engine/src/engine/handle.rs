@@ -47,6 +47,8 @@ pub struct EngineStats {
     /// Sparse prefill: requests thinned, and prompt tokens they did not compute.
     pub spec_prefill_requests: AtomicU64,
     pub spec_prefill_dropped_tokens: AtomicU64,
+    /// Nanoseconds the scoring passes took (on the engine thread, before the requests' prefill).
+    pub spec_prefill_scoring_ns: AtomicU64,
     /// Idle recovery: prompt tokens a sparse prefill left uncomputed and not yet recovered, recovery
     /// steps run and prompt tokens they computed.
     pub spec_prefill_recovery_debt: AtomicU64,

@@ -286,7 +286,10 @@ impl Engine {
         let Some(req) = self.scheduler.request(id) else { return };
         let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
         let protect = probe.in_memory * self.config.block_size;
-        let Some(kept) = sparse::plan(&self.model, &req.tokens, protect, config) else { return };
+        let scoring = Instant::now();
+        let planned = sparse::plan(&self.model, &req.tokens, protect, config);
+        self.stats.spec_prefill_scoring_ns.fetch_add(scoring.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let Some(kept) = planned else { return };
         let dropped = req.tokens.len() - kept.len();
         let prompt = req.tokens.clone();
         if self.scheduler.sparsify(id, kept) {

@@ -51,7 +51,7 @@ pub struct SparsePrefillConfig {
 
 impl Default for SparsePrefillConfig {
     fn default() -> Self {
-        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 8, chunk: 32, recover: false }
+        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 32, chunk: 32, recover: false }
     }
 }
 
