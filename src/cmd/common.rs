@@ -83,6 +83,10 @@ pub struct ModelArgs {
     /// prefix in the cache (any arriving request stops it at once).
     #[arg(long, requires = "spec_prefill_keep")]
     pub spec_prefill_recover: bool,
+    /// Score prompts with this smaller model of the same vocabulary (SpecPrefill's draft; default: the
+    /// model's own first layers).
+    #[arg(long, value_name = "MODEL", requires = "spec_prefill_keep")]
+    pub spec_prefill_scorer: Option<String>,
     /// What `--spec` is when not given (set by the command before it reads the options).
     #[arg(skip = SpecArg::Off)]
     pub default_spec: SpecArg,
@@ -417,6 +421,8 @@ pub struct Loaded {
     pub model: Model,
     /// The draft model of speculative decoding (`--spec draft`, `--spec-draft`).
     pub draft: Option<Model>,
+    /// The scorer of sparse prefill (`--spec-prefill-scorer`).
+    pub scorer: Option<Model>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
 }
@@ -434,7 +440,11 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         Some(name) => Some(load_draft(name, &tokenizer, args)?),
         None => None,
     };
-    Ok(Loaded { model, draft, tokenizer, template })
+    let scorer = match &args.spec_prefill_scorer {
+        Some(name) => Some(load_draft(name, &tokenizer, args)?),
+        None => None,
+    };
+    Ok(Loaded { model, draft, scorer, tokenizer, template })
 }
 
 /// The draft model `name`, checked to share the model's vocabulary token for token.

@@ -140,9 +140,12 @@ pub struct SpecPrefillArgs {
     /// Needles per haystack, at evenly spaced depths.
     #[arg(long, default_value_t = 5)]
     pub needles: usize,
-    /// Layers of the scoring pass (the model's own first layers).
+    /// Layers of the scoring pass (the scorer's first layers).
     #[arg(long, default_value_t = 4)]
     pub layers: usize,
+    /// The scoring model, of the same vocabulary (default: the model itself).
+    #[arg(long, value_name = "MODEL")]
+    pub scorer: Option<String>,
     /// Interleaved passes (arm order reversed every other pass).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub passes: usize,
@@ -277,10 +280,14 @@ fn run_spec_prefill(args: SpecPrefillArgs) -> Result<()> {
         Ok(k)
     })?;
     let loaded = load(&args.model)?;
-    anyhow::ensure!(loaded.draft.is_none(), "this lab scores with the model itself");
+    anyhow::ensure!(loaded.draft.is_none(), "this lab runs without a draft model");
+    let scorer = match &args.scorer {
+        Some(name) => Some(Arc::new(super::common::load_draft(name, &loaded.tokenizer, &args.model)?)),
+        None => None,
+    };
     let out = out_dir(&args.out, "spec-prefill")?;
     let scoring = reckon_engine::engine::sparse::SparsePrefillConfig { layers: args.layers, ..Default::default() };
-    let lab = spec_prefill::SpecPrefillLabSpec { lengths, keeps, needles: args.needles, passes: args.passes, seed: args.seed, max_tokens: args.max_tokens, scoring };
+    let lab = spec_prefill::SpecPrefillLabSpec { lengths, keeps, needles: args.needles, passes: args.passes, seed: args.seed, max_tokens: args.max_tokens, scoring, scorer };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let records = spec_prefill::run(&model, &tokenizer, &loaded.template, &lab, |r| {
@@ -289,7 +296,8 @@ fn run_spec_prefill(args: SpecPrefillArgs) -> Result<()> {
     })?;
     let rows = spec_prefill::rows(&records);
     let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
-    let title = format!("{name}: sparse prefill (self scoring, {} layers) vs full, {} passes, {} threads, kernels {}", args.layers, args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+    let scorer_name = args.scorer.as_deref().map_or("self".to_string(), |s| s.rsplit('/').next().unwrap_or(s).to_string());
+    let title = format!("{name}: sparse prefill (scored by {scorer_name}, {} layers) vs full, {} passes, {} threads, kernels {}", args.layers, args.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
     let table = spec_prefill::markdown(&rows);
     std::fs::write(out.join("table.md"), format!("{title}\n\n{table}"))?;
     spec_prefill::plot(&rows, &name, &out.join("spec-prefill.svg"))?;

@@ -4,7 +4,7 @@
 use super::common::{load, KvChoice, Loaded, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{spawn_with_draft, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
+use reckon_engine::engine::{spawn_with_models, EngineConfig, EngineHandle, Event, FinishReason, GenerateParams};
 use reckon_engine::template::ChatMessage;
 use std::io::{Read, Write};
 use std::sync::Arc;
@@ -49,7 +49,7 @@ pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> (EngineHandle,
     let layout = config.kv_layout(&loaded.model, false);
     config.num_blocks = layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = spawn_with_draft(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, None).expect("no disk tier; the draft model's vocabulary was checked at load");
+    let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, None).expect("no disk tier; the draft's and scorer's vocabularies were checked at load");
     (engine, tokenizer, loaded.template)
 }
 

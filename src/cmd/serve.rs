@@ -3,7 +3,7 @@
 use crate::cmd::common::{byte_size, load, KvArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{spawn_with_draft, EngineHandle};
+use reckon_engine::engine::{spawn_with_models, EngineHandle};
 use reckon_engine::kv::DiskTierConfig;
 use reckon_server::{router, AppState, DEFAULT_MAX_BODY_BYTES};
 use std::time::Duration;
@@ -109,7 +109,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let engine = spawn_with_draft(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, disk)
+    let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
     let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -328,6 +328,21 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
             }
             let imp = importance(&model, &prompt, c.n_layers, w);
             assert_eq!(imp.len(), n);
+            // the importance from these probabilities: the largest over heads, averaged over queries and layers
+            let mut want = vec![0f32; n];
+            for layer in 0..c.n_layers {
+                let q = got.iter().find(|g| g.0 == "Qcur" && g.1 == layer).map(|g| g.2.clone()).unwrap();
+                for j in 0..w {
+                    let slots: Vec<usize> = (0..=n - w + j).map(|p| kv.slot(&table, p)).collect();
+                    let mut best = vec![0f32; slots.len()];
+                    for h in 0..c.n_heads {
+                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], kv.layer(layer).0, &slots, h / group, kv_dim, c.attn_scale);
+                        best.iter_mut().zip(p).for_each(|(b, p)| *b = b.max(p));
+                    }
+                    want.iter_mut().zip(best).for_each(|(x, b)| *x += b / (w * c.n_layers) as f32);
+                }
+            }
+            assert!(imp.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{imp:?} vs {want:?}");
             assert!(imp.iter().all(|x| x.is_finite() && (0.0..=1.0).contains(x)), "{imp:?}");
             assert_eq!(imp, importance(&model, &prompt, c.n_layers, w), "deterministic");
         }

@@ -13,7 +13,7 @@ use crate::eviction::haystack;
 use crate::stats::{summarize, Summary};
 use crate::LabError;
 use reckon_engine::engine::sparse::SparsePrefillConfig;
-use reckon_engine::engine::{spawn, Completion, EngineConfig, EngineHandle, GenerateParams};
+use reckon_engine::engine::{spawn_with_models, Completion, EngineConfig, EngineHandle, GenerateParams};
 use reckon_engine::model::Model;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
 use reckon_engine::tokenizer::Tokenizer;
@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SpecPrefillLabSpec {
     pub lengths: Vec<usize>,
     /// Keep ratios; 1.0 (the full prefill) is always measured first.
@@ -33,6 +33,8 @@ pub struct SpecPrefillLabSpec {
     pub max_tokens: usize,
     /// The sparse prefill's settings but `keep` (its `min_tokens` is set to 1: every prompt is thinned).
     pub scoring: SparsePrefillConfig,
+    /// The scoring model (the model itself without one).
+    pub scorer: Option<Arc<Model>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -60,7 +62,7 @@ pub fn run(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate, sp
     let mut keeps = vec![1.0];
     keeps.extend(spec.keeps.iter().copied().filter(|&k| k < 1.0));
     let longest = spec.lengths.iter().copied().max().unwrap_or(0) + 256 + spec.max_tokens;
-    let engine = |keep: f64| -> EngineHandle {
+    let engine = |keep: f64| -> Result<EngineHandle, LabError> {
         let config = EngineConfig {
             block_size: 16,
             num_blocks: longest.div_ceil(16) + 8,
@@ -72,9 +74,9 @@ pub fn run(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate, sp
             spec_prefill: (keep < 1.0).then_some(SparsePrefillConfig { keep, min_tokens: 1, recover: false, ..spec.scoring }),
             ..EngineConfig::default()
         };
-        spawn(model.clone(), tok.clone(), config)
+        spawn_with_models(model.clone(), None, spec.scorer.clone().filter(|_| keep < 1.0), tok.clone(), config, None).map_err(|e| LabError::Request(e.to_string()))
     };
-    let engines: Vec<EngineHandle> = keeps.iter().map(|&k| engine(k)).collect();
+    let engines: Vec<EngineHandle> = keeps.iter().map(|&k| engine(k)).collect::<Result<_, _>>()?;
     let mut out = Vec::new();
     for pass in 0..spec.passes {
         for &length in &spec.lengths {

@@ -179,7 +179,15 @@ pub fn spawn_with(model: Arc<Model>, detok: Arc<dyn Detokenizer>, config: Engine
 
 /// `spawn_with`, with a draft model for speculative decoding (`Engine::new`).
 pub fn spawn_with_draft(model: Arc<Model>, draft: Option<Arc<Model>>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
-    let engine = Engine::new(model, draft, detok, config, disk)?;
+    spawn_with_models(model, draft, None, detok, config, disk)
+}
+
+/// `spawn_with_draft`, with a scorer for sparse prefill too (`Engine::with_scorer`).
+pub fn spawn_with_models(model: Arc<Model>, draft: Option<Arc<Model>>, scorer: Option<Arc<Model>>, detok: Arc<dyn Detokenizer>, config: EngineConfig, disk: Option<DiskTierConfig>) -> std::io::Result<EngineHandle> {
+    let mut engine = Engine::new(model, draft, detok, config, disk)?;
+    if let Some(s) = scorer {
+        engine = engine.with_scorer(s)?;
+    }
     let (commands, rx) = mpsc::unbounded_channel();
     let (stats, limits) = (engine.stats().clone(), engine.limits());
     let (kv_layout, kv_cell_bytes) = (engine.kv_layout().clone(), engine.kv_cell_bytes());

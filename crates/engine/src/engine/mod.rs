@@ -24,7 +24,7 @@ mod scheduler_tests;
 mod scheduler_window_tests;
 
 pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
-pub use handle::{spawn, spawn_with, spawn_with_draft, EngineHandle, EngineStats};
+pub use handle::{spawn, spawn_with, spawn_with_draft, spawn_with_models, EngineHandle, EngineStats};
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
 pub use scheduler::{Restore, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
 pub use stop::{StopMatcher, StopOutcome};
@@ -127,6 +127,8 @@ struct Drafter {
 
 pub struct Engine {
     model: Arc<Model>,
+    /// The model that scores prompts for sparse prefill (`engine::sparse`); the model itself without one.
+    scorer: Option<Arc<Model>>,
     drafter: Option<Drafter>,
     detok: Arc<dyn Detokenizer>,
     kv: KvStorage,
@@ -206,7 +208,18 @@ impl Engine {
             max_running: config.max_running,
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID })
+        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID })
+    }
+
+    /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
+    /// SpecPrefill's draft) instead of the model itself.
+    pub fn with_scorer(mut self, scorer: Arc<Model>) -> std::io::Result<Engine> {
+        if scorer.config.vocab_size != self.model.config.vocab_size {
+            let m = format!("the scorer's vocabulary has {} tokens, the model's {}", scorer.config.vocab_size, self.model.config.vocab_size);
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, m));
+        }
+        self.scorer = Some(scorer);
+        Ok(self)
     }
 
     /// What a request must fit.
@@ -287,7 +300,7 @@ impl Engine {
         let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
         let protect = probe.in_memory * self.config.block_size;
         let scoring = Instant::now();
-        let planned = sparse::plan(&self.model, &req.tokens, protect, config);
+        let planned = sparse::plan(self.scorer.as_ref().unwrap_or(&self.model), &req.tokens, protect, config);
         self.stats.spec_prefill_scoring_ns.fetch_add(scoring.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let Some(kept) = planned else { return };
         let dropped = req.tokens.len() - kept.len();

@@ -199,17 +199,22 @@ pub fn importance(model: &Model, prompt: &[u32], layers: usize, lookahead: usize
     let (q_dim, kv_dim, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
     let group = c.n_heads / c.n_kv_heads;
     let mut imp = vec![0f32; n];
+    let slots: Vec<usize> = (0..n).map(|p| kv.slot(&table, p)).collect();
     for (layer, rows) in armed.0.into_inner().expect("not poisoned") {
-        let keys = kv.layer(layer).0;
+        // the layer's keys in position order as f32, converted once for every query and head
+        let stored = kv.layer(layer).0;
+        let keys: Vec<f32> = slots.iter().flat_map(|&s| stored[s * kv_dim..(s + 1) * kv_dim].iter().map(|x| x.to_f32())).collect();
+        let mut logits = vec![0f32; n];
         for j in 0..w {
             let qpos = n - w + j;
-            let slots: Vec<usize> = (0..=qpos).map(|p| kv.slot(&table, p)).collect();
             let mut best = vec![0f32; qpos + 1];
             for h in 0..c.n_heads {
                 let q = &rows[j * q_dim + h * hd..][..hd];
-                for (b, p) in best.iter_mut().zip(head_probs(q, keys, &slots, h / group, kv_dim, c.attn_scale)) {
-                    *b = b.max(p);
+                let kh = (h / group) * hd;
+                for (p, l) in logits[..=qpos].iter_mut().enumerate() {
+                    *l = c.attn_scale * dot(q, &keys[p * kv_dim + kh..][..hd]);
                 }
+                softmax_max_into(&logits[..=qpos], &mut best);
             }
             imp.iter_mut().zip(best).for_each(|(i, b)| *i += b);
         }
@@ -217,6 +222,31 @@ pub fn importance(model: &Model, prompt: &[u32], layers: usize, lookahead: usize
     let norm = (w * layers) as f32;
     imp.iter_mut().for_each(|x| *x /= norm);
     imp
+}
+
+/// `a·b` in eight lanes (so the compiler vectorizes it).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `best[p] = max(best[p], softmax(logits)[p])`.
+fn softmax_max_into(logits: &[f32], best: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for &l in logits {
+        sum += (l - max).exp();
+    }
+    for (b, &l) in best.iter_mut().zip(logits) {
+        *b = b.max((l - max).exp() / sum);
+    }
 }
 
 /// Chunk scores for `select`: the mean importance of each chunk of `chunk` positions from `from` on.
