@@ -525,6 +525,14 @@ fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix()
     let plain = drain(spawn(model.clone(), Arc::new(Names), config(64, 64)).submit(GenerateParams::greedy(short.clone(), 12)).unwrap().1).0;
     assert_eq!(drain(engine.submit(GenerateParams::greedy(short, 12)).unwrap().1).0, plain);
     assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 2);
+    // a request's own word: off on this engine, or a keep ratio on an engine without sparse prefill
+    use reckon_engine::engine::sparse::SpecPrefillChoice;
+    drain(engine.submit(GenerateParams { spec_prefill: Some(SpecPrefillChoice::Off), ..GenerateParams::greedy(long.clone(), 4) }).unwrap().1);
+    assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 2, "not thinned");
+    let plain = spawn(model.clone(), Arc::new(Names), config(128, 64));
+    drain(plain.submit(GenerateParams { spec_prefill: Some(SpecPrefillChoice::Keep(0.5)), ..GenerateParams::greedy(prompt(34, 200), 4) }).unwrap().1);
+    assert_eq!(plain.stats().spec_prefill_requests.load(Ordering::Relaxed), 0, "below the default minimum of 2048 tokens");
+    assert!(matches!(plain.submit(GenerateParams { spec_prefill: Some(SpecPrefillChoice::Keep(0.0)), ..GenerateParams::greedy(prompt(34, 20), 4) }), Err(RequestError::Invalid { field: Field::SpecPrefill, .. })));
 }
 
 /// Idle recovery of a sparse prefill (`SparsePrefillConfig::recover`): once the engine is idle it

@@ -152,6 +152,7 @@ fn param_name(field: Field, api: Wire) -> &'static str {
             _ => "top_logprobs",
         },
         Field::CacheSalt => "cache_salt",
+        Field::SpecPrefill => "reckon.spec_prefill",
     }
 }
 

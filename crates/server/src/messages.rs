@@ -45,6 +45,8 @@ struct MessagesRequest {
     tool_choice: Option<AnthropicToolChoice>,
     /// `{"format": {"type": "json_schema", "schema": {...}}, "effort": ...}`: structured output.
     output_config: Option<Value>,
+    /// reckon's extensions (`params::reckon_extension`).
+    reckon: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -270,6 +272,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         cache_salt: None,
         constraint,
         prediction: Vec::new(),
+        spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let mut parser = OutputParser::new(parse);

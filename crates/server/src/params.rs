@@ -32,6 +32,27 @@ pub struct CommonParams {
     /// OpenAI's predicted output (`{"type": "content", "content": "..."}`, or content parts of type
     /// `text`): the client's guess of the answer, which speculative decoding checks in bulk.
     pub prediction: Option<serde_json::Value>,
+    /// reckon's own extensions (`reckon_extension`).
+    pub reckon: Option<serde_json::Value>,
+}
+
+/// reckon's extension object, the same on every API: `{"spec_prefill": false}` (no sparse prefill for
+/// this request) or `{"spec_prefill": {"keep": 0.3}}` (this keep ratio; docs/spec-prefill.md). Anything
+/// else is refused.
+pub fn reckon_extension(v: Option<&serde_json::Value>) -> Result<Option<reckon_engine::engine::sparse::SpecPrefillChoice>, ApiError> {
+    use reckon_engine::engine::sparse::SpecPrefillChoice;
+    let Some(v) = v.filter(|v| !v.is_null()) else { return Ok(None) };
+    let obj = v.as_object().ok_or_else(|| ApiError::invalid("reckon must be an object", Some("reckon")))?;
+    if let Some(k) = obj.keys().find(|k| *k != "spec_prefill") {
+        return Err(ApiError::invalid(format!("reckon.{k}: unknown field (known: spec_prefill)"), Some("reckon")));
+    }
+    let bad = || ApiError::invalid("reckon.spec_prefill must be false or {\"keep\": a number in (0, 1]}", Some("reckon.spec_prefill"));
+    match obj.get("spec_prefill") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(false)) => Ok(Some(SpecPrefillChoice::Off)),
+        Some(serde_json::Value::Object(o)) if o.len() == 1 => Ok(Some(SpecPrefillChoice::Keep(o.get("keep").and_then(|k| k.as_f64()).ok_or_else(bad)?))),
+        Some(_) => Err(bad()),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +90,7 @@ impl CommonParams {
             cache_salt: self.cache_salt.clone(),
             constraint: None,
             prediction: self.prediction_tokens(state)?,
+            spec_prefill: reckon_extension(self.reckon.as_ref())?,
         })
     }
 

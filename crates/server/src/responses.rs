@@ -95,6 +95,8 @@ struct ResponsesRequest {
     metadata: Value,
     /// `{"format": {"type": "text" | "json_object" | "json_schema", ...}}`.
     text: Option<Value>,
+    /// reckon's extensions (`params::reckon_extension`).
+    reckon: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -257,6 +259,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         cache_salt: None,
         constraint,
         prediction: Vec::new(),
+        spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
     let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));

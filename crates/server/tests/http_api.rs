@@ -273,3 +273,28 @@ fn max_tokens_beyond_the_context_is_clamped() {
         assert_eq!(prompt + completion, 64, "{body}: {a}");
     }
 }
+
+/// reckon's extension object (`"reckon": {"spec_prefill": false | {"keep": x}}`, docs/spec-prefill.md):
+/// accepted on chat, completions and responses, and anything malformed is a 400 naming the field.
+#[test]
+fn the_reckon_extension_is_validated() {
+    let addr = tiny_server(config(2048, 16, 64));
+    for ok in [json!({"spec_prefill": false}), json!({"spec_prefill": {"keep": 0.3}}), json!({}), Value::Null] {
+        let r = post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 4, json!({"reckon": ok})));
+        assert_eq!(r.status, 200, "{ok}: {}", r.body);
+    }
+    let r = post(addr, "/v1/responses", &json!({"model": TINY, "input": HAIKU, "max_output_tokens": 4, "reckon": {"spec_prefill": {"keep": 0.5}}}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    for (bad, param) in [
+        (json!({"spec_prefill": {"keep": 0}}), "reckon.spec_prefill"),
+        (json!({"spec_prefill": {"keep": 1.5}}), "reckon.spec_prefill"),
+        (json!({"spec_prefill": true}), "reckon.spec_prefill"),
+        (json!({"spec_prefill": {"keep": 0.5, "x": 1}}), "reckon.spec_prefill"),
+        (json!({"spec_prefil": false}), "reckon"),
+        (json!("on"), "reckon"),
+    ] {
+        let r = post(addr, "/v1/completions", &json!({"model": TINY, "prompt": HAIKU, "max_tokens": 4, "reckon": bad}));
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{bad}: {}", r.body);
+    }
+}

@@ -96,6 +96,9 @@ fn errors_have_anthropics_shape() {
     check(post(addr, MESSAGES, &body(json!({"temperature": 1.5}))), 400, "invalid_request_error", "temperature");
     check(post(addr, MESSAGES, &body(json!({"tool_choice": {"type": "any"}}))), 400, "invalid_request_error", "no tools");
     check(request(addr, "POST", MESSAGES, &[], "{not json"), 400, "invalid_request_error", "invalid request body");
+    // reckon's extension, validated in Anthropic's shape too
+    check(post(addr, MESSAGES, &body(json!({"reckon": {"spec_prefill": {"keep": 2}}}))), 400, "invalid_request_error", "spec_prefill");
+    assert_eq!(post(addr, MESSAGES, &body(json!({"reckon": {"spec_prefill": false}}))).status, 200);
     // max_tokens beyond the context is clamped, not refused (Claude Code sends 32000)
     assert_eq!(post(addr, MESSAGES, &body(json!({"max_tokens": 32000, "stop_sequences": ["\n\n\n\n"]}))).status, 200);
 }

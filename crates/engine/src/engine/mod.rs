@@ -275,7 +275,12 @@ impl Engine {
         let blocks = self.scheduler.kv().new_blocks(req.cache_salt().map(str::as_bytes));
         let cache_salt = req.cache_salt().map(str::to_string);
         let mut req = Request::new(id, req, blocks, events, arrived);
-        let sparse_prefill = self.config.spec_prefill.filter(|_| req.constraint.is_none());
+        let sparse_prefill = match req.spec_prefill {
+            None => self.config.spec_prefill,
+            Some(sparse::SpecPrefillChoice::Off) => None,
+            Some(sparse::SpecPrefillChoice::Keep(keep)) => Some(sparse::SparsePrefillConfig { keep, ..self.config.spec_prefill.unwrap_or_default() }),
+        }
+        .filter(|_| req.constraint.is_none());
         // (a grammar masks each token as it is sampled: such requests do not guess ahead)
         if req.constraint.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
             req.spec = Some(spec::SpecState { config: self.config.spec.clone().unwrap_or_default(), ..Default::default() });

@@ -94,6 +94,8 @@ pub struct Request {
     /// The engine's own idle recovery of a sparse prefill (`engine::sparse`): not counted in the
     /// request statistics.
     pub background: bool,
+    /// The request's own word on sparse prefill, read when it is queued.
+    pub spec_prefill: Option<super::sparse::SpecPrefillChoice>,
     pub times: RequestTimes,
     output: Output,
     events: UnboundedSender<Event>,
@@ -142,6 +144,7 @@ impl Request {
             prediction: p.prediction,
             sparse: None,
             background: false,
+            spec_prefill: p.spec_prefill,
             times: RequestTimes { arrived, first_scheduled: None, first_token: None },
             output: Output { ignore_eos: p.ignore_eos, stop_token_ids: p.stop_token_ids, utf8: Utf8Stream::default(), stop_strings: StopMatcher::new(p.stop) },
             events,

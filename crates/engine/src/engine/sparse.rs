@@ -66,6 +66,14 @@ pub fn plan(model: &Model, prompt: &[u32], protect: usize, config: &SparsePrefil
     (kept.len() < prompt.len()).then_some(kept)
 }
 
+/// A request's own word on sparse prefill (the API's `reckon.spec_prefill`): off, or this keep ratio
+/// (the engine's other settings, or the defaults, for the rest).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SpecPrefillChoice {
+    Off,
+    Keep(f64),
+}
+
 /// Full prompts the engine remembers for idle recovery at most (the latest).
 pub const MAX_RECOVERIES: usize = 8;
 

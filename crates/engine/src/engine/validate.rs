@@ -30,6 +30,8 @@ pub struct GenerateParams {
     /// The client's guess of the output, as tokens (OpenAI's `prediction`): the n-gram proposer of
     /// speculative decoding also searches it (`engine::spec`).
     pub prediction: Vec<u32>,
+    /// Sparse prefill for this request (`engine::sparse`), over the engine's setting; `None`: the engine's.
+    pub spec_prefill: Option<super::sparse::SpecPrefillChoice>,
 }
 
 impl GenerateParams {
@@ -45,6 +47,7 @@ impl GenerateParams {
             cache_salt: None,
             constraint: None,
             prediction: Vec::new(),
+            spec_prefill: None,
         }
     }
 }
@@ -104,6 +107,7 @@ pub enum Field {
     FrequencyPenalty,
     Logprobs,
     CacheSalt,
+    SpecPrefill,
 }
 
 /// Why a request was refused.
@@ -192,6 +196,11 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
     }
     if p.cache_salt.as_deref() == Some("") {
         return Err(RequestError::invalid(Field::CacheSalt, "cache_salt must not be empty".into()));
+    }
+    if let Some(super::sparse::SpecPrefillChoice::Keep(k)) = p.spec_prefill {
+        if !(k > 0.0 && k <= 1.0) {
+            return Err(RequestError::invalid(Field::SpecPrefill, format!("spec_prefill keep must be in (0, 1]. Given: {k}")));
+        }
     }
     check_sampling(&p.sampling)?;
     Ok(ValidatedRequest(p))
