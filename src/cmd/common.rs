@@ -83,6 +83,10 @@ pub struct ModelArgs {
     /// prefix in the cache (any arriving request stops it at once).
     #[arg(long, requires = "spec_prefill_keep")]
     pub spec_prefill_recover: bool,
+    /// Recovery computes at most this many tokens a step: a request arriving mid-slice waits for at
+    /// most one slice.
+    #[arg(long, default_value_t = 128, value_name = "TOKENS")]
+    pub spec_prefill_recover_slice: usize,
     /// Score prompts with this smaller model of the same vocabulary (SpecPrefill's draft; default: the
     /// model's own first layers).
     #[arg(long, value_name = "MODEL", requires = "spec_prefill_keep")]
@@ -183,7 +187,7 @@ impl ModelArgs {
         anyhow::ensure!(keep > 0.0 && keep <= 1.0, "--spec-prefill-keep {keep}: a share in (0, 1]");
         anyhow::ensure!(self.spec_prefill_layers >= 1, "--spec-prefill-layers must be at least 1");
         let base = reckon_engine::engine::sparse::SparsePrefillConfig::default();
-        Ok(Some(reckon_engine::engine::sparse::SparsePrefillConfig { keep, min_tokens: self.spec_prefill_min_tokens, layers: self.spec_prefill_layers, recover: self.spec_prefill_recover, ..base }))
+        Ok(Some(reckon_engine::engine::sparse::SparsePrefillConfig { keep, min_tokens: self.spec_prefill_min_tokens, layers: self.spec_prefill_layers, recover: self.spec_prefill_recover, recover_slice: self.spec_prefill_recover_slice.max(1), ..base }))
     }
 
     /// The speculative decoding every request gets (`--spec`), or none.

@@ -146,12 +146,49 @@ pub struct SpecPrefillArgs {
     /// The scoring model, of the same vocabulary (default: the model itself).
     #[arg(long, value_name = "MODEL")]
     pub scorer: Option<String>,
+    /// Instead of the TTFT arms: the scoring's ranking quality with the scorer's first N layers, for
+    /// each N listed (one pass of the deepest per prompt), and each pooling; writes rank.jsonl, rank.md.
+    #[arg(long, value_name = "N,N,..")]
+    pub rank_layers: Option<String>,
+    /// Also the QA set: as many generated facts of five kinds (colour, city, pet, job, instrument) as
+    /// --needles, each asked in its own request.
+    #[arg(long)]
+    pub qa: bool,
+    /// Instead of the needles: the append-heavy agent session, full prefill vs sparse vs sparse with
+    /// idle recovery (keep: the first of --keeps); writes session.jsonl, probes.jsonl, slices.jsonl,
+    /// session.md.
+    #[arg(long)]
+    pub session: bool,
+    /// Session: turns.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Session: system prompt (tool schemas) tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub system_tokens: usize,
+    /// Session: the first user turn's tokens (a file the agent was given).
+    #[arg(long, default_value_t = 4096)]
+    pub first_tokens: usize,
+    /// Session: later turns' tokens, MIN-MAX.
+    #[arg(long, default_value = "300-600")]
+    pub turn_tokens: String,
+    /// Session: the client's think time between turns (the engine is idle then), milliseconds.
+    #[arg(long, default_value_t = 30000)]
+    pub think_ms: u64,
+    /// Session: short probe requests during each think time (recovery's added latency).
+    #[arg(long, default_value_t = 4)]
+    pub probes: usize,
+    /// Session: the sparse arms thin a new suffix of at least this many tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub min_tokens: usize,
+    /// Session: recovery's slice, tokens per step.
+    #[arg(long, default_value_t = 128)]
+    pub recover_slice: usize,
     /// Interleaved passes (arm order reversed every other pass).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub passes: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Reply tokens at most.
+    /// Reply tokens at most (the session's replies: at least 32).
     #[arg(long, default_value_t = 12)]
     pub max_tokens: usize,
     /// Where to write records.jsonl, table.md, spec-prefill.svg and command.txt (default
@@ -287,8 +324,58 @@ fn run_spec_prefill(args: SpecPrefillArgs) -> Result<()> {
     };
     let out = out_dir(&args.out, "spec-prefill")?;
     let scoring = reckon_engine::engine::sparse::SparsePrefillConfig { layers: args.layers, ..Default::default() };
-    let lab = spec_prefill::SpecPrefillLabSpec { lengths, keeps, needles: args.needles, passes: args.passes, seed: args.seed, max_tokens: args.max_tokens, scoring, scorer };
+    let lab = spec_prefill::SpecPrefillLabSpec { lengths, keeps, needles: args.needles, passes: args.passes, seed: args.seed, max_tokens: args.max_tokens, scoring, scorer, qa: args.qa };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
+    if args.session {
+        let (lo, hi) = args.turn_tokens.split_once('-').with_context(|| format!("--turn-tokens '{}': MIN-MAX", args.turn_tokens))?;
+        let turn_tokens = (number("--turn-tokens")(lo)?, number("--turn-tokens")(hi)?);
+        anyhow::ensure!(turn_tokens.0 >= 1 && turn_tokens.0 <= turn_tokens.1 && args.turns >= 1, "--turn-tokens MIN-MAX with 1 <= MIN <= MAX, --turns at least 1");
+        let sparse = reckon_engine::engine::sparse::SparsePrefillConfig { keep: lab.keeps[0], min_tokens: args.min_tokens, recover_slice: args.recover_slice.max(1), ..scoring };
+        let spec = spec_prefill::SessionSpec {
+            turns: args.turns,
+            system_tokens: args.system_tokens,
+            first_tokens: args.first_tokens,
+            turn_tokens,
+            think_ms: args.think_ms,
+            probes: args.probes,
+            max_tokens: args.max_tokens.max(32),
+            passes: args.passes,
+            sparse,
+            scorer: lab.scorer.clone(),
+        };
+        let mut raw = std::fs::File::create(out.join("session.jsonl"))?;
+        let run = spec_prefill::session(&model, &tokenizer, &loaded.template, &spec, |r| {
+            let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+            eprintln!("pass {} {:>7} turn {}: {:>5} tokens, cached {:>5}, dropped {:>5}, debt {:>5}: TTFT {:>7.0} ms, e2e {:>7.0} ms", r.pass + 1, r.arm, r.turn, r.prompt_tokens, r.cached_tokens, r.dropped_tokens, r.debt_at_arrival, r.ttft_ms, r.e2e_ms);
+        })?;
+        let lines = |xs: Vec<String>| xs.join("\n") + "\n";
+        std::fs::write(out.join("probes.jsonl"), lines(run.probes.iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect()))?;
+        std::fs::write(out.join("slices.jsonl"), lines(run.slices.iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect()))?;
+        let scorer_name = args.scorer.as_deref().map_or("self".to_string(), |s| s.rsplit('/').next().unwrap_or(s).to_string());
+        let name = args.model.model.rsplit('/').next().unwrap_or(&args.model.model).to_string();
+        let title = format!(
+            "{name}: append-heavy session, keep {} (scored by {scorer_name}, {} layers, min {} tokens, recovery slices of {}), {} turns, think {} ms, {} passes, {} threads, kernels {}",
+            sparse.keep, sparse.layers, sparse.min_tokens, sparse.recover_slice, spec.turns, spec.think_ms, spec.passes, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name()
+        );
+        let table = spec_prefill::session_markdown(&run);
+        std::fs::write(out.join("session.md"), format!("{title}\n\n{table}"))?;
+        println!("{title}\n\n{table}\nraw records and table: {}", out.display());
+        return Ok(());
+    }
+    if let Some(layers) = &args.rank_layers {
+        let layers = list(layers, "--rank-layers", number("--rank-layers"))?;
+        let scorer = lab.scorer.clone().unwrap_or_else(|| model.clone());
+        let mut raw = std::fs::File::create(out.join("rank.jsonl"))?;
+        let records = spec_prefill::rank(&scorer, &tokenizer, &loaded.template, &lab, &layers, |r| {
+            let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
+        })?;
+        let scorer_name = args.scorer.as_deref().unwrap_or(&args.model.model);
+        let title = format!("ranking by {scorer_name}'s first layers, {} needles per length, {} threads, kernels {}", args.needles, reckon_engine::pool::current().threads(), reckon_engine::kernels::cpu::simd_level().name());
+        let table = spec_prefill::rank_markdown(&records);
+        std::fs::write(out.join("rank.md"), format!("{title}\n\n{table}"))?;
+        println!("{title}\n\n{table}\nraw records and table: {}", out.display());
+        return Ok(());
+    }
     let mut raw = std::fs::File::create(out.join("records.jsonl"))?;
     let records = spec_prefill::run(&model, &tokenizer, &loaded.template, &lab, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());

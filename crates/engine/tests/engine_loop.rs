@@ -507,7 +507,7 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
 fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix() {
     use reckon_engine::engine::sparse::SparsePrefillConfig;
     let model = model();
-    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: false };
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: false, ..SparsePrefillConfig::default() };
     let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(128, 64) });
     let long = prompt(31, 120);
     let (ids, _, reason, usage) = drain_usage(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long.clone(), 8) }).unwrap().1);
@@ -543,7 +543,7 @@ fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix()
 fn idle_recovery_gives_a_later_turn_the_full_prefix() {
     use reckon_engine::engine::sparse::SparsePrefillConfig;
     let model = model();
-    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: true };
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, recover: true, recover_slice: 8, ..SparsePrefillConfig::default() };
     let engine = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(128, 16) });
     let long = prompt(41, 120);
     let full = drain(spawn(model.clone(), Arc::new(Names), config(128, 64)).submit(GenerateParams::greedy(long.clone(), 10)).unwrap().1).0;
@@ -560,7 +560,8 @@ fn idle_recovery_gives_a_later_turn_the_full_prefix() {
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     assert_eq!(st.spec_prefill_recovery_debt.load(Ordering::Relaxed), 0, "recovery finished");
-    assert!(st.spec_prefill_recovery_steps.load(Ordering::Relaxed) >= 120 / 16, "16-token steps");
+    let (steps, recovered) = (st.spec_prefill_recovery_steps.load(Ordering::Relaxed), st.spec_prefill_recovered_tokens.load(Ordering::Relaxed));
+    assert!(recovered >= 64 && recovered <= 8 * steps, "slices of at most 8 tokens (the step's budget is 16): {recovered} tokens in {steps} steps");
     wait_idle(&engine);
     let (ids, _, _, usage) = drain_usage(engine.submit(GenerateParams::greedy(long.clone(), 10)).unwrap().1);
     assert_eq!(usage.cached_tokens, 116, "every full block of the prompt");
@@ -575,4 +576,54 @@ fn idle_recovery_gives_a_later_turn_the_full_prefix() {
     }
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert_eq!(st.finished_requests.load(Ordering::Relaxed), 3, "the recovery is not counted");
+}
+
+/// Scoring a long prompt for a sparse prefill does not hold up the others: the engine holds the scored
+/// request and runs its scoring pass a slice (the step's budget) per step, beside the other requests'
+/// steps. Driven step by step: a request that arrives after a long prompt still finishes before the
+/// long prompt's first token, and the long prompt's tokens are those of the same engine scoring it in
+/// one go (`sparse::plan`) and thinning it the same way.
+#[test]
+fn scoring_runs_a_slice_a_step_beside_other_requests() {
+    use reckon_engine::engine::sparse::SparsePrefillConfig;
+    use reckon_engine::engine::{validate, Engine};
+    use std::time::Instant;
+    let model = model();
+    let sparse = SparsePrefillConfig { keep: 0.5, min_tokens: 64, layers: 1, lookahead: 4, chunk: 8, ..SparsePrefillConfig::default() };
+    let cfg = EngineConfig { spec_prefill: Some(sparse), ..config(256, 16) };
+    let mut engine = Engine::new(model.clone(), None, Arc::new(Names), cfg, None).unwrap();
+    let limits = engine.limits();
+    let (long, short) = (prompt(51, 200), prompt(52, 10));
+    let (tx_long, mut rx_long) = tokio::sync::mpsc::unbounded_channel();
+    let (tx_short, mut rx_short) = tokio::sync::mpsc::unbounded_channel();
+    engine.add_request(1, validate(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long.clone(), 4) }, &limits).unwrap(), tx_long, Instant::now(), None);
+    engine.add_request(2, validate(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(short.clone(), 5) }, &limits).unwrap(), tx_short, Instant::now(), None);
+    let (mut short_done, mut long_first, mut long_ids) = (None, None, Vec::new());
+    for step in 0..200 {
+        if !engine.has_work() {
+            break;
+        }
+        engine.step();
+        while let Ok(e) = rx_short.try_recv() {
+            if matches!(e, Event::Finished { .. }) {
+                short_done = Some(step);
+            }
+        }
+        while let Ok(e) = rx_long.try_recv() {
+            if let Event::Token { id, .. } = e {
+                long_first.get_or_insert(step);
+                long_ids.push(id);
+            }
+        }
+    }
+    let (short_done, long_first) = (short_done.expect("short finished"), long_first.expect("long answered"));
+    // 200 tokens less 4 look-ahead in 16-token slices: 13 slices, the look-ahead step, then the prefill
+    assert!(short_done < long_first && long_first >= 13, "short done at step {short_done}, long's first token at {long_first}");
+    let st = engine.stats();
+    assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 1);
+    // the same thinning as scoring in one go on an engine without it
+    let kept = reckon_engine::engine::sparse::plan(&model, &long, 0, &sparse).unwrap();
+    assert_eq!(st.spec_prefill_dropped_tokens.load(Ordering::Relaxed), (200 - kept.len()) as u64);
+    let again = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(256, 512) });
+    assert_eq!(drain(again.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long, 4) }).unwrap().1).0, long_ids);
 }

@@ -131,3 +131,47 @@ fn cache_hits_match_cold_prefill_qwen2() {
 fn cache_hits_match_cold_prefill_qwen2_q8_0() {
     check_model("qwen2.5-coder-0.5b", "q8_0");
 }
+
+/// Sparse prefill on SmolLM2 scored by its own first 4 layers (`engine::sparse`): a 1,500-token prompt
+/// thinned to 0.3 is answered; the same prompt again finds in the prefix cache exactly the whole blocks
+/// of the kept positions' genuine prefix (what `sparse::plan` keeps from position 0 on), never a thinned
+/// block; with idle recovery, once the debt is paid the same prompt finds every whole block and gets the
+/// tokens of a full prefill.
+#[test]
+fn sparse_prefill_caches_only_a_true_prefix_and_recovery_restores_it_smollm2() {
+    use reckon_engine::engine::sparse::{plan, SparsePrefillConfig, SparsePrompt};
+    use std::sync::atomic::Ordering::Relaxed;
+    let name = "smollm2-135m";
+    let Some(file) = open(name) else { return };
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+    let model = Arc::new(Model::load(file).unwrap());
+    let prompt = text_tokens(name)[..1500].to_vec();
+    let sparse = SparsePrefillConfig { keep: 0.3, min_tokens: 512, layers: 4, ..SparsePrefillConfig::default() };
+    let config = EngineConfig { block_size: 16, num_blocks: 512, max_batch_tokens: 512, max_running: 4, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse("f16").unwrap(), kv_window: None, hybrid_kv: false, spec: None, spec_prefill: None };
+    let full = run(&spawn(model.clone(), tokenizer.clone(), config), &prompt).0;
+    let kept = plan(&model, &prompt, 0, &sparse).expect("thinned");
+    let genuine = SparsePrompt::new(kept.clone(), prompt.len()).unwrap().genuine_prefix();
+    assert!(kept.len() < 450 + 32 && genuine < 1500, "kept {} of 1500, genuine prefix {genuine}", kept.len());
+    let thinned = spawn(model.clone(), tokenizer.clone(), EngineConfig { spec_prefill: Some(sparse), ..config });
+    let (ids, cached) = run(&thinned, &prompt);
+    assert_eq!((ids.len(), cached), (NEW_TOKENS, 0));
+    assert_eq!(thinned.stats().spec_prefill_dropped_tokens.load(Relaxed), (1500 - kept.len()) as u64);
+    let (_, cached) = run(&thinned, &prompt);
+    assert_eq!(cached, genuine / 16 * 16, "only whole blocks of the genuine prefix are cached");
+    let recovering = spawn(model.clone(), tokenizer.clone(), EngineConfig { spec_prefill: Some(SparsePrefillConfig { recover: true, recover_slice: 64, ..sparse }), ..config });
+    run(&recovering, &prompt);
+    let st = recovering.stats();
+    for _ in 0..3000 {
+        if st.spec_prefill_recovery_debt.load(Relaxed) == 0 && st.running.load(Relaxed) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(st.spec_prefill_recovery_debt.load(Relaxed), 0, "recovery finished");
+    let (steps, recovered) = (st.spec_prefill_recovery_steps.load(Relaxed), st.spec_prefill_recovered_tokens.load(Relaxed));
+    assert!(recovered >= 1000 && recovered <= 64 * steps, "slices of at most 64 tokens: {recovered} tokens in {steps} steps");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let (ids, cached) = run(&recovering, &prompt);
+    assert_eq!(cached, 1500 / 16 * 16, "every whole block of the prompt");
+    assert_eq!(ids, full, "the tokens of a full prefill");
+}

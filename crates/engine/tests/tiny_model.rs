@@ -284,7 +284,7 @@ fn a_sparse_prefill_keeps_each_token_at_its_position() {
 /// and layers: finite, within [0, 1].
 #[test]
 fn sparse_prefill_scoring_uses_the_models_own_attention() {
-    use reckon_engine::engine::sparse::{head_probs, importance};
+    use reckon_engine::engine::sparse::{head_probs, importance, Pooling};
     use reckon_engine::model::Tracer;
     use std::sync::Mutex;
     struct Keep(Mutex<Vec<(String, usize, Vec<f32>)>>);
@@ -326,11 +326,14 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
                     }
                 }
             }
-            let imp = importance(&model, &prompt, c.n_layers, w);
+            let imp = importance(&model, &prompt, c.n_layers, w, Pooling::Mean);
+            let imp_max = importance(&model, &prompt, c.n_layers, w, Pooling::Max);
             assert_eq!(imp.len(), n);
             // the importance from these probabilities: the largest over heads, averaged over queries and layers
             let mut want = vec![0f32; n];
+            let mut want_max = vec![0f32; n];
             for layer in 0..c.n_layers {
+                let mut layer_max = vec![0f32; n];
                 let q = got.iter().find(|g| g.0 == "Qcur" && g.1 == layer).map(|g| g.2.clone()).unwrap();
                 for j in 0..w {
                     let slots: Vec<usize> = (0..=n - w + j).map(|p| kv.slot(&table, p)).collect();
@@ -339,12 +342,15 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
                         let p = head_probs(&q[j * q_dim + h * hd..][..hd], kv.layer(layer).0, &slots, h / group, kv_dim, c.attn_scale);
                         best.iter_mut().zip(p).for_each(|(b, p)| *b = b.max(p));
                     }
-                    want.iter_mut().zip(best).for_each(|(x, b)| *x += b / (w * c.n_layers) as f32);
+                    want.iter_mut().zip(&best).for_each(|(x, b)| *x += b / (w * c.n_layers) as f32);
+                    layer_max.iter_mut().zip(&best).for_each(|(x, &b)| *x = x.max(b));
                 }
+                want_max.iter_mut().zip(layer_max).for_each(|(x, b)| *x += b / c.n_layers as f32);
             }
+            assert!(imp_max.iter().zip(&want_max).all(|(a, b)| (a - b).abs() < 1e-5), "{imp_max:?} vs {want_max:?}");
             assert!(imp.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5), "{imp:?} vs {want:?}");
             assert!(imp.iter().all(|x| x.is_finite() && (0.0..=1.0).contains(x)), "{imp:?}");
-            assert_eq!(imp, importance(&model, &prompt, c.n_layers, w), "deterministic");
+            assert_eq!(imp, importance(&model, &prompt, c.n_layers, w, Pooling::Mean), "deterministic");
         }
     }
 }

@@ -87,30 +87,39 @@ pub type Needle = (String, String, usize);
 /// A seeded haystack of about `length` tokens with `needles` facts at evenly spaced depths.
 pub fn haystack(tok: &Tokenizer, length: usize, needles: usize, seed: u64) -> reckon_engine::Result<(String, Vec<Needle>)> {
     let mut rng = Rng::new(seed);
-    let pick = |rng: &mut Rng, xs: &[&'static str]| xs[(rng.next_u64() % xs.len() as u64) as usize];
     let facts: Vec<(String, String)> = (0..needles).map(|i| (NAMES[i % NAMES.len()].to_string(), format!("{}", 10_000 + rng.next_u64() % 90_000))).collect();
-    let fact_text = |(name, number): &(String, String)| format!(" The secret number for {name} is {number}.");
-    let fact_tokens: usize = facts.iter().map(|f| tok.encode(&fact_text(f), false, false).map(|t| t.len()).unwrap_or(0)).sum();
+    let texts: Vec<String> = facts.iter().map(|(name, number)| format!(" The secret number for {name} is {number}.")).collect();
+    let (text, at) = haystack_with(tok, length, &texts, &mut rng)?;
+    Ok((text, facts.into_iter().zip(at).map(|((n, x), b)| (n, x, b)).collect()))
+}
+
+/// Seeded filler sentences of about `length` tokens with the `facts` (each a sentence starting with a
+/// space) at evenly spaced depths; the text and each fact's byte offset in it (at its leading space,
+/// less one for the first byte trimmed).
+pub fn haystack_with(tok: &Tokenizer, length: usize, facts: &[String], rng: &mut Rng) -> reckon_engine::Result<(String, Vec<usize>)> {
+    let pick = |rng: &mut Rng, xs: &[&'static str]| xs[(rng.next_u64() % xs.len() as u64) as usize];
+    let fact_tokens: usize = facts.iter().map(|f| tok.encode(f, false, false).map(|t| t.len()).unwrap_or(0)).sum();
     let mut sentences: Vec<String> = Vec::new();
     let mut filler = String::new();
     while tok.encode(&filler, false, false)?.len() + fact_tokens < length {
         for _ in 0..16 {
-            let s = format!(" {} {} {}.", pick(&mut rng, SUBJECTS), pick(&mut rng, VERBS), pick(&mut rng, WHEN));
+            let s = format!(" {} {} {}.", pick(rng, SUBJECTS), pick(rng, VERBS), pick(rng, WHEN));
             filler.push_str(&s);
             sentences.push(s);
         }
     }
+    let n = facts.len().max(1);
     let mut text = String::new();
     let mut placed = Vec::new();
-    let at: Vec<usize> = (0..needles).map(|i| ((2 * i + 1) * sentences.len()) / (2 * needles)).collect();
+    let at: Vec<usize> = (0..facts.len()).map(|i| ((2 * i + 1) * sentences.len()) / (2 * n)).collect();
     for (j, s) in sentences.iter().enumerate() {
         for (i, _) in at.iter().enumerate().filter(|(_, &a)| a == j) {
-            placed.push((facts[i].0.clone(), facts[i].1.clone(), text.len()));
-            text.push_str(&fact_text(&facts[i]));
+            placed.push(text.len());
+            text.push_str(&facts[i]);
         }
         text.push_str(s);
     }
-    Ok((text.trim_start().to_string(), placed.into_iter().map(|(n, x, b)| (n, x, b.saturating_sub(1))).collect()))
+    Ok((text.trim_start().to_string(), placed.into_iter().map(|b| b.saturating_sub(1)).collect()))
 }
 
 fn question(name: &str) -> String {

@@ -145,6 +145,7 @@ pub fn render(state: &AppState) -> String {
     for (name, help, v) in [
         ("reckon_engine_step_seconds_total", "Time of the engine's model steps (the draft model's passes included).", &s.step_ns),
         ("reckon_spec_draft_model_seconds_total", "Time the draft model of speculative decoding took (part of the engine's steps).", &s.draft_ns),
+        ("reckon_spec_prefill_recovery_seconds_total", "Time of the engine's steps that carried an idle-recovery slice.", &s.spec_prefill_recovery_ns),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v) as f64 / 1e9);
     }

@@ -147,6 +147,18 @@ pub struct Engine {
     recovering: Option<(RequestId, tokio::sync::mpsc::UnboundedReceiver<Event>, Recovery)>,
     /// The next background request's id (counting down from `FIRST_BACKGROUND_ID`).
     next_background_id: RequestId,
+    /// Sparse prefill's scoring passes of held requests, first come first served, a slice a step.
+    scoring: std::collections::VecDeque<ScoringJob>,
+}
+
+/// A request's prompt being scored for a sparse prefill (`engine::sparse`).
+struct ScoringJob {
+    id: RequestId,
+    pass: sparse::ScoringPass,
+    config: sparse::SparsePrefillConfig,
+    cache_salt: Option<String>,
+    /// Prompt tokens the prefix cache held when it arrived (kept whole).
+    protect: usize,
 }
 
 /// A sparse prefill's full prompt, for idle recovery.
@@ -206,9 +218,10 @@ impl Engine {
             max_batch_tokens: config.max_batch_tokens,
             max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_running: config.max_running,
+            max_background_chunk: config.spec_prefill.map_or(usize::MAX, |s| s.recover_slice),
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID })
+        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID, scoring: Default::default() })
     }
 
     /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
@@ -264,7 +277,7 @@ impl Engine {
 
     /// Whether a step could do anything (not only requests waiting for disk reads).
     pub fn has_runnable_work(&self) -> bool {
-        self.scheduler.has_runnable_work()
+        self.scheduler.has_runnable_work() || !self.scoring.is_empty()
     }
 
     /// Queues a request. `restore_reply` delivers a disk read started for it, if its prompt's next blocks
@@ -287,9 +300,11 @@ impl Engine {
         }
         self.scheduler.add(req);
         if let Some(config) = sparse_prefill {
-            self.sparsify(id, &config, cache_salt);
+            self.start_scoring(id, config, cache_salt);
         }
-        if let (Some(offload), Some(reply)) = (self.offload.as_mut(), restore_reply) {
+        // (a request being scored reads nothing from the disk tier: its prompt may be thinned)
+        let scoring = self.scoring.back().is_some_and(|j| j.id == id);
+        if let (Some(offload), Some(reply), false) = (self.offload.as_mut(), restore_reply, scoring) {
             let req = self.scheduler.request(id).expect("just added");
             let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
             if offload.start_restore(id, &probe, &req.tokens, &self.kv, reply) {
@@ -298,31 +313,63 @@ impl Engine {
         }
     }
 
-    /// Scores a new request's prompt and thins it (`engine::sparse`), keeping whatever the prefix cache
-    /// holds now. Runs on the engine's thread: the scoring pass delays the next step.
-    fn sparsify(&mut self, id: RequestId, config: &sparse::SparsePrefillConfig, cache_salt: Option<String>) {
+    /// Holds a new request whose prompt is long enough for a sparse prefill while its scoring pass runs
+    /// (`engine::sparse`; a slice each step, `advance_scoring`), keeping whatever the prefix cache holds
+    /// now whole.
+    fn start_scoring(&mut self, id: RequestId, config: sparse::SparsePrefillConfig, cache_salt: Option<String>) {
         let Some(req) = self.scheduler.request(id) else { return };
-        let probe = self.scheduler.kv().probe(&req.tokens, &req.blocks);
-        let protect = probe.in_memory * self.config.block_size;
-        let scoring = Instant::now();
-        let planned = sparse::plan(self.scorer.as_ref().unwrap_or(&self.model), &req.tokens, protect, config);
-        self.stats.spec_prefill_scoring_ns.fetch_add(scoring.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let Some(kept) = planned else { return };
-        let dropped = req.tokens.len() - kept.len();
+        let protect = self.scheduler.kv().probe(&req.tokens, &req.blocks).in_memory * self.config.block_size;
+        if !sparse::worth_scoring(req.tokens.len(), protect, &config) {
+            return;
+        }
+        let started = Instant::now();
+        let scorer: &Model = self.scorer.as_deref().unwrap_or(&self.model);
+        let pass = sparse::ScoringPass::new(scorer, req.tokens.clone(), config.layers, config.lookahead);
+        if self.scheduler.hold_for_scoring(id) {
+            self.scoring.push_back(ScoringJob { id, pass, config, cache_salt, protect });
+        }
+        self.stats.spec_prefill_scoring_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// One slice (a step's token budget) of the oldest scoring pass; a finished one thins its request
+    /// and lets it be admitted.
+    fn advance_scoring(&mut self) {
+        let Some(job) = self.scoring.front_mut() else { return };
+        let started = Instant::now();
+        let scorer: &Model = match &self.scorer {
+            Some(s) => s,
+            None => &self.model,
+        };
+        let done = job.pass.advance(scorer, self.config.max_batch_tokens);
+        self.stats.spec_prefill_scoring_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if done {
+            let job = self.scoring.pop_front().expect("just advanced");
+            self.finish_scoring(job);
+        }
+    }
+
+    fn finish_scoring(&mut self, job: ScoringJob) {
+        let ScoringJob { id, pass, config, cache_salt, protect } = job;
+        let Some(req) = self.scheduler.request(id) else { return };
+        let planned = sparse::plan_from(&pass.into_attention(), req.tokens.len(), protect, &config);
         let prompt = req.tokens.clone();
-        if self.scheduler.sparsify(id, kept) {
-            if config.recover {
-                self.recovery.push_front(Recovery { prompt, cache_salt, dropped });
-                self.recovery.truncate(sparse::MAX_RECOVERIES);
-                self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
-            }
-            self.stats.spec_prefill_requests.fetch_add(1, Ordering::Relaxed);
-            self.stats.spec_prefill_dropped_tokens.fetch_add(dropped as u64, Ordering::Relaxed);
-            // (a draft model would see the thinned prompt at its cells' positions)
-            if let Some(spec) = self.scheduler.request_mut(id).and_then(|r| r.spec.as_mut()) {
-                spec.config.draft = false;
+        if let Some(kept) = planned {
+            let dropped = prompt.len() - kept.len();
+            if self.scheduler.sparsify(id, kept) {
+                if config.recover {
+                    self.recovery.push_front(Recovery { prompt, cache_salt, dropped });
+                    self.recovery.truncate(sparse::MAX_RECOVERIES);
+                    self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
+                }
+                self.stats.spec_prefill_requests.fetch_add(1, Ordering::Relaxed);
+                self.stats.spec_prefill_dropped_tokens.fetch_add(dropped as u64, Ordering::Relaxed);
+                // (a draft model would see the thinned prompt at its cells' positions)
+                if let Some(spec) = self.scheduler.request_mut(id).and_then(|r| r.spec.as_mut()) {
+                    spec.config.draft = false;
+                }
             }
         }
+        self.scheduler.release_scoring(id);
     }
 
     /// Tokens the remembered sparse prefills dropped (the one being recovered included).
@@ -388,6 +435,9 @@ impl Engine {
 
     /// One step: schedule -> execute -> update.
     pub fn step(&mut self) {
+        // a slice of a sparse prefill's scoring pass, then the requests' step (other requests are not
+        // held up for a whole pass)
+        self.advance_scoring();
         let scheduling = Instant::now();
         let mut plan = self.scheduler.schedule();
         self.prepare_blocks(&mut plan);
@@ -406,12 +456,16 @@ impl Engine {
             }
         }
         self.draft_secs = 0.0;
-        if let Some(c) = self.recovering.as_ref().and_then(|r| plan.chunks.iter().find(|c| c.id == r.0)) {
+        let recovering = self.recovering.as_ref().and_then(|r| plan.chunks.iter().find(|c| c.id == r.0)).map(|c| c.len);
+        if let Some(len) = recovering {
             self.stats.spec_prefill_recovery_steps.fetch_add(1, Ordering::Relaxed);
-            self.stats.spec_prefill_recovered_tokens.fetch_add(c.len as u64, Ordering::Relaxed);
+            self.stats.spec_prefill_recovered_tokens.fetch_add(len as u64, Ordering::Relaxed);
         }
         let sampled = self.execute(&plan);
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
+        if recovering.is_some() {
+            self.stats.spec_prefill_recovery_ns.fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
+        }
         // the target's step alone: the draft model's passes are fitted apart
         self.scheduler.observe_step(plan.chunks.iter().map(|c| c.len).sum(), step_ms / 1e3 - self.draft_secs);
         self.stats.step_ns.fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
@@ -663,6 +717,7 @@ impl Engine {
     }
 
     fn remove(&mut self, id: RequestId) -> Option<Request> {
+        self.scoring.retain(|j| j.id != id);
         let req = self.scheduler.finish(id)?;
         if let Some(o) = self.offload.as_mut() {
             o.forget(id);

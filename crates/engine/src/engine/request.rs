@@ -36,6 +36,9 @@ pub enum RequestStatus {
     Waiting,
     /// Queued, but not admitted until the engine has read its next prompt blocks from the disk tier.
     WaitingForDisk,
+    /// Queued, but not admitted until the engine has scored its prompt for a sparse prefill
+    /// (`engine::sparse`), a slice a step.
+    Scoring,
     /// In the running batch: it has blocks and is computed a chunk at a time.
     Running,
 }

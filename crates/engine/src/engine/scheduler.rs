@@ -36,6 +36,9 @@ pub struct SchedulerConfig {
     pub max_prefill_tokens_while_decoding: usize,
     /// Requests running at once.
     pub max_running: usize,
+    /// Tokens a background request (sparse prefill's idle recovery) computes in one step at most: a
+    /// request arriving mid-step waits for at most one such slice.
+    pub max_background_chunk: usize,
 }
 
 /// One request's share of a step: tokens `start..start + len` of its `tokens`, at positions equal to
@@ -256,8 +259,9 @@ impl Scheduler {
         let mut i = 0;
         while let Some(&id) = self.waiting.get(i) {
             let req = self.requests.get_mut(&id).expect("waiting ids are known");
-            if req.status == RequestStatus::WaitingForDisk {
-                // its blocks are being read from disk; the ones behind it do not wait for that
+            if matches!(req.status, RequestStatus::WaitingForDisk | RequestStatus::Scoring) {
+                // its blocks are being read from disk, or its prompt scored; the ones behind it do not
+                // wait for that
                 i += 1;
                 continue;
             }
@@ -265,7 +269,8 @@ impl Scheduler {
                 break;
             }
             let first_admission = req.num_preemptions == 0;
-            let Some(admitted) = self.kv.admit(&req.tokens, &mut req.blocks, budget, first_admission) else { break };
+            let slice = if req.background { budget.min(self.config.max_background_chunk.max(1)) } else { budget };
+            let Some(admitted) = self.kv.admit(&req.tokens, &mut req.blocks, slice, first_admission) else { break };
             if first_admission {
                 req.num_cached_tokens = admitted.num_computed_tokens;
             }
@@ -290,7 +295,7 @@ impl Scheduler {
     /// prefix. False (nothing changed) if the request is unknown, started, or the positions are invalid.
     pub fn sparsify(&mut self, id: RequestId, kept: Vec<usize>) -> bool {
         let Some(req) = self.requests.get_mut(&id) else { return false };
-        if req.status != RequestStatus::Waiting || req.num_preemptions > 0 || !req.sparsify(kept) {
+        if !matches!(req.status, RequestStatus::Waiting | RequestStatus::Scoring) || req.num_preemptions > 0 || !req.sparsify(kept) {
             return false;
         }
         let genuine = req.sparse.as_ref().expect("just sparsified").genuine_prefix();
@@ -304,6 +309,24 @@ impl Scheduler {
         let req = self.requests.get(&id)?;
         let p = self.kv.probe(&req.tokens, &req.blocks);
         Some((p.root, p.hashes, p.in_memory))
+    }
+
+    /// Keeps a new waiting request out of admission while the engine scores its prompt for a sparse
+    /// prefill (`sparsify` may then thin it); `release_scoring` ends it. False if it is not such a request.
+    pub fn hold_for_scoring(&mut self, id: RequestId) -> bool {
+        let Some(req) = self.requests.get_mut(&id) else { return false };
+        if req.num_computed_tokens > 0 || req.num_preemptions > 0 || req.status != RequestStatus::Waiting {
+            return false;
+        }
+        req.status = RequestStatus::Scoring;
+        true
+    }
+
+    /// Ends `hold_for_scoring`: the request may be admitted.
+    pub fn release_scoring(&mut self, id: RequestId) {
+        if let Some(req) = self.requests.get_mut(&id).filter(|r| r.status == RequestStatus::Scoring) {
+            req.status = RequestStatus::Waiting;
+        }
     }
 
     /// Keeps a waiting request (before its first admission) out of admission until `offer_restored`,
@@ -331,6 +354,7 @@ impl Scheduler {
     /// Tokens of `id` not yet computed, capped by the budget.
     fn chunk_len(&self, id: RequestId, budget: usize) -> usize {
         let req = &self.requests[&id];
+        let budget = if req.background { budget.min(self.config.max_background_chunk.max(1)) } else { budget };
         (req.tokens.len() - req.num_computed_tokens).min(budget)
     }
 

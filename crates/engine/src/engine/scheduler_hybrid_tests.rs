@@ -9,7 +9,7 @@ use crate::kv::{BlockPool, KvCacheManager, KvLayout, NULL_BLOCK};
 /// Two layers: layer 0 attends within 8 positions, layer 1 to everything; one layer per page. Blocks
 /// of 4 tokens.
 fn hybrid(num_blocks: usize, prefix_caching: bool) -> Scheduler {
-    let config = SchedulerConfig { max_batch_tokens: 64, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
+    let config = SchedulerConfig { max_batch_tokens: 64, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX, max_background_chunk: usize::MAX };
     let layout = KvLayout::hybrid(&[Some(8), None]);
     assert_eq!((layout.num_groups(), layout.window(0), layout.window(1)), (2, Some(8), None));
     Scheduler::new(config, KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_layout(&layout))

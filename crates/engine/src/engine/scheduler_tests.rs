@@ -19,7 +19,7 @@ impl TestConfig {
     }
 
     pub fn with_pool(self, pool: BlockPool) -> Scheduler {
-        let config = SchedulerConfig { max_batch_tokens: self.max_batch_tokens, max_running: self.max_running, max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding };
+        let config = SchedulerConfig { max_batch_tokens: self.max_batch_tokens, max_running: self.max_running, max_prefill_tokens_while_decoding: self.max_prefill_tokens_while_decoding, max_background_chunk: usize::MAX };
         Scheduler::new(config, KvCacheManager::new(self.block_size, pool, self.prefix_caching))
     }
 }

@@ -10,7 +10,7 @@ fn windowed(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool
 }
 
 fn windowed_chunks(window: usize, sinks: usize, num_blocks: usize, prefix_caching: bool, max_batch_tokens: usize) -> Scheduler {
-    let config = SchedulerConfig { max_batch_tokens, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX };
+    let config = SchedulerConfig { max_batch_tokens, max_running: 16, max_prefill_tokens_while_decoding: usize::MAX, max_background_chunk: usize::MAX };
     Scheduler::new(config, KvCacheManager::new(4, BlockPool::new(num_blocks), prefix_caching).with_window(Some(KvWindow { window, sinks })))
 }
 

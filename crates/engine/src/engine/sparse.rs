@@ -10,21 +10,21 @@
 //! positions that are the prompt's own first positions, a prefix-cache hit among them), through
 //! `KvCacheManager::limit_caching`.
 //!
-//! Scoring (`score`): a scorer model (a draft of the target's vocabulary, or the target itself) runs its
-//! first `layers` layers over the prompt; the last `lookahead` prompt tokens' queries attend over every
-//! position; a position's importance is the largest probability any head gives it, averaged over those
-//! queries and layers, and a chunk's score the mean of its positions'. (SpecPrefill's queries are the
-//! draft's look-ahead tokens; here they are the prompt's last tokens.)
+//! Scoring (`ScoringPass`, `plan_from`): a scorer model (a draft of the target's vocabulary, or the
+//! target itself) runs its first `layers` layers over the prompt; the last `lookahead` prompt tokens'
+//! queries attend over every position; a position's importance is the largest probability any head
+//! gives it, the largest over those queries (or their mean, `Pooling`), averaged over the layers; a
+//! chunk's score is the mean of its positions', raised to its neighbours' (`spread`). (SpecPrefill's
+//! queries are the draft's generated look-ahead tokens; here they are the prompt's last tokens.) The
+//! engine holds the request while it scores, a slice of the pass per step, so other requests keep
+//! stepping.
 //!
 //! Idle recovery (`SparsePrefillConfig::recover`): the engine remembers the full prompts of its recent
 //! sparse prefills (latest first, at most `MAX_RECOVERIES`) and, whenever it has nothing else to run,
-//! prefills one in the background as an ordinary request of one token that nobody reads, a step's
-//! budget at a time; its full blocks join the prefix cache as they are computed. Any arriving request
-//! stops it before the next step (what it computed stays cached; it resumes from there later).
-//!
-//! Built so far: the cell/position map, the model's positions, the cache limit, the scoring pass, the
-//! choice of chunks (`select`), the engine's decision and idle recovery. Not yet: draft-model scoring,
-//! the per-request field, the lab.
+//! prefills one in the background as an ordinary request of one token that nobody reads, a slice of
+//! at most `recover_slice` tokens a step; its full blocks join the prefix cache as they are computed.
+//! Any arriving request stops it before the next step (what it computed stays cached; it resumes from
+//! there later), so it waits at most for the slice in flight.
 
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput, Tracer};
 use half::f16;
@@ -44,26 +44,59 @@ pub struct SparsePrefillConfig {
     pub lookahead: usize,
     /// Tokens per chunk kept or dropped together.
     pub chunk: usize,
+    /// How the look-ahead queries' attention is pooled into a position's importance.
+    pub pooling: Pooling,
+    /// A chunk also takes its neighbours' scores (`spread`), so the text around an attended span (the
+    /// number after the name a question asks for) is kept with it.
+    pub spread: bool,
     /// Recompute the full prompt's keys and values of recent sparse prefills while the engine is idle
     /// (`Engine::start_recovery`), so a later turn finds the whole prefix in the cache.
     pub recover: bool,
+    /// Tokens of recovery per step at most (a slice): what a request arriving mid-slice waits for.
+    pub recover_slice: usize,
 }
 
 impl Default for SparsePrefillConfig {
     fn default() -> Self {
-        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 32, chunk: 32, recover: false }
+        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 32, chunk: 32, pooling: Pooling::Max, spread: true, recover: false, recover_slice: 128 }
     }
+}
+
+/// Per look-ahead query, a position's importance is the largest probability any head gives it; then
+/// over the queries their `Mean` or their `Max` (`reckon lab spec-prefill --rank-layers` compares them:
+/// with `Max` and the spread, a needle's sentence ranks higher at every depth), and the mean over layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pooling {
+    Mean,
+    Max,
 }
 
 /// The positions to keep of `prompt` under `config`, scored by `model`, the first `protect` (a prefix-cache
 /// hit) kept whole; `None` where the prompt is too short or nothing would be dropped.
 pub fn plan(model: &Model, prompt: &[u32], protect: usize, config: &SparsePrefillConfig) -> Option<Vec<usize>> {
-    if prompt.len() < config.min_tokens.max(2) || protect + 2 * config.chunk >= prompt.len() {
+    if !worth_scoring(prompt.len(), protect, config) {
         return None;
     }
-    let imp = importance(model, prompt, config.layers, config.lookahead);
-    let kept = select(prompt.len(), protect, config.chunk, &chunk_scores(&imp, protect, config.chunk), config.keep);
-    (kept.len() < prompt.len()).then_some(kept)
+    plan_from(&attention_by_layer(model, prompt, config.layers, config.lookahead), prompt.len(), protect, config)
+}
+
+/// Whether a prompt of `len` tokens, `protect` of them cached, is long enough to thin.
+pub fn worth_scoring(len: usize, protect: usize, config: &SparsePrefillConfig) -> bool {
+    len >= config.min_tokens.max(2) && protect + 2 * config.chunk < len
+}
+
+/// `plan` from a scoring pass's attention over a prompt of `len` tokens.
+pub fn plan_from(attention: &[LayerAttention], len: usize, protect: usize, config: &SparsePrefillConfig) -> Option<Vec<usize>> {
+    let imp = pool(attention, config.pooling);
+    if imp.len() != len {
+        return None;
+    }
+    let mut scores = chunk_scores(&imp, protect, config.chunk);
+    if config.spread {
+        scores = spread(&scores);
+    }
+    let kept = select(len, protect, config.chunk, &scores, config.keep);
+    (kept.len() < len).then_some(kept)
 }
 
 /// A request's own word on sparse prefill (the API's `reckon.spec_prefill`): off, or this keep ratio
@@ -175,61 +208,142 @@ pub fn head_probs(q: &[f32], keys: &[f16], slots: &[usize], kv_head: usize, kv_d
 }
 
 /// Per prompt position, its importance to the last `lookahead` tokens under `model`'s first `layers`
-/// layers: the largest probability any head of a look-ahead query gives it, averaged over the queries
-/// and layers (see the module comment). Runs the prefill in steps of 512 tokens over a KV storage of its
-/// own.
-pub fn importance(model: &Model, prompt: &[u32], layers: usize, lookahead: usize) -> Vec<f32> {
-    let c = &model.config;
-    let (n, layers) = (prompt.len(), layers.clamp(1, c.n_layers));
-    let w = lookahead.clamp(1, n.max(1));
-    if n == 0 {
-        return Vec::new();
-    }
-    const BS: usize = 16;
-    let mut kv = model.new_kv(BS, n.div_ceil(BS));
-    let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
-    let tables = std::slice::from_ref(&table);
-    let mut scratch = Scratch::default();
-    let quiet = Queries(Mutex::new(Vec::new()));
-    let mut start = 0;
-    // the prompt before the look-ahead queries, then the queries in a step of their own (whose queries
-    // the tracer keeps)
-    while start < n - w {
-        let end = (start + 512).min(n - w);
-        let seq = SeqInput { tokens: &prompt[start..end], start_pos: start, block_tables: tables, logits: LogitsWanted::None };
-        model.forward_layers(&[seq], layers, &mut kv, &mut scratch, &quiet);
-        quiet.0.lock().expect("not poisoned").clear();
-        start = end;
-    }
-    let armed = Queries(Mutex::new(Vec::new()));
-    let seq = SeqInput { tokens: &prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None };
-    model.forward_layers(&[seq], layers, &mut kv, &mut scratch, &armed);
-    let (q_dim, kv_dim, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
-    let group = c.n_heads / c.n_kv_heads;
+/// layers: the largest probability any head of a look-ahead query gives it, pooled over the queries
+/// (`pooling`), averaged over the layers (see the module comment).
+pub fn importance(model: &Model, prompt: &[u32], layers: usize, lookahead: usize, pooling: Pooling) -> Vec<f32> {
+    pool(&attention_by_layer(model, prompt, layers, lookahead), pooling)
+}
+
+/// `importance` from the layers' attention: `pooling` over the queries, the mean over the layers given.
+pub fn pool(by_layer: &[LayerAttention], pooling: Pooling) -> Vec<f32> {
+    let n = by_layer.first().map_or(0, |l| l.mean.len());
     let mut imp = vec![0f32; n];
-    let slots: Vec<usize> = (0..n).map(|p| kv.slot(&table, p)).collect();
-    for (layer, rows) in armed.0.into_inner().expect("not poisoned") {
-        // the layer's keys in position order as f32, converted once for every query and head
-        let stored = kv.layer(layer).0;
-        let keys: Vec<f32> = slots.iter().flat_map(|&s| stored[s * kv_dim..(s + 1) * kv_dim].iter().map(|x| x.to_f32())).collect();
-        let mut logits = vec![0f32; n];
-        for j in 0..w {
-            let qpos = n - w + j;
-            let mut best = vec![0f32; qpos + 1];
-            for h in 0..c.n_heads {
-                let q = &rows[j * q_dim + h * hd..][..hd];
-                let kh = (h / group) * hd;
-                for (p, l) in logits[..=qpos].iter_mut().enumerate() {
-                    *l = c.attn_scale * dot(q, &keys[p * kv_dim + kh..][..hd]);
-                }
-                softmax_max_into(&logits[..=qpos], &mut best);
-            }
-            imp.iter_mut().zip(best).for_each(|(i, b)| *i += b);
-        }
+    for l in by_layer {
+        let v = if pooling == Pooling::Max { &l.max } else { &l.mean };
+        imp.iter_mut().zip(v).for_each(|(i, x)| *i += x);
     }
-    let norm = (w * layers) as f32;
+    let norm = by_layer.len().max(1) as f32;
     imp.iter_mut().for_each(|x| *x /= norm);
     imp
+}
+
+/// Each chunk's score raised to its neighbours' (the largest of chunks j-1, j, j+1).
+pub fn spread(scores: &[f32]) -> Vec<f32> {
+    (0..scores.len()).map(|j| scores[j.saturating_sub(1)..(j + 2).min(scores.len())].iter().copied().fold(f32::NEG_INFINITY, f32::max)).collect()
+}
+
+/// What one scoring layer's look-ahead queries give each prompt position (`[n]` each): per query the
+/// largest probability over heads, then `mean` over the queries and `max` over them.
+#[derive(Clone, Debug, Default)]
+pub struct LayerAttention {
+    pub mean: Vec<f32>,
+    pub max: Vec<f32>,
+}
+
+/// The look-ahead queries' attention over the prompt in each of `model`'s first `layers` layers (layer
+/// order), in one go (`ScoringPass`).
+pub fn attention_by_layer(model: &Model, prompt: &[u32], layers: usize, lookahead: usize) -> Vec<LayerAttention> {
+    let mut pass = ScoringPass::new(model, prompt.to_vec(), layers, lookahead);
+    while !pass.advance(model, 512) {}
+    pass.into_attention()
+}
+
+/// A scoring pass that runs a slice at a time (the engine runs one slice per step, so other requests'
+/// steps are not held up for the whole pass): the scorer's first `layers` layers prefill the prompt
+/// before the look-ahead queries over a KV storage of its own, then the look-ahead queries in a step
+/// of their own (whose queries the tracer keeps), then their attention is read off the stored keys.
+pub struct ScoringPass {
+    prompt: Vec<u32>,
+    layers: usize,
+    lookahead: usize,
+    kv: crate::kv::KvStorage,
+    table: Vec<u32>,
+    scratch: Scratch,
+    /// Prompt tokens computed.
+    done: usize,
+    attention: Option<Vec<LayerAttention>>,
+}
+
+impl ScoringPass {
+    pub fn new(model: &Model, prompt: Vec<u32>, layers: usize, lookahead: usize) -> ScoringPass {
+        const BS: usize = 16;
+        let n = prompt.len();
+        let kv = model.new_kv(BS, n.div_ceil(BS).max(1));
+        let table: Vec<u32> = (0..kv.shape.num_blocks as u32).collect();
+        let (layers, lookahead) = (layers.clamp(1, model.config.n_layers), lookahead.clamp(1, n.max(1)));
+        ScoringPass { attention: (n == 0).then(Vec::new), prompt, layers, lookahead, kv, table, scratch: Scratch::default(), done: 0 }
+    }
+
+    /// Prompt tokens the pass still has to compute.
+    pub fn remaining(&self) -> usize {
+        if self.attention.is_some() {
+            0
+        } else {
+            self.prompt.len() - self.done
+        }
+    }
+
+    /// Runs up to `max_tokens` more of the pass (the look-ahead step whole); true once it is done.
+    pub fn advance(&mut self, model: &Model, max_tokens: usize) -> bool {
+        if self.attention.is_some() {
+            return true;
+        }
+        let (n, w) = (self.prompt.len(), self.lookahead);
+        let tables = std::slice::from_ref(&self.table);
+        if self.done < n - w {
+            let end = (self.done + max_tokens.max(1)).min(n - w);
+            let quiet = Queries(Mutex::new(Vec::new()));
+            let seq = SeqInput { tokens: &self.prompt[self.done..end], start_pos: self.done, block_tables: tables, logits: LogitsWanted::None };
+            model.forward_layers(&[seq], self.layers, &mut self.kv, &mut self.scratch, &quiet);
+            self.done = end;
+            return false;
+        }
+        let armed = Queries(Mutex::new(Vec::new()));
+        let seq = SeqInput { tokens: &self.prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None };
+        model.forward_layers(&[seq], self.layers, &mut self.kv, &mut self.scratch, &armed);
+        self.done = n;
+        self.attention = Some(self.read_attention(model, armed.0.into_inner().expect("not poisoned")));
+        true
+    }
+
+    /// The attention, once `advance` said done (empty before).
+    pub fn into_attention(self) -> Vec<LayerAttention> {
+        self.attention.unwrap_or_default()
+    }
+
+    fn read_attention(&self, model: &Model, queries: Vec<(usize, Vec<f32>)>) -> Vec<LayerAttention> {
+        let c = &model.config;
+        let (n, w) = (self.prompt.len(), self.lookahead);
+        let (q_dim, kv_dim, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let group = c.n_heads / c.n_kv_heads;
+        let slots: Vec<usize> = (0..n).map(|p| self.kv.slot(&self.table, p)).collect();
+        let mut out = Vec::new();
+        for (layer, rows) in queries {
+            // the layer's keys in position order as f32, converted once for every query and head
+            let stored = self.kv.layer(layer).0;
+            let keys: Vec<f32> = slots.iter().flat_map(|&s| stored[s * kv_dim..(s + 1) * kv_dim].iter().map(|x| x.to_f32())).collect();
+            let mut logits = vec![0f32; n];
+            let mut la = LayerAttention { mean: vec![0f32; n], max: vec![0f32; n] };
+            for j in 0..w {
+                let qpos = n - w + j;
+                let mut best = vec![0f32; qpos + 1];
+                for h in 0..c.n_heads {
+                    let q = &rows[j * q_dim + h * hd..][..hd];
+                    let kh = (h / group) * hd;
+                    for (p, l) in logits[..=qpos].iter_mut().enumerate() {
+                        *l = c.attn_scale * dot(q, &keys[p * kv_dim + kh..][..hd]);
+                    }
+                    softmax_max_into(&logits[..=qpos], &mut best);
+                }
+                for (p, b) in best.into_iter().enumerate() {
+                    la.mean[p] += b / w as f32;
+                    la.max[p] = la.max[p].max(b);
+                }
+            }
+            out.push(la);
+        }
+        out
+    }
 }
 
 /// `a·b` in eight lanes (so the compiler vectorizes it).
@@ -280,6 +394,8 @@ mod tests {
     fn chunk_scores_average_each_chunk_after_the_protected_prefix() {
         assert_eq!(chunk_scores(&[9.0, 9.0, 1.0, 3.0, 2.0, 2.0, 5.0], 2, 2), vec![2.0, 2.0, 5.0]);
         assert!(chunk_scores(&[1.0], 4, 2).is_empty());
+        assert_eq!(spread(&[0.0, 3.0, 1.0, 0.0, 0.0, 2.0]), vec![3.0, 3.0, 3.0, 1.0, 2.0, 2.0]);
+        assert!(spread(&[]).is_empty());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! first token. Several sessions can share the system prompt (interleaved turns), and a timestamp at the
 //! start of the system prompt shows how a changing early token defeats the cache.
 
-mod conversation;
+pub(crate) mod conversation;
 pub mod report;
 
 use crate::LabError;
