@@ -56,6 +56,8 @@ pub struct EngineStats {
     pub spec_prefill_recovered_tokens: AtomicU64,
     /// Time of the steps that carried a recovery slice (their whole step).
     pub spec_prefill_recovery_ns: AtomicU64,
+    /// The longest such step.
+    pub spec_prefill_recovery_max_step_ns: AtomicU64,
     /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
     /// model's.
     pub step_ns: AtomicU64,

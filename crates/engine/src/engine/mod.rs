@@ -164,6 +164,9 @@ struct ScoringJob {
 /// A sparse prefill's full prompt, for idle recovery.
 #[derive(Clone)]
 struct Recovery {
+    /// The request whose prompt this is: when it ends, its computed output joins the prompt (the
+    /// blocks a full prefill's sequence would have left in the cache, for the next turn).
+    id: RequestId,
     prompt: Vec<u32>,
     cache_salt: Option<String>,
     dropped: usize,
@@ -357,7 +360,7 @@ impl Engine {
             let dropped = prompt.len() - kept.len();
             if self.scheduler.sparsify(id, kept) {
                 if config.recover {
-                    self.recovery.push_front(Recovery { prompt, cache_salt, dropped });
+                    self.recovery.push_front(Recovery { id, prompt, cache_salt, dropped });
                     self.recovery.truncate(sparse::MAX_RECOVERIES);
                     self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
                 }
@@ -465,6 +468,7 @@ impl Engine {
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
         if recovering.is_some() {
             self.stats.spec_prefill_recovery_ns.fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
+            self.stats.spec_prefill_recovery_max_step_ns.fetch_max((step_ms * 1e6) as u64, Ordering::Relaxed);
         }
         // the target's step alone: the draft model's passes are fitted apart
         self.scheduler.observe_step(plan.chunks.iter().map(|c| c.len).sum(), step_ms / 1e3 - self.draft_secs);
@@ -698,6 +702,9 @@ impl Engine {
             }
             self.stats.spec_prefill_recovery_debt.store(self.recovery_debt() as u64, Ordering::Relaxed);
             return;
+        }
+        if let Some(r) = self.recovery.iter_mut().find(|r| r.id == id) {
+            r.prompt.extend_from_slice(&req.tokens[req.num_prompt_tokens..req.num_computed_tokens.max(req.num_prompt_tokens)]);
         }
         let now = Instant::now();
         let (accepted, drafted) = req.spec.as_ref().map_or((0, 0), |s| (s.accepted, s.drafted));

@@ -36,7 +36,8 @@ use std::sync::Mutex;
 pub struct SparsePrefillConfig {
     /// Share of the prompt (after a prefix-cache hit) kept.
     pub keep: f64,
-    /// Prompts shorter than this are prefilled whole (scoring costs time too).
+    /// A prompt whose new suffix (beyond a prefix-cache hit) is shorter than this is prefilled whole
+    /// (scoring costs time too).
     pub min_tokens: usize,
     /// Layers of the scoring pass.
     pub layers: usize,
@@ -80,9 +81,11 @@ pub fn plan(model: &Model, prompt: &[u32], protect: usize, config: &SparsePrefil
     plan_from(&attention_by_layer(model, prompt, config.layers, config.lookahead), prompt.len(), protect, config)
 }
 
-/// Whether a prompt of `len` tokens, `protect` of them cached, is long enough to thin.
+/// Whether a prompt of `len` tokens, `protect` of them cached, is worth thinning: its new suffix is at
+/// least `min_tokens` long (a short new turn after a long cached history is prefilled whole).
 pub fn worth_scoring(len: usize, protect: usize, config: &SparsePrefillConfig) -> bool {
-    len >= config.min_tokens.max(2) && protect + 2 * config.chunk < len
+    let suffix = len.saturating_sub(protect);
+    suffix >= config.min_tokens.max(2) && suffix > 2 * config.chunk
 }
 
 /// `plan` from a scoring pass's attention over a prompt of `len` tokens.
