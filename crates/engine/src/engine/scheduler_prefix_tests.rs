@@ -332,3 +332,36 @@ fn a_sparse_prefill_registers_only_its_genuine_prefix() {
     }
     assert_eq!(s.pool().num_free(), 32);
 }
+
+/// Nothing sparse stays reachable after a sparse request ends early: held for scoring, it is not
+/// admitted (and ends with nothing taken); aborted mid-prefill, after its genuine prefix and thinned
+/// blocks were computed, only the genuine prefix (block 0) is ever registered; the full prompt then
+/// finds that block and nothing else, and every block comes back.
+#[test]
+fn an_aborted_or_held_sparse_request_leaves_only_its_genuine_prefix() {
+    let mut s = TestConfig { block_size: 4, max_batch_tokens: 8, max_running: 16, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX }.scheduler(32);
+    let prompt: Vec<u32> = (200..232).collect();
+    add(&mut s, 1, prompt.clone(), 2);
+    assert!(s.hold_for_scoring(1));
+    assert!(step(&mut s).chunks.is_empty(), "a request being scored is not admitted");
+    assert!(!s.has_runnable_work());
+    // keep 0..6 (genuine: block 0 whole), 12..20 and the last 4: 18 of 32
+    let kept: Vec<usize> = (0..6).chain(12..20).chain(28..32).collect();
+    assert!(s.sparsify(1, kept));
+    s.release_scoring(1);
+    let partial = |start| ScheduledChunk { samples: false, ..chunk(1, start, 8) };
+    assert_eq!(step(&mut s).chunks, vec![partial(0)]);
+    assert_eq!(step(&mut s).chunks, vec![partial(8)]);
+    // aborted before its last chunk: cells 0..16 computed (four full blocks), one of them genuine
+    s.finish(1);
+    assert_eq!(s.pool().num_cached(), 1, "block 0 (positions 0..4) only");
+    assert_eq!(s.pool().num_free(), 32);
+    add(&mut s, 2, prompt.clone(), 1);
+    assert_eq!(step(&mut s).chunks, vec![chunk(2, 4, 8)], "the full prompt hits block 0 only");
+    // held and then dropped: nothing taken
+    add(&mut s, 3, prompt, 1);
+    assert!(s.hold_for_scoring(3));
+    s.finish(3);
+    s.finish(2);
+    assert_eq!(s.pool().num_free(), 32);
+}
