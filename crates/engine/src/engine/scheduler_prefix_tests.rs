@@ -357,7 +357,7 @@ fn an_aborted_or_held_sparse_request_leaves_only_its_genuine_prefix() {
     assert_eq!(s.pool().num_cached(), 1, "block 0 (positions 0..4) only");
     assert_eq!(s.pool().num_free(), 32);
     add(&mut s, 2, prompt.clone(), 1);
-    assert_eq!(step(&mut s).chunks, vec![chunk(2, 4, 8)], "the full prompt hits block 0 only");
+    assert_eq!(step(&mut s).chunks, vec![ScheduledChunk { samples: false, ..chunk(2, 4, 8) }], "the full prompt hits block 0 only");
     // held and then dropped: nothing taken
     add(&mut s, 3, prompt, 1);
     assert!(s.hold_for_scoring(3));
