@@ -178,7 +178,7 @@ pub struct SpecPrefillArgs {
     #[arg(long, default_value_t = 4)]
     pub probes: usize,
     /// Session: the sparse arms thin a new suffix of at least this many tokens.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 4096)]
     pub min_tokens: usize,
     /// Session: recovery's slice, tokens per step.
     #[arg(long, default_value_t = 128)]

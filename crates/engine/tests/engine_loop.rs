@@ -531,7 +531,7 @@ fn a_sparse_prefill_answers_from_the_kept_tokens_and_caches_only_a_true_prefix()
     assert_eq!(st.spec_prefill_requests.load(Ordering::Relaxed), 2, "not thinned");
     let plain = spawn(model.clone(), Arc::new(Names), config(128, 64));
     drain(plain.submit(GenerateParams { spec_prefill: Some(SpecPrefillChoice::Keep(0.5)), ..GenerateParams::greedy(prompt(34, 200), 4) }).unwrap().1);
-    assert_eq!(plain.stats().spec_prefill_requests.load(Ordering::Relaxed), 0, "below the default minimum of 2048 tokens");
+    assert_eq!(plain.stats().spec_prefill_requests.load(Ordering::Relaxed), 0, "below the default minimum of 4096 tokens");
     assert!(matches!(plain.submit(GenerateParams { spec_prefill: Some(SpecPrefillChoice::Keep(0.0)), ..GenerateParams::greedy(prompt(34, 20), 4) }), Err(RequestError::Invalid { field: Field::SpecPrefill, .. })));
 }
 

@@ -59,7 +59,7 @@ pub struct SparsePrefillConfig {
 
 impl Default for SparsePrefillConfig {
     fn default() -> Self {
-        SparsePrefillConfig { keep: 0.2, min_tokens: 2048, layers: 4, lookahead: 32, chunk: 32, pooling: Pooling::Max, spread: true, recover: false, recover_slice: 128 }
+        SparsePrefillConfig { keep: 0.2, min_tokens: 4096, layers: 4, lookahead: 32, chunk: 32, pooling: Pooling::Max, spread: true, recover: false, recover_slice: 128 }
     }
 }
 
