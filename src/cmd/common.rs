@@ -69,10 +69,10 @@ pub struct ModelArgs {
     /// The draft model of `--spec draft` and `--spec auto` (a name from `reckon models` or a path).
     #[arg(long, value_name = "MODEL")]
     pub spec_draft: Option<String>,
-    /// Sparse prefill (SpecPrefill, docs/spec-prefill.md): prompts of at least --spec-prefill-min-tokens
-    /// are scored by the model's first --spec-prefill-layers layers and only this share of their chunks
-    /// (after a prefix-cache hit) is prefilled, each token at its own position. Off by default; the
-    /// answer then depends on what was dropped.
+    /// Sparse prefill (SpecPrefill, docs/spec-prefill.md): a new prompt suffix (beyond a prefix-cache
+    /// hit) of at least --spec-prefill-min-tokens is scored by the first --spec-prefill-layers layers of
+    /// --spec-prefill-scorer (or the model itself), and only this share of its chunks is prefilled, each
+    /// token at its own position. Off by default; the answer then depends on what was dropped.
     #[arg(long, value_name = "SHARE")]
     pub spec_prefill_keep: Option<f64>,
     /// Thin only a new suffix (beyond a prefix-cache hit) of at least this many tokens: shorter ones
