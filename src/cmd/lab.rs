@@ -38,6 +38,10 @@ pub enum LabCommand {
     /// free chat) and draft length k, against no speculation in the same passes: decode tok/s, the
     /// guesses kept, and whether the output stayed the same.
     Spec(SpecArgs),
+    /// Load against OpenAI-compatible servers (reckon, llama-server, vLLM: --url, or -m to start reckon):
+    /// closed-loop concurrency sweeps or Poisson arrivals, fixed or real-conversation prompts; TTFT, ITL,
+    /// TPOT and end-to-end percentiles, throughput, goodput under an SLO, errors by kind, $/M tokens.
+    Serve(super::lab_serve::ServeLabArgs),
     /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
     /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
     /// (self-contained: plots inline as SVG).
@@ -296,6 +300,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::Eviction(a) => run_eviction(a),
         LabCommand::SpecPrefill(a) => run_spec_prefill(a),
         LabCommand::Spec(a) => run_spec(a),
+        LabCommand::Serve(a) => super::lab_serve::run(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {
@@ -526,13 +531,13 @@ fn run_prefix(args: PrefixArgs) -> Result<()> {
     Ok(())
 }
 
-fn list<T>(spec: &str, flag: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
+pub(crate) fn list<T>(spec: &str, flag: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
     let v: Vec<T> = spec.split(',').filter(|s| !s.trim().is_empty()).map(|s| parse(s.trim())).collect::<Result<_>>()?;
     anyhow::ensure!(!v.is_empty(), "{flag}: empty list");
     Ok(v)
 }
 
-fn out_dir(out: &Option<PathBuf>, leg: &str) -> Result<PathBuf> {
+pub(crate) fn out_dir(out: &Option<PathBuf>, leg: &str) -> Result<PathBuf> {
     let out = out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from(format!("bench/out/{leg}-{secs}"))

@@ -19,9 +19,25 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on API requests.
+    /// Require this key on API requests (`Authorization: Bearer KEY` or `x-api-key: KEY`); /health and
+    /// /metrics stay open. A key on the command line is visible to other users of the machine: prefer
+    /// --api-key-file.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Keys from a file, one per line (blank lines and lines starting with # skipped); any of them is
+    /// accepted, together with --api-key.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// Log every request's prompt text (at info level). Off by default: the log holds lengths and tool
+    /// names, never what users wrote.
+    #[arg(long)]
+    pub log_prompts: bool,
+    /// Most messages (or input items) one request may carry; more get 400.
+    #[arg(long, default_value_t = reckon_server::RequestLimits::default().max_messages)]
+    pub max_messages: usize,
+    /// Most tools one request may carry; more get 400.
+    #[arg(long, default_value_t = reckon_server::RequestLimits::default().max_tools)]
+    pub max_tools: usize,
     #[command(flatten)]
     pub kv: KvArgs,
     /// Sequences running at once.
@@ -87,6 +103,14 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         Some(s) => byte_size(s, "--max-body-size")?.context("--max-body-size needs a unit (32MiB, 500KB)")?,
         None => DEFAULT_MAX_BODY_BYTES,
     };
+    let mut api_keys: Vec<String> = args.api_key.iter().cloned().collect();
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--api-key-file {}", path.display()))?;
+        let keys: Vec<String> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_string).collect();
+        anyhow::ensure!(!keys.is_empty(), "--api-key-file {}: no key in it", path.display());
+        api_keys.extend(keys);
+    }
+    anyhow::ensure!(api_keys.iter().all(|k| !k.is_empty()), "--api-key: the key is empty");
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
@@ -111,11 +135,14 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     };
     let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_key: args.api_key.clone(), metrics: Default::default(), max_body_bytes };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        if !is_loopback(&args.host) && state.api_keys.is_empty() {
+            eprintln!("reckon: warning: listening on {} without --api-key: anyone who can reach this port can use the model", args.host);
+        }
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
         let engine = state.engine.clone();
         let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
@@ -123,6 +150,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")
     })
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Resolves on SIGINT or SIGTERM, once the engine has stopped: new requests get 503 at once, running ones

@@ -3,9 +3,11 @@
 pub mod bandwidth;
 pub mod bench;
 pub mod eviction;
+pub mod http;
 pub mod kv;
 pub mod prefix;
 pub mod report;
+pub mod serve;
 pub mod spec;
 pub mod spec_prefill;
 pub mod stats;

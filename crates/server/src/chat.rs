@@ -204,9 +204,9 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
     let format = response_format(req.response_format.as_ref())?;
     let tools = tool_set(&req)?;
-    let (text, prefill) = tools::render_prompt(&state.template, chat_messages(&req.messages)?, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+    let (text, prefill) = tools::prompt_text(state, chat_messages(&req.messages)?, &tools, "messages")?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    tools::log_request("chat", prompt.len(), &tools);
+    tools::log_request(state, "chat", &text, prompt.len(), &tools);
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = match (req.logprobs, req.top_logprobs) {
         (false, Some(_)) => return Err(ApiError::invalid("top_logprobs needs logprobs: true", Some("top_logprobs"))),
@@ -229,6 +229,12 @@ pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiE
         Prompt::Text(t) => state.tokenizer.encode(t, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
         Prompt::Tokens(ids) => ids.clone(),
     };
+    if state.log_prompts {
+        tracing::info!(api = "completions", prompt_tokens = prompt.len(), "prompt: {:?}", match &req.prompt {
+            Prompt::Text(t) => t.as_str(),
+            Prompt::Tokens(_) => "(token ids)",
+        });
+    }
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = req.logprobs;
     generate(state, Api::Completion, &req.params, params, Prepared::default()).await

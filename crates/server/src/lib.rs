@@ -39,8 +39,13 @@ pub struct AppState {
     /// Other names accepted as `model` (`--served-model-name`, `--alias`): clients that insist on their
     /// own model id (an agent's background "haiku" slot) are served by the one model.
     pub aliases: Vec<String>,
-    /// With a key, requests must carry `Authorization: Bearer KEY` (`/health` and `/metrics` excepted).
-    pub api_key: Option<String>,
+    /// With keys, API requests must carry one: `Authorization: Bearer KEY` or `x-api-key: KEY`
+    /// (`/health` and `/metrics` excepted). Compared in constant time.
+    pub api_keys: Vec<String>,
+    /// Counts a request may carry besides its size (`max_body_bytes`).
+    pub limits: RequestLimits,
+    /// Log each request's prompt text (off: the log has lengths and tool names, never a prompt).
+    pub log_prompts: bool,
     pub metrics: Arc<Metrics>,
     /// Responses kept for the Responses API's `previous_response_id` and `GET /v1/responses/{id}`.
     pub responses: Arc<responses::ResponseStore>,
@@ -48,6 +53,21 @@ pub struct AppState {
     pub grammar: Arc<std::sync::OnceLock<Result<reckon_engine::grammar::GrammarCompiler, String>>>,
     /// Largest request body accepted; larger ones get 413 in OpenAI's error shape.
     pub max_body_bytes: usize,
+}
+
+/// The largest counts a request may carry; each is a 400 in the API's own error shape, naming the field.
+/// Far above what agents send (Claude Code and Codex send tens of tools and hundreds of messages), low
+/// enough that a hostile request cannot make the template renderer and tokenizer work for minutes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestLimits {
+    pub max_messages: usize,
+    pub max_tools: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits { max_messages: 10_000, max_tools: 1_024 }
+    }
 }
 
 /// `AppState::max_body_bytes` unless told otherwise: agents' requests carry long histories and tool
@@ -79,16 +99,36 @@ async fn health(State(state): State<AppState>) -> Response {
     "ok".into_response()
 }
 
-/// With `--api-key`: `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic).
+/// With `--api-key`: `Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). Every key is
+/// compared, each in constant time, so the answer's timing says nothing about how much of a key matched
+/// or which key was close.
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.api_key else { return Ok(()) };
+    if state.api_keys.is_empty() {
+        return Ok(());
+    }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let given = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).or_else(|| header("x-api-key"));
-    if given == Some(key.as_str()) {
+    let given = header("authorization").and_then(|v| v.strip_prefix("Bearer ")).or_else(|| header("x-api-key")).unwrap_or("");
+    let mut ok = subtle::Choice::from(0);
+    for key in &state.api_keys {
+        ok |= key_matches(key, given);
+    }
+    if bool::from(ok) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
     }
+}
+
+/// Whether `given` is `key`, in a time that depends only on the key's length: every byte of the key is
+/// compared (with 0 past the end of `given`) and the lengths' equality is folded in; no early return.
+fn key_matches(key: &str, given: &str) -> subtle::Choice {
+    use subtle::ConstantTimeEq;
+    let (k, g) = (key.as_bytes(), given.as_bytes());
+    let mut eq = (k.len() as u64).ct_eq(&(g.len() as u64));
+    for (i, &b) in k.iter().enumerate() {
+        eq &= b.ct_eq(g.get(i).unwrap_or(&0));
+    }
+    eq
 }
 
 impl AppState {

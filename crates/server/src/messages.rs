@@ -214,10 +214,11 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
 /// The request's prompt: token ids, and the forced start of the answer (a required tool call).
 /// The request's prompt: token ids, the forced start of the answer (a required tool call), and what to
 /// parse the answer for.
-fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions), ApiError> {
-    let (text, prefill) = tools::render_prompt(&state.template, conversation(req)?, tools).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions, String), ApiError> {
+    let (text, prefill) = tools::prompt_text(state, conversation(req)?, tools, "messages")?;
     let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-    Ok((ids, prefill, tools::parse_options(&state.template, tools, &text)))
+    let parse = tools::parse_options(&state.template, tools, &text);
+    Ok((ids, prefill, parse, text))
 }
 
 fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiError> {
@@ -244,9 +245,9 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         return Err(ApiError::invalid(format!("temperature: must be between 0 and 1. Given: {t}"), Some("temperature")));
     }
     let tools = tool_set(&req)?;
-    let (ids, prefill, parse) = prompt(state, &req, &tools)?;
+    let (ids, prefill, parse, text) = prompt(state, &req, &tools)?;
     let prompt_len = ids.len();
-    tools::log_request("messages", prompt_len, &tools);
+    tools::log_request(state, "messages", &text, prompt_len, &tools);
     let format = crate::chat::response_format(req.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()))
         .map_err(|e| ApiError { param: Some("output_config".into()), ..e })?;
     let constraint = state.answer_constraint(&tools, format.as_ref(), "output_config")?;
@@ -328,7 +329,7 @@ fn input_object(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            tracing::warn!("messages: a tool call's arguments are not a JSON object: {arguments:?}");
+            tracing::warn!("messages: a tool call's arguments are not a JSON object ({} bytes)", arguments.len());
             json!({})
         }
     }

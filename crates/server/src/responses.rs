@@ -233,9 +233,9 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     if !system.is_empty() {
         messages.insert(0, ChatMessage::new("system", &system.join("\n\n")));
     }
-    let (text, prefill) = tools::render_prompt(&state.template, messages, &tools).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
+    let (text, prefill) = tools::prompt_text(state, messages, &tools, "input")?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
-    tools::log_request("responses", prompt.len(), &tools);
+    tools::log_request(state, "responses", &text, prompt.len(), &tools);
     let format = crate::chat::response_format(req.text.as_ref().and_then(|t| t.get("format")))?;
     let constraint = state.answer_constraint(&tools, format.as_ref(), "text")?;
     let params = GenerateParams {

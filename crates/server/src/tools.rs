@@ -15,6 +15,7 @@
 //! on with a call.
 
 use crate::error::ApiError;
+use crate::AppState;
 use crate::output::ParseOptions;
 use reckon_engine::grammar::{with_json_options, Grammar};
 use reckon_engine::template::{ChatMessage, ChatTemplate};
@@ -153,10 +154,27 @@ pub fn parse_options(template: &ChatTemplate, tools: &ToolSet, prompt_text: &str
 }
 
 /// One line per request in the server's log: its API, prompt length, and the tools the model was shown
-/// (so an operator sees that an agent's tools, an MCP namespace's included, reached the prompt).
-pub fn log_request(api: &str, prompt_tokens: usize, tools: &ToolSet) {
+/// (so an operator sees that an agent's tools, an MCP namespace's included, reached the prompt). The
+/// prompt's text only with `--log-prompts`: a log is read by more people than the requests were meant for.
+pub fn log_request(state: &AppState, api: &str, prompt_text: &str, prompt_tokens: usize, tools: &ToolSet) {
     let names: Vec<&str> = if tools.active() { tools.tools.iter().map(|t| t.model_name.as_str()).collect() } else { Vec::new() };
     tracing::info!(api, prompt_tokens, tool_choice = ?tools.choice, "request with {} tools {names:?}", names.len());
+    if state.log_prompts {
+        tracing::info!(api, "prompt: {prompt_text:?}");
+    }
+}
+
+/// The prompt text of a conversation, after the request limits on its message and tool counts (a 400
+/// naming `param` or `tools`); template errors are 400s naming `param`.
+pub fn prompt_text(state: &AppState, messages: Vec<ChatMessage>, tools: &ToolSet, param: &str) -> Result<(String, Option<String>), ApiError> {
+    let limits = state.limits;
+    if messages.len() > limits.max_messages {
+        return Err(ApiError::invalid(format!("{param}: at most {} messages are allowed. Given: {}", limits.max_messages, messages.len()), Some(param)));
+    }
+    if tools.tools.len() > limits.max_tools {
+        return Err(ApiError::invalid(format!("tools: at most {} tools are allowed. Given: {}", limits.max_tools, tools.tools.len()), Some("tools")));
+    }
+    render_prompt(&state.template, messages, tools).map_err(|e| ApiError::invalid(e.to_string(), Some(param)))
 }
 
 /// A call the model made, with the id the API gives it.

@@ -22,7 +22,7 @@ fn completion(extra: Value) -> Value {
 #[test]
 fn authentication_model_and_context() {
     let mut state = tiny_state(config(64, 16, 64));
-    state.api_key = Some("sekrit".into());
+    state.api_keys = vec!["sekrit".into(), "other-key".into()];
     let addr = serve(state);
     let auth = [("Authorization", "Bearer sekrit")];
     let body = tiny_chat("Hi", 4, json!({})).to_string();
@@ -32,6 +32,12 @@ fn authentication_model_and_context() {
     assert_error(&request(addr, "POST", CHAT, &[("Authorization", "Bearer wrong")], &body), 401, "authentication_error", None, "API key");
     assert_error(&request(addr, "POST", COMPLETIONS, &[], &completion(json!({})).to_string()), 401, "authentication_error", None, "API key");
     assert_eq!(request(addr, "GET", "/v1/models", &[], "").status, 401);
+    // any of the keys, as a bearer token or Anthropic's header; a key's prefix or extension is not one
+    assert_eq!(request(addr, "GET", "/v1/models", &[("Authorization", "Bearer other-key")], "").status, 200);
+    assert_eq!(request(addr, "GET", "/v1/models", &[("x-api-key", "sekrit")], "").status, 200);
+    for wrong in ["Bearer sekri", "Bearer sekritt", "Bearer ", "sekrit"] {
+        assert_eq!(request(addr, "GET", "/v1/models", &[("Authorization", wrong)], "").status, 401, "{wrong}");
+    }
     // health and metrics need no key
     assert_eq!(request(addr, "GET", "/health", &[], "").status, 200);
     assert_eq!(request(addr, "GET", "/metrics", &[], "").status, 200);
@@ -131,6 +137,30 @@ fn limits_name_their_param() {
     // nothing refused was left in the engine
     let m = wait_for_metrics(addr, TINY, "an idle engine", Metrics::idle);
     assert_eq!(m.value("reckon_request_success_total"), 2.0, "{}", m.text);
+}
+
+/// The request limits on counts: too many messages or tools is a 400 naming the field, in each API's
+/// own shape; at the limit, the request is served.
+#[test]
+fn too_many_messages_or_tools_are_400_in_each_apis_shape() {
+    let mut state = tiny_state(config(256, 16, 64));
+    state.limits = reckon_server::RequestLimits { max_messages: 3, max_tools: 2 };
+    let addr = serve(state);
+    let msgs = |n: usize| (0..n).map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "a"})).collect::<Vec<_>>();
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    assert_eq!(post(addr, CHAT, &tiny_chat("", 2, json!({"messages": msgs(3)}))).status, 200);
+    assert_error(&post(addr, CHAT, &tiny_chat("", 2, json!({"messages": msgs(5)}))), 400, "invalid_request_error", Some("messages"), "at most 3 messages");
+    let tools3 = json!({"tools": [tool("a"), tool("b"), tool("c")]});
+    assert_error(&post(addr, CHAT, &tiny_chat("Hi", 2, tools3)), 400, "invalid_request_error", Some("tools"), "at most 2 tools");
+    // Anthropic's Messages API: its error shape
+    let a = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 2, "messages": msgs(5)}));
+    assert_eq!(a.status, 400, "{}", a.body);
+    let v: Value = serde_json::from_str(&a.body).unwrap();
+    assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("invalid_request_error")), "{}", a.body);
+    assert!(v["error"]["message"].as_str().unwrap().contains("at most 3 messages"), "{}", a.body);
+    // the Responses API counts input items
+    let items: Vec<Value> = (0..5).map(|_| json!({"role": "user", "content": "a"})).collect();
+    assert_error(&post(addr, "/v1/responses", &json!({"model": TINY, "max_output_tokens": 2, "input": items})), 400, "invalid_request_error", Some("input"), "at most 3 messages");
 }
 
 /// A body over `max_body_bytes` is 413 with OpenAI's error JSON (not axum's plain-text rejection), on
