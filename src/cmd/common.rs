@@ -415,6 +415,7 @@ impl KvArgs {
             hybrid_kv: kv.hybrid,
             spec: kv.spec.clone(),
             spec_prefill: kv.spec_prefill,
+            slow_state: Default::default(),
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));

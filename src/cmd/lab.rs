@@ -42,6 +42,11 @@ pub enum LabCommand {
     /// closed-loop concurrency sweeps or Poisson arrivals, fixed or real-conversation prompts; TTFT, ITL,
     /// TPOT and end-to-end percentiles, throughput, goodput under an SLO, errors by kind, $/M tokens.
     Serve(super::lab_serve::ServeLabArgs),
+    /// Many clients misbehaving for a bounded time (mixed APIs, streamed or not, hang-ups, stop strings,
+    /// seeds, prompts up to and past the context), then a flood of requests at once and a SIGTERM under
+    /// load: every request must end whole or with a clean error, no KV block may leak, /health must stay
+    /// fast, the log must hold no panic.
+    Soak(super::lab_soak::SoakArgs),
     /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
     /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
     /// (self-contained: plots inline as SVG).
@@ -301,6 +306,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::SpecPrefill(a) => run_spec_prefill(a),
         LabCommand::Spec(a) => run_spec(a),
         LabCommand::Serve(a) => super::lab_serve::run(a),
+        LabCommand::Soak(a) => super::lab_soak::run(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {

@@ -33,6 +33,9 @@ pub struct ServeLabArgs {
     /// Requests per level (default: 4 per client, at least 16; for a rate, 20 s of arrivals, at least 16).
     #[arg(long, default_value_t = 0)]
     pub requests: usize,
+    /// Stop sending a level's requests after this many seconds (those in flight finish).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
     /// Interleaved passes (the targets' order reversed from level to level and pass to pass).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub passes: usize,
@@ -81,7 +84,7 @@ pub struct ServeLabArgs {
 }
 
 /// A `reckon serve` child, stopped on drop.
-struct Child(std::process::Child);
+pub(crate) struct Child(pub std::process::Child);
 
 impl Drop for Child {
     fn drop(&mut self) {
@@ -90,7 +93,7 @@ impl Drop for Child {
     }
 }
 
-fn start_reckon(model: &str, extra: &[String], out: &std::path::Path) -> Result<(Child, String)> {
+pub(crate) fn start_reckon(model: &str, extra: &[String], out: &std::path::Path) -> Result<(Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = std::fs::File::create(out.join("reckon-serve.log"))?;
     let mut cmd = std::process::Command::new(std::env::current_exe()?);
@@ -181,6 +184,7 @@ pub fn run(args: ServeLabArgs) -> Result<()> {
         slo_tpot_ms: args.slo_tpot_ms,
         price_per_hour: args.price_per_hour,
         seed: args.seed,
+        duration: args.duration_s.map(Duration::from_secs_f64),
     };
     let mut raw = std::fs::File::create(out.join("requests.jsonl"))?;
     let mut lv = std::fs::File::create(out.join("levels.jsonl"))?;

@@ -4,5 +4,6 @@ pub mod common;
 pub mod info;
 pub mod lab;
 pub mod lab_serve;
+pub mod lab_soak;
 pub mod run;
 pub mod serve;

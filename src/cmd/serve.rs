@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// Most messages (or input items) one request may carry; more get 400.
     #[arg(long, default_value_t = reckon_server::RequestLimits::default().max_messages)]
     pub max_messages: usize,
+    /// Never switch to the slow-state fallback (by default, when the engine's steps run well over its
+    /// model of this host's speed for a sustained window, it runs them on one thread until a probe step
+    /// is back to normal: docs/reliability.md).
+    #[arg(long)]
+    pub no_slow_state: bool,
     /// Most tools one request may carry; more get 400.
     #[arg(long, default_value_t = reckon_server::RequestLimits::default().max_tools)]
     pub max_tools: usize,
@@ -116,7 +121,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
     let kv = args.model.kv_choice(cfg, args.kv.block_size, args.prefix_cache_dir.is_some())?;
     let kv_dtypes = kv.dtypes;
-    let config = args.kv.engine_config(&loaded.model, loaded.draft.as_ref(), &kv, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    let mut config = args.kv.engine_config(&loaded.model, loaded.draft.as_ref(), &kv, max_model_len, args.max_running, args.max_waiting, !args.no_prefix_cache)?;
+    if !args.no_slow_state {
+        config.slow_state = reckon_engine::engine::slow::SlowStateConfig::ON;
+    }
     let num_blocks = config.num_blocks;
     let layout = config.kv_layout(&loaded.model, kv.disk_tier);
     let mut window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));

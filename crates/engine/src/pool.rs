@@ -50,6 +50,9 @@ pub struct Pool {
     workers: Vec<JoinHandle<()>>,
     /// Serialises concurrent `run` calls from different threads on the same pool.
     running: Mutex<()>,
+    /// What `threads()` says, which kernels partition their work by: the threads there are, or for
+    /// `serial`, those of the pool it stands in for.
+    partition_threads: usize,
 }
 
 thread_local! {
@@ -87,11 +90,21 @@ impl Pool {
                     .expect("cannot spawn a pool worker thread")
             })
             .collect();
-        Pool { shared, workers, running: Mutex::new(()) }
+        Pool { shared, workers, running: Mutex::new(()), partition_threads: threads.max(1) }
     }
 
+    /// A pool without workers that partitions work as a pool of `threads` threads does: every part runs
+    /// on the caller, the parts are the same, so the results are bit for bit those of that pool (the
+    /// engine's fallback when the host is slow, `engine::slow`).
+    pub fn serial(threads: usize) -> Pool {
+        let mut pool = Pool::new(1);
+        pool.partition_threads = threads.max(1);
+        pool
+    }
+
+    /// The threads kernels partition their work for (see `serial`).
     pub fn threads(&self) -> usize {
-        self.workers.len() + 1
+        self.partition_threads
     }
 
     /// Runs `f` with this pool as the one `current()` returns on this thread.
@@ -314,5 +327,12 @@ mod tests {
     fn install_overrides_the_global_pool() {
         let pool = Pool::new(1);
         pool.install(|| assert_eq!(current().threads(), 1));
+        let serial = Pool::serial(4);
+        serial.install(|| assert_eq!(current().threads(), 4));
+        let hits: Vec<AtomicU64> = (0..9).map(|_| AtomicU64::new(0)).collect();
+        serial.run(9, &|p| {
+            hits[p].fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
     }
 }

@@ -8,6 +8,7 @@ pub mod kv;
 pub mod prefix;
 pub mod report;
 pub mod serve;
+pub mod soak;
 pub mod spec;
 pub mod spec_prefill;
 pub mod stats;

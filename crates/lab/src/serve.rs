@@ -97,6 +97,8 @@ pub struct ServeSpec {
     pub slo_tpot_ms: Option<f64>,
     pub price_per_hour: Option<f64>,
     pub seed: u64,
+    /// Stop sending a level's requests after this long (those in flight finish), whatever `requests` says.
+    pub duration: Option<Duration>,
 }
 
 impl ServeSpec {
@@ -160,6 +162,9 @@ pub struct LevelRecord {
     pub target: String,
     pub pass: usize,
     pub load: Load,
+    /// When the level began (Unix seconds): with each request's `sent_s`, `ttft_ms` and `itl_ms`, every
+    /// token's arrival time, to line up with events outside (a CPU hog starting).
+    pub start_unix_s: f64,
     pub requests: usize,
     pub ok: usize,
     pub errors: BTreeMap<String, usize>,
@@ -180,7 +185,7 @@ pub struct LevelRecord {
     pub usd_per_m_output: Option<f64>,
 }
 
-pub fn level(spec: &ServeSpec, target: &str, pass: usize, load: Load, duration_s: f64, reqs: &[RequestRecord]) -> LevelRecord {
+pub fn level(spec: &ServeSpec, target: &str, pass: usize, load: Load, start_unix_s: f64, duration_s: f64, reqs: &[RequestRecord]) -> LevelRecord {
     let ok: Vec<&RequestRecord> = reqs.iter().filter(|r| r.ok).collect();
     let mut errors = BTreeMap::new();
     for r in reqs.iter().filter(|r| !r.ok) {
@@ -197,6 +202,7 @@ pub fn level(spec: &ServeSpec, target: &str, pass: usize, load: Load, duration_s
         target: target.to_string(),
         pass,
         load,
+        start_unix_s,
         requests: reqs.len(),
         ok: ok.len(),
         errors,
@@ -393,7 +399,8 @@ pub async fn served_model(ep: &Endpoint, api_key: Option<&str>) -> Result<String
 }
 
 /// Runs one level: `n` requests at `load` against `target`. Returns the level's wall time and requests.
-pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Load, n: usize, first_id: usize) -> (f64, Vec<RequestRecord>) {
+pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Load, n: usize, first_id: usize) -> (f64, f64, Vec<RequestRecord>) {
+    let start_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let start = Instant::now();
     let records = Arc::new(Mutex::new(Vec::with_capacity(n)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -401,13 +408,14 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
     match load {
         Load::Concurrency(c) => {
             let next = Arc::new(AtomicUsize::new(0));
-            let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..n).map(|i| body(first_id + i)).collect());
+            // bodies made up front (no prompt building while measuring), unless a duration bounds the level
+            let bodies: Arc<Vec<Vec<u8>>> = Arc::new((0..n.min(if spec.duration.is_some() { 20_000 } else { n })).map(|i| body(first_id + i)).collect());
             for _ in 0..c.min(n) {
                 let (next, bodies, records, target, spec) = (next.clone(), bodies.clone(), records.clone(), target.clone(), spec.clone());
                 tasks.spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= bodies.len() {
+                        if i >= bodies.len() || spec.duration.is_some_and(|d| start.elapsed() >= d) {
                             break;
                         }
                         let r = measure(&target, &spec, bodies[i].clone(), pass, load, first_id + i, start).await;
@@ -421,6 +429,9 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
             let mut rng = Rng::new(spec.seed ^ 0x5eed ^ (rate.to_bits()));
             let mut at = 0.0f64;
             for i in 0..n {
+                if spec.duration.is_some_and(|d| at >= d.as_secs_f64()) {
+                    break;
+                }
                 let (records, target, spec, b) = (records.clone(), target.clone(), spec.clone(), body(first_id + i));
                 let when = start + Duration::from_secs_f64(at);
                 tasks.spawn(async move {
@@ -436,7 +447,7 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
     let duration = start.elapsed().as_secs_f64();
     let mut recs = std::mem::take(&mut *records.lock().unwrap());
     recs.sort_by_key(|r| r.id);
-    (duration, recs)
+    (start_unix_s, duration, recs)
 }
 
 /// Runs every level of every pass; `on_level` gets each level's summary and requests as they finish.
@@ -446,7 +457,7 @@ pub fn run(spec: &ServeSpec, mut on_level: impl FnMut(&LevelRecord, &[RequestRec
         // distinct ids (so distinct prompts) for every request of the run, warm-up included
         let mut next_id = 0usize;
         for t in &spec.targets {
-            let (_, warm) = run_level(t, spec, 0, Load::Concurrency(1), spec.warmup, next_id).await;
+            let (_, _, warm) = run_level(t, spec, 0, Load::Concurrency(1), spec.warmup, next_id).await;
             next_id += spec.warmup;
             if let Some(bad) = warm.iter().find(|r| !r.ok) {
                 return Err(LabError::Request(format!("{}: the warm-up request failed: {} (HTTP {})", t.name, bad.error.clone().unwrap_or_default(), bad.status)));
@@ -462,9 +473,9 @@ pub fn run(spec: &ServeSpec, mut on_level: impl FnMut(&LevelRecord, &[RequestRec
                     order.reverse();
                 }
                 for t in order {
-                    let (d, reqs) = run_level(t, spec, pass, load, n, next_id).await;
+                    let (at, d, reqs) = run_level(t, spec, pass, load, n, next_id).await;
                     next_id += n;
-                    let l = level(spec, &t.name, pass, load, d, &reqs);
+                    let l = level(spec, &t.name, pass, load, at, d, &reqs);
                     on_level(&l, &reqs);
                     levels.push(l);
                 }
@@ -688,9 +699,9 @@ mod tests {
 
     #[test]
     fn goodput_counts_requests_within_every_slo() {
-        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 1, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: Some(100.0), slo_tpot_ms: Some(10.0), price_per_hour: Some(3.6), seed: 1 };
+        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 1, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: Some(100.0), slo_tpot_ms: Some(10.0), price_per_hour: Some(3.6), seed: 1, duration: None };
         let reqs = vec![rec(true, 50.0, 5.0, 100), rec(true, 150.0, 5.0, 100), rec(true, 50.0, 20.0, 100), rec(false, 0.0, 0.0, 0)];
-        let l = level(&spec, "a", 0, Load::Concurrency(2), 2.0, &reqs);
+        let l = level(&spec, "a", 0, Load::Concurrency(2), 0.0, 2.0, &reqs);
         assert_eq!((l.ok, l.errors.get("http_429").copied(), l.goodput_per_s, l.goodput_share), (3, Some(1), Some(0.5), Some(0.25)));
         assert_eq!(l.output_tokens_per_s, 150.0);
         // $3.6/hour = $0.001/s; at 150 tok/s a million tokens take 6667 s
@@ -704,10 +715,10 @@ mod tests {
 
     #[test]
     fn rows_pair_passes_with_the_first_target() {
-        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 2, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: None, slo_tpot_ms: None, price_per_hour: None, seed: 1 };
+        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 2, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: None, slo_tpot_ms: None, price_per_hour: None, seed: 1, duration: None };
         let reqs = |n: usize| (0..n).map(|_| rec(true, 10.0, 1.0, 10)).collect::<Vec<_>>();
         let c = Load::Concurrency(2);
-        let levels = vec![level(&spec, "a", 0, c, 1.0, &reqs(10)), level(&spec, "b", 0, c, 1.0, &reqs(20)), level(&spec, "b", 1, c, 1.0, &reqs(30)), level(&spec, "a", 1, c, 1.0, &reqs(10))];
+        let levels = vec![level(&spec, "a", 0, c, 0.0, 1.0, &reqs(10)), level(&spec, "b", 0, c, 0.0, 1.0, &reqs(20)), level(&spec, "b", 1, c, 0.0, 1.0, &reqs(30)), level(&spec, "a", 1, c, 0.0, 1.0, &reqs(10))];
         let rows = rows(&levels);
         assert_eq!(rows.iter().map(|r| r.target.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
         let vs = rows[1].vs_first.unwrap();

@@ -96,6 +96,13 @@ async fn health(State(state): State<AppState>) -> Response {
     if state.engine.is_draining() {
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
     }
+    // still 200 in a slow state (the server works, slower): the detail is for people and dashboards
+    let s = state.engine.stats();
+    if s.slow_state.load(std::sync::atomic::Ordering::Relaxed) {
+        let since = s.slow_state_since_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        return format!("ok (slow state for {:.1} s: steps run on the engine thread alone)", now.saturating_sub(since) as f64 / 1e3).into_response();
+    }
     "ok".into_response()
 }
 

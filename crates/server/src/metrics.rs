@@ -93,6 +93,7 @@ pub fn render(state: &AppState) -> String {
     let info = format!("{m},block_size=\"{block_size}\",num_gpu_blocks=\"{num_blocks}\",cache_dtype=\"{}\"", state.engine.config().kv_dtypes.name());
     gauge("vllm:cache_config_info", "KV-cache configuration.", &info, 1.0);
     gauge("reckon_kv_blocks_free", "KV-cache blocks free.", &m, (num_blocks - used.min(num_blocks)) as f64);
+    gauge("reckon_slow_state", "1 while the engine sees a slow host and runs its fallback (docs/reliability.md).", &m, if s.slow_state.load(std::sync::atomic::Ordering::Relaxed) { 1.0 } else { 0.0 });
     // Per kind of layer (`kv::layout`): what a token costs there, and how many positions a sequence keeps
     // (0: all of them). With Gemma-3's sliding layers in groups of their own, their positions are capped.
     let (kinds, page_bytes) = state.engine.kv_memory();
@@ -123,6 +124,8 @@ pub fn render(state: &AppState) -> String {
     counter("vllm:spec_decode_num_drafts_total", "Steps in which a request carried speculative guesses.", count(&s.spec_drafts));
     counter("vllm:spec_decode_num_draft_tokens_total", "Speculative guesses checked.", count(&s.spec_draft_tokens));
     counter("vllm:spec_decode_num_accepted_tokens_total", "Speculative guesses the model kept.", count(&s.spec_accepted_tokens));
+    counter("reckon_slow_state_episodes_total", "Slow states the engine detected.", count(&s.slow_state_episodes));
+    counter("reckon_slow_state_fallback_steps_total", "Steps run in the slow-state fallback.", count(&s.slow_state_fallback_steps));
     counter("reckon_num_preemptions_total", "Sequences preempted (freed, recomputed later).", count(&s.preemptions));
     counter("reckon_request_success_total", "Requests finished (stop token, stop string or length).", count(&s.finished_requests));
     counter("reckon_request_aborted_total", "Requests aborted (the client went away).", count(&s.aborted_requests));

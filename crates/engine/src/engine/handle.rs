@@ -15,6 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
 
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Live figures for metrics, updated after every step and read without stopping the engine.
 #[derive(Debug, Default)]
 pub struct EngineStats {
@@ -58,6 +63,13 @@ pub struct EngineStats {
     pub spec_prefill_recovery_ns: AtomicU64,
     /// The longest such step.
     pub spec_prefill_recovery_max_step_ns: AtomicU64,
+    /// Slow-state detection (`engine::slow`): in one now, since when (Unix ms), slow states so far,
+    /// time spent in ended ones, and steps the fallback ran.
+    pub slow_state: AtomicBool,
+    pub slow_state_since_ms: AtomicU64,
+    pub slow_state_episodes: AtomicU64,
+    pub slow_state_ns: AtomicU64,
+    pub slow_state_fallback_steps: AtomicU64,
     /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
     /// model's.
     pub step_ns: AtomicU64,

@@ -10,6 +10,7 @@ mod events;
 mod handle;
 mod request;
 mod scheduler;
+pub mod slow;
 pub mod sparse;
 pub mod spec;
 mod stop;
@@ -73,6 +74,8 @@ pub struct EngineConfig {
     pub spec: Option<spec::SpecConfig>,
     /// Sparse prefill of long prompts (`engine::sparse`), scored by the model's own first layers.
     pub spec_prefill: Option<sparse::SparsePrefillConfig>,
+    /// Slow-state detection and its fallback (`engine::slow`).
+    pub slow_state: slow::SlowStateConfig,
 }
 
 impl EngineConfig {
@@ -106,6 +109,7 @@ impl Default for EngineConfig {
             hybrid_kv: false,
             spec: None,
             spec_prefill: None,
+            slow_state: Default::default(),
         }
     }
 }
@@ -149,6 +153,10 @@ pub struct Engine {
     next_background_id: RequestId,
     /// Sparse prefill's scoring passes of held requests, first come first served, a slice a step.
     scoring: std::collections::VecDeque<ScoringJob>,
+    /// The host's state as the steps show it (`engine::slow`), and the pool of the fallback: the engine
+    /// thread alone, partitioned as the normal pool.
+    slow: slow::SlowState,
+    serial_pool: Option<crate::pool::Pool>,
 }
 
 /// A request's prompt being scored for a sparse prefill (`engine::sparse`).
@@ -224,7 +232,7 @@ impl Engine {
             max_background_chunk: config.spec_prefill.map_or(usize::MAX, |s| s.recover_slice),
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID, scoring: Default::default() })
+        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID, scoring: Default::default(), slow: slow::SlowState::new(config.slow_state), serial_pool: None })
     }
 
     /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
@@ -464,8 +472,17 @@ impl Engine {
             self.stats.spec_prefill_recovery_steps.fetch_add(1, Ordering::Relaxed);
             self.stats.spec_prefill_recovered_tokens.fetch_add(len as u64, Ordering::Relaxed);
         }
-        let sampled = self.execute(&plan);
+        let mode = self.slow.plan(started);
+        let sampled = if mode == slow::Mode::Fallback {
+            let pool = self.serial_pool.take().unwrap_or_else(|| crate::pool::Pool::serial(crate::pool::current().threads()));
+            let sampled = pool.install(|| self.execute(&plan));
+            self.serial_pool = Some(pool);
+            sampled
+        } else {
+            self.execute(&plan)
+        };
         let step_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.observe_host(&plan, mode, step_ms / 1e3 - self.draft_secs);
         if recovering.is_some() {
             self.stats.spec_prefill_recovery_ns.fetch_add((step_ms * 1e6) as u64, Ordering::Relaxed);
             self.stats.spec_prefill_recovery_max_step_ns.fetch_max((step_ms * 1e6) as u64, Ordering::Relaxed);
@@ -480,6 +497,29 @@ impl Engine {
         let step_tokens: usize = plan.chunks.iter().map(|c| c.len).sum();
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         tracing::debug!(sequences = plan.chunks.len(), tokens = step_tokens, ms = step_ms, schedule_ms = ms(started - scheduling), emit_ms = ms(emitting.elapsed()), "step");
+    }
+
+    /// Feeds the step's time to the slow-state model; a change of state is logged and counted.
+    fn observe_host(&mut self, plan: &StepPlan, mode: slow::Mode, secs: f64) {
+        let shape = slow::StepShape { tokens: plan.chunks.iter().map(|c| c.len).sum(), sequences: plan.chunks.len(), context: plan.chunks.iter().map(|c| c.start + c.len).sum() };
+        let now = Instant::now();
+        match self.slow.observe(shape, mode, secs, now) {
+            Some(slow::Transition::Entered { median_ratio }) => {
+                tracing::warn!("slow state: steps take {median_ratio:.1}x what this host's model of them says; running steps on the engine thread alone until a probe step is back within the model");
+                self.stats.slow_state.store(true, Ordering::Relaxed);
+                self.stats.slow_state_episodes.fetch_add(1, Ordering::Relaxed);
+                self.stats.slow_state_since_ms.store(crate::engine::handle::unix_ms(), Ordering::Relaxed);
+            }
+            Some(slow::Transition::Left { after, probe_ratio }) => {
+                tracing::warn!("slow state over after {:.0} ms (a probe step at {probe_ratio:.2}x the model): back to the normal configuration", after.as_secs_f64() * 1e3);
+                self.stats.slow_state.store(false, Ordering::Relaxed);
+                self.stats.slow_state_ns.fetch_add(after.as_nanos() as u64, Ordering::Relaxed);
+            }
+            None => {}
+        }
+        if mode == slow::Mode::Fallback {
+            self.stats.slow_state_fallback_steps.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Blocks the plan hands out again are saved to the disk tier before anything overwrites them; then

@@ -48,6 +48,7 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
         hybrid_kv: false,
         spec: None,
         spec_prefill: None,
+        slow_state: Default::default(),
     }
 }
 

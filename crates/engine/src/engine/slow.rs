@@ -1,0 +1,269 @@
+//! Slow-state detection and fallback. The engine learns, online, how long a step of each shape takes on
+//! this host when it is quiet, and notices from its own steps when the host has slowed down (another
+//! process took a core, a noisy neighbour, thermal limits). On a 2-core host the parallel step degrades
+//! worst: a worker that waits at every one of a step's ~240 parallel regions for a thread that the OS has
+//! descheduled makes the whole step as slow as the slowest core (docs/reliability.md). The fallback runs
+//! steps on the engine thread alone, partitioned exactly as the parallel step is (`Pool::serial`), so the
+//! tokens are the same bits, and it returns when a probe step in the normal configuration is back within
+//! the model, or faster than the fallback.
+//!
+//! The model: steps are bucketed by shape (log2 of the step's tokens, of its sequences and of the context
+//! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
+//! to every new low at once and rises 0.2% per step, so it follows a lasting change in a few hundred
+//! steps but not a burst). A step is slow when it took `margin` times its reference or more; a slow
+//! state is declared when `min_slow` of the last `window` normal steps that had a reference were slow.
+//! Holds no tensors and no clock: callers pass times, so it is tested with made-up ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How long no slow state is declared after a fallback turned out slower than the slowed normal steps.
+const HOLD_OFF: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowStateConfig {
+    /// Off: every step runs in the normal configuration.
+    pub enabled: bool,
+    /// A step is slow at this multiple of its shape's reference.
+    pub margin: f64,
+    /// Normal-mode steps looked at, and how many of them must be slow.
+    pub window: usize,
+    pub min_slow: usize,
+    /// In a slow state, one step in the normal configuration this often.
+    pub probe_every: Duration,
+}
+
+impl SlowStateConfig {
+    /// What `reckon serve` runs with.
+    pub const ON: SlowStateConfig = SlowStateConfig { enabled: true, margin: 1.5, window: 12, min_slow: 9, probe_every: Duration::from_millis(250) };
+}
+
+/// Off: benchmarks and labs measure the configuration they were given.
+impl Default for SlowStateConfig {
+    fn default() -> Self {
+        SlowStateConfig { enabled: false, ..SlowStateConfig::ON }
+    }
+}
+
+/// How a step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The configuration the engine was started with (all threads).
+    Normal,
+    /// The known-safe one: the engine thread alone.
+    Fallback,
+}
+
+/// A step's shape, what its cost depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepShape {
+    pub tokens: usize,
+    pub sequences: usize,
+    /// Positions attended, over the step's sequences (each chunk's start plus its length).
+    pub context: usize,
+}
+
+impl StepShape {
+    fn bucket(self) -> (u32, u32, u32) {
+        let log2 = |n: usize| usize::BITS - n.leading_zeros();
+        (log2(self.tokens), log2(self.sequences), log2(self.context / 256))
+    }
+}
+
+/// A change of state, for the log and the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    /// Slow steps over the window: the median ratio to the model, and the fallback starts.
+    Entered { median_ratio: f64 },
+    /// A probe was back within the model (or faster than the fallback): how long the slow state lasted.
+    Left { after: Duration, probe_ratio: f64 },
+}
+
+pub struct SlowState {
+    cfg: SlowStateConfig,
+    /// Normal-mode reference per bucket, seconds.
+    refs: HashMap<(u32, u32, u32), f64>,
+    /// Fallback steps' recent time per bucket, seconds (an average that follows the last few).
+    fallback: HashMap<(u32, u32, u32), f64>,
+    /// The ratios of the last normal-mode steps that had a reference.
+    recent: VecDeque<f64>,
+    mode: Mode,
+    entered: Option<Instant>,
+    last_probe: Option<Instant>,
+    /// After a fallback lost to the slowed normal steps, no new slow state before this (the host is
+    /// slow in a way the fallback does not help).
+    hold_off_until: Option<Instant>,
+    /// Slow states so far, and the time spent in them (ended ones).
+    pub episodes: u64,
+    pub slow_time: Duration,
+}
+
+impl SlowState {
+    pub fn new(cfg: SlowStateConfig) -> SlowState {
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, episodes: 0, slow_time: Duration::ZERO }
+    }
+
+    pub fn in_slow_state(&self) -> bool {
+        self.mode == Mode::Fallback
+    }
+
+    /// Since when the host has been in a slow state.
+    pub fn slow_since(&self) -> Option<Instant> {
+        self.entered
+    }
+
+    /// How the next step runs: the fallback while in a slow state, but a normal step (a probe) every
+    /// `probe_every`.
+    pub fn plan(&self, now: Instant) -> Mode {
+        match self.mode {
+            Mode::Normal => Mode::Normal,
+            Mode::Fallback if self.last_probe.is_none_or(|t| now.duration_since(t) >= self.cfg.probe_every) => Mode::Normal,
+            Mode::Fallback => Mode::Fallback,
+        }
+    }
+
+    /// A step of `shape` ran in `ran` and took `secs`.
+    pub fn observe(&mut self, shape: StepShape, ran: Mode, secs: f64, now: Instant) -> Option<Transition> {
+        if !self.cfg.enabled || !(secs > 0.0) || shape.tokens == 0 {
+            return None;
+        }
+        let b = shape.bucket();
+        if ran == Mode::Fallback {
+            let avg = self.fallback.entry(b).or_insert(secs);
+            *avg += 0.25 * (secs - *avg);
+            return None;
+        }
+        let reference = self.refs.get(&b).copied();
+        // a decaying minimum: down to every new low, up slowly (only from normal steps)
+        let r = self.refs.entry(b).or_insert(secs);
+        *r = secs.min(*r * 1.002);
+        let ratio = reference.map(|r| secs / r);
+        match self.mode {
+            Mode::Normal => {
+                let ratio = ratio?;
+                self.recent.push_back(ratio);
+                while self.recent.len() > self.cfg.window {
+                    self.recent.pop_front();
+                }
+                let slow = self.recent.iter().filter(|&&x| x >= self.cfg.margin).count();
+                let held_off = self.hold_off_until.is_some_and(|t| now < t);
+                if self.recent.len() == self.cfg.window && slow >= self.cfg.min_slow && !held_off {
+                    let mut sorted: Vec<f64> = self.recent.iter().copied().collect();
+                    sorted.sort_by(f64::total_cmp);
+                    let median_ratio = sorted[sorted.len() / 2];
+                    self.mode = Mode::Fallback;
+                    self.entered = Some(now);
+                    self.last_probe = Some(now);
+                    self.episodes += 1;
+                    self.recent.clear();
+                    return Some(Transition::Entered { median_ratio });
+                }
+                None
+            }
+            Mode::Fallback => {
+                // a probe: back within the model, or faster than the fallback at this shape
+                self.last_probe = Some(now);
+                let probe_ratio = ratio.unwrap_or(1.0);
+                let beats_fallback = self.fallback.get(&b).is_some_and(|&f| secs < 0.9 * f);
+                if probe_ratio < self.cfg.margin || beats_fallback {
+                    let after = self.entered.map_or(Duration::ZERO, |t| now.duration_since(t));
+                    self.slow_time += after;
+                    self.mode = Mode::Normal;
+                    self.entered = None;
+                    self.recent.clear();
+                    if probe_ratio >= self.cfg.margin {
+                        self.hold_off_until = Some(now + HOLD_OFF);
+                    }
+                    return Some(Transition::Left { after, probe_ratio });
+                }
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DECODE: StepShape = StepShape { tokens: 8, sequences: 8, context: 1200 };
+
+    /// Feeds steps of `secs` each (a step's time apart), returning the transitions with the step index.
+    fn feed(s: &mut SlowState, t: &mut Instant, n: usize, secs: impl Fn(Mode) -> f64) -> Vec<(usize, Transition)> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let mode = s.plan(*t);
+            let d = secs(mode);
+            *t += Duration::from_secs_f64(d);
+            if let Some(tr) = s.observe(DECODE, mode, d, *t) {
+                out.push((i, tr));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_hog_is_detected_the_fallback_runs_and_the_engine_returns() {
+        let mut s = SlowState::new(SlowStateConfig::ON);
+        let mut t = Instant::now();
+        // quiet: 8 ms steps with a little jitter, no transition
+        assert!(feed(&mut s, &mut t, 200, |_| 0.008 + 0.0005 * rand_like()).is_empty());
+        // a hog: parallel steps take 3x, the fallback 1.5x the quiet parallel step
+        let hog = |m: Mode| if m == Mode::Normal { 0.024 } else { 0.012 };
+        let tr = feed(&mut s, &mut t, 100, hog);
+        assert!(matches!(tr[0], (8, Transition::Entered { median_ratio }) if median_ratio > 2.9), "the ninth slow step of the window: {tr:?}");
+        assert_eq!(tr.len(), 1, "no flapping while the hog runs: {tr:?}");
+        assert!(s.in_slow_state());
+        // the hog ends: the next probe (within 250 ms) sees a quiet step and the engine returns
+        let tr = feed(&mut s, &mut t, 100, |_| 0.008);
+        assert!(matches!(tr[..], [(i, Transition::Left { probe_ratio, .. })] if i <= 250 / 8 + 1 && probe_ratio < 1.1), "{tr:?}");
+        assert_eq!((s.episodes, s.in_slow_state()), (1, false));
+    }
+
+    #[test]
+    fn bursts_and_other_shapes_are_not_a_slow_state() {
+        let mut s = SlowState::new(SlowStateConfig::ON);
+        let mut t = Instant::now();
+        feed(&mut s, &mut t, 50, |_| 0.008);
+        // a burst of 8 slow steps of 12 is below the 9 the window asks
+        for i in 0..60 {
+            let d = if i % 12 < 8 { 0.02 } else { 0.008 };
+            t += Duration::from_secs_f64(d);
+            assert_eq!(s.observe(DECODE, Mode::Normal, d, t), None, "step {i}");
+        }
+        // a larger step (a prefill) is its own bucket: no reference yet, not slow
+        for _ in 0..20 {
+            t += Duration::from_millis(80);
+            assert_eq!(s.observe(StepShape { tokens: 512, sequences: 1, context: 512 }, Mode::Normal, 0.08, t), None);
+        }
+        assert!(!s.in_slow_state());
+    }
+
+    #[test]
+    fn a_fallback_slower_than_the_slowed_normal_step_is_left() {
+        let mut s = SlowState::new(SlowStateConfig::ON);
+        let mut t = Instant::now();
+        feed(&mut s, &mut t, 50, |_| 0.008);
+        // both cores busy: normal steps 2x, the fallback worse still (3x)
+        let tr = feed(&mut s, &mut t, 200, |m| if m == Mode::Normal { 0.016 } else { 0.024 });
+        assert!(matches!(tr[0].1, Transition::Entered { .. }), "{tr:?}");
+        assert!(matches!(tr[1].1, Transition::Left { .. }), "the first probe beats the fallback: {tr:?}");
+        assert_eq!(tr.len(), 2, "and no new slow state for a while: {tr:?}");
+    }
+
+    #[test]
+    fn disabled_never_changes_mode() {
+        let mut s = SlowState::new(SlowStateConfig::default());
+        let mut t = Instant::now();
+        feed(&mut s, &mut t, 50, |_| 0.008);
+        assert!(feed(&mut s, &mut t, 100, |_| 0.05).is_empty());
+    }
+
+    /// A fixed pseudo-random sequence in [0, 1) (no clock, no global state across tests that matters).
+    fn rand_like() -> f64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static X: AtomicU64 = AtomicU64::new(12345);
+        let x = X.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        ((x >> 11) % 1000) as f64 / 1000.0
+    }
+}
