@@ -5,7 +5,8 @@
 //! descheduled makes the whole step as slow as the slowest core (docs/reliability.md). The fallback runs
 //! steps on the engine thread alone, partitioned exactly as the parallel step is (`Pool::serial`), so the
 //! tokens are the same bits, and it returns when a probe step in the normal configuration is back within
-//! the model, or faster than the fallback.
+//! the model, or when three probes in a row were faster than the fallback (then no new slow state for
+//! 10 s: the host is slow in a way the fallback does not help).
 //!
 //! The model: steps are bucketed by shape (log2 of the step's tokens, of its sequences and of the context
 //! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
@@ -16,6 +17,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+/// Probes in a row that must beat the fallback before it is left as the slower configuration.
+const BEAT_PROBES: usize = 3;
 
 /// How long no slow state is declared after a fallback turned out slower than the slowed normal steps.
 const HOLD_OFF: Duration = Duration::from_secs(10);
@@ -93,6 +97,9 @@ pub struct SlowState {
     /// After a fallback lost to the slowed normal steps, no new slow state before this (the host is
     /// slow in a way the fallback does not help).
     hold_off_until: Option<Instant>,
+    /// Consecutive probes faster than the fallback (a step on a contended host is noisy: one fast
+    /// probe is luck, `BEAT_PROBES` in a row are not).
+    probe_wins: usize,
     /// Slow states so far, and the time spent in them (ended ones).
     pub episodes: u64,
     pub slow_time: Duration,
@@ -100,7 +107,7 @@ pub struct SlowState {
 
 impl SlowState {
     pub fn new(cfg: SlowStateConfig) -> SlowState {
-        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, episodes: 0, slow_time: Duration::ZERO }
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_wins: 0, episodes: 0, slow_time: Duration::ZERO }
     }
 
     pub fn in_slow_state(&self) -> bool {
@@ -164,8 +171,10 @@ impl SlowState {
                 // a probe: back within the model, or faster than the fallback at this shape
                 self.last_probe = Some(now);
                 let probe_ratio = ratio.unwrap_or(1.0);
-                let beats_fallback = self.fallback.get(&b).is_some_and(|&f| secs < 0.9 * f);
-                if probe_ratio < self.cfg.margin || beats_fallback {
+                let beats = self.fallback.get(&b).is_some_and(|&f| secs < 0.9 * f);
+                self.probe_wins = if beats { self.probe_wins + 1 } else { 0 };
+                if probe_ratio < self.cfg.margin || self.probe_wins >= BEAT_PROBES {
+                    self.probe_wins = 0;
                     let after = self.entered.map_or(Duration::ZERO, |t| now.duration_since(t));
                     self.slow_time += after;
                     self.mode = Mode::Normal;
@@ -247,7 +256,7 @@ mod tests {
         // both cores busy: normal steps 2x, the fallback worse still (3x)
         let tr = feed(&mut s, &mut t, 200, |m| if m == Mode::Normal { 0.016 } else { 0.024 });
         assert!(matches!(tr[0].1, Transition::Entered { .. }), "{tr:?}");
-        assert!(matches!(tr[1].1, Transition::Left { .. }), "the first probe beats the fallback: {tr:?}");
+        assert!(matches!(tr[1].1, Transition::Left { .. }), "three probes beat the fallback: {tr:?}");
         assert_eq!(tr.len(), 2, "and no new slow state for a while: {tr:?}");
     }
 
