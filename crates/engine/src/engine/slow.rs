@@ -12,11 +12,15 @@
 //! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
 //! to every new low at once and rises 0.2% per step, so it follows a lasting change in a few hundred
 //! steps but not a burst). A step is slow when it took `margin` times its reference or more; a slow
-//! state is declared when `min_slow` of the last `window` normal steps that had a reference were slow.
+//! state is declared when three quarters of the normal steps over the last 150 ms (at least 12) were
+//! slow, and it ends after two probes in a row within the model (the second on the very next step).
 //! Holds no tensors and no clock: callers pass times, so it is tested with made-up ones.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
+
+/// Probes in a row back within the model that end a slow state.
+const BACK_PROBES: usize = 2;
 
 /// Probes in a row that must beat the fallback before it is left as the slower configuration.
 const BEAT_PROBES: usize = 3;
@@ -30,16 +34,18 @@ pub struct SlowStateConfig {
     pub enabled: bool,
     /// A step is slow at this multiple of its shape's reference.
     pub margin: f64,
-    /// Normal-mode steps looked at, and how many of them must be slow.
+    /// Normal-mode steps looked at: those of the last `window_time`, at least `window` of them; a slow
+    /// state needs `min_slow` of every `window` slow, over at least `window_time`.
     pub window: usize,
     pub min_slow: usize,
+    pub window_time: Duration,
     /// In a slow state, one step in the normal configuration this often.
     pub probe_every: Duration,
 }
 
 impl SlowStateConfig {
     /// What `reckon serve` runs with.
-    pub const ON: SlowStateConfig = SlowStateConfig { enabled: true, margin: 1.5, window: 12, min_slow: 9, probe_every: Duration::from_millis(250) };
+    pub const ON: SlowStateConfig = SlowStateConfig { enabled: true, margin: 1.5, window: 12, min_slow: 9, window_time: Duration::from_millis(150), probe_every: Duration::from_millis(250) };
 }
 
 /// Off: benchmarks and labs measure the configuration they were given.
@@ -89,8 +95,8 @@ pub struct SlowState {
     refs: HashMap<(u32, u32, u32), f64>,
     /// Fallback steps' recent time per bucket, seconds (an average that follows the last few).
     fallback: HashMap<(u32, u32, u32), f64>,
-    /// The ratios of the last normal-mode steps that had a reference.
-    recent: VecDeque<f64>,
+    /// The last normal-mode steps that had a reference: when they ended, and their ratio to it.
+    recent: VecDeque<(Instant, f64)>,
     mode: Mode,
     entered: Option<Instant>,
     last_probe: Option<Instant>,
@@ -100,6 +106,9 @@ pub struct SlowState {
     /// Consecutive probes faster than the fallback (a step on a contended host is noisy: one fast
     /// probe is luck, `BEAT_PROBES` in a row are not).
     probe_wins: usize,
+    /// Consecutive probes back within the model (`BACK_PROBES` end the slow state; after a good one
+    /// the next step probes again at once).
+    good_probes: usize,
     /// Slow states so far, and the time spent in them (ended ones).
     pub episodes: u64,
     pub slow_time: Duration,
@@ -107,7 +116,7 @@ pub struct SlowState {
 
 impl SlowState {
     pub fn new(cfg: SlowStateConfig) -> SlowState {
-        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_wins: 0, episodes: 0, slow_time: Duration::ZERO }
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_wins: 0, good_probes: 0, episodes: 0, slow_time: Duration::ZERO }
     }
 
     pub fn in_slow_state(&self) -> bool {
@@ -148,14 +157,17 @@ impl SlowState {
         match self.mode {
             Mode::Normal => {
                 let ratio = ratio?;
-                self.recent.push_back(ratio);
-                while self.recent.len() > self.cfg.window {
+                self.recent.push_back((now, ratio));
+                while self.recent.len() > self.cfg.window && self.recent.front().is_some_and(|&(t, _)| now.duration_since(t) > self.cfg.window_time) {
                     self.recent.pop_front();
                 }
-                let slow = self.recent.iter().filter(|&&x| x >= self.cfg.margin).count();
+                let n = self.recent.len();
+                let slow = self.recent.iter().filter(|&&(_, x)| x >= self.cfg.margin).count();
+                let span = self.recent.front().map_or(Duration::ZERO, |&(t, _)| now.duration_since(t));
                 let held_off = self.hold_off_until.is_some_and(|t| now < t);
-                if self.recent.len() == self.cfg.window && slow >= self.cfg.min_slow && !held_off {
-                    let mut sorted: Vec<f64> = self.recent.iter().copied().collect();
+                // min_slow of every window steps, over at least window_time
+                if n >= self.cfg.window && slow * self.cfg.window >= self.cfg.min_slow * n && span >= self.cfg.window_time && !held_off {
+                    let mut sorted: Vec<f64> = self.recent.iter().map(|&(_, x)| x).collect();
                     sorted.sort_by(f64::total_cmp);
                     let median_ratio = sorted[sorted.len() / 2];
                     self.mode = Mode::Fallback;
@@ -173,8 +185,14 @@ impl SlowState {
                 let probe_ratio = ratio.unwrap_or(1.0);
                 let beats = self.fallback.get(&b).is_some_and(|&f| secs < 0.9 * f);
                 self.probe_wins = if beats { self.probe_wins + 1 } else { 0 };
-                if probe_ratio < self.cfg.margin || self.probe_wins >= BEAT_PROBES {
+                self.good_probes = if probe_ratio < self.cfg.margin { self.good_probes + 1 } else { 0 };
+                if self.good_probes > 0 && self.good_probes < BACK_PROBES {
+                    // looks back to normal: check again on the next step
+                    self.last_probe = None;
+                }
+                if self.good_probes >= BACK_PROBES || self.probe_wins >= BEAT_PROBES {
                     self.probe_wins = 0;
+                    self.good_probes = 0;
                     let after = self.entered.map_or(Duration::ZERO, |t| now.duration_since(t));
                     self.slow_time += after;
                     self.mode = Mode::Normal;
