@@ -27,9 +27,12 @@ pub struct ServeLabArgs {
     /// Closed loop: concurrent clients per level, comma-separated.
     #[arg(short = 'c', long, default_value = "1,2,4,8,16")]
     pub concurrency: String,
-    /// Open loop instead: Poisson arrivals at these rates (requests/s), comma-separated.
+    /// Open loop instead: arrivals at these rates (requests/s), comma-separated.
     #[arg(long)]
     pub rate: Option<String>,
+    /// With --rate: `poisson` (exponential gaps, from a seeded generator) or `constant` (evenly spaced).
+    #[arg(long, default_value = "poisson")]
+    pub arrivals: String,
     /// Requests per level (default: 4 per client, at least 16; for a rate, 20 s of arrivals, at least 16).
     #[arg(long, default_value_t = 0)]
     pub requests: usize,
@@ -185,6 +188,11 @@ pub fn run(args: ServeLabArgs) -> Result<()> {
         price_per_hour: args.price_per_hour,
         seed: args.seed,
         duration: args.duration_s.map(Duration::from_secs_f64),
+        constant_arrivals: match args.arrivals.as_str() {
+            "poisson" => false,
+            "constant" => true,
+            other => anyhow::bail!("--arrivals {other}: expected poisson or constant"),
+        },
     };
     let mut raw = std::fs::File::create(out.join("requests.jsonl"))?;
     let mut lv = std::fs::File::create(out.join("levels.jsonl"))?;

@@ -175,3 +175,29 @@ fn sparse_prefill_caches_only_a_true_prefix_and_recovery_restores_it_smollm2() {
     assert_eq!(cached, 1500 / 16 * 16, "every whole block of the prompt");
     assert_eq!(ids, full, "the tokens of a full prefill");
 }
+
+/// KV exhaustion on a real model (issue 22): eight prompts of 300-440 tokens asking 48 tokens each need
+/// ~3,300 positions together, four times the pool of 52 blocks (832 positions). Submitted at once, they
+/// preempt one another and are recomputed, and every one ends with the greedy tokens it gets alone.
+#[test]
+fn kv_exhaustion_four_times_the_pool_gives_the_tokens_of_each_alone_smollm2() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let name = "smollm2-135m";
+    let Some(file) = open(name) else { return };
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+    let model = Arc::new(Model::load(file).unwrap());
+    let text = text_tokens(name);
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| text[i * 150..i * 150 + 300 + 20 * i].to_vec()).collect();
+    let config = |num_blocks| EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 256, max_running: 8, max_waiting: 16, max_model_len: 1024, prefix_caching: false, ..EngineConfig::default() };
+    let request = |p: &Vec<u32>| GenerateParams { ignore_eos: true, ..GenerateParams::greedy(p.clone(), 48) };
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| Completion::wait(spawn(model.clone(), tokenizer.clone(), config(64)).submit(request(p)).unwrap().1).unwrap().ids).collect();
+    let needed: usize = prompts.iter().map(|p| p.len() + 48).sum();
+    assert!(needed >= 4 * 52 * 16, "{needed} positions");
+    let engine = spawn(model.clone(), tokenizer.clone(), config(52));
+    let rxs: Vec<_> = prompts.iter().map(|p| engine.submit(request(p)).unwrap().1).collect();
+    let together: Vec<Vec<u32>> = rxs.into_iter().map(|rx| Completion::wait(rx).unwrap().ids).collect();
+    assert!(engine.stats().preemptions.load(Relaxed) > 0, "the pool should have forced preemptions");
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, b, "prompt {i}: tokens under KV exhaustion differ from alone");
+    }
+}

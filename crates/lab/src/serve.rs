@@ -35,7 +35,8 @@ pub struct Target {
 pub enum Load {
     /// C clients, each sending its next request as soon as its last one ends.
     Concurrency(usize),
-    /// Poisson arrivals at this many requests per second, however many are in flight.
+    /// Arrivals at this many requests per second, however many are in flight: Poisson (exponential
+    /// gaps), or evenly spaced with `ServeSpec::constant_arrivals`.
     Rate(f64),
 }
 
@@ -99,6 +100,8 @@ pub struct ServeSpec {
     pub seed: u64,
     /// Stop sending a level's requests after this long (those in flight finish), whatever `requests` says.
     pub duration: Option<Duration>,
+    /// With a rate: evenly spaced arrivals instead of Poisson ones (guidellm's `constant` profile).
+    pub constant_arrivals: bool,
 }
 
 impl ServeSpec {
@@ -439,7 +442,7 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
                     let r = measure(&target, &spec, b, pass, load, first_id + i, start).await;
                     records.lock().unwrap().push(r);
                 });
-                at += -(1.0 - rng.next_f64()).ln() / rate;
+                at += if spec.constant_arrivals { 1.0 / rate } else { -(1.0 - rng.next_f64()).ln() / rate };
             }
         }
     }
@@ -699,7 +702,7 @@ mod tests {
 
     #[test]
     fn goodput_counts_requests_within_every_slo() {
-        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 1, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: Some(100.0), slo_tpot_ms: Some(10.0), price_per_hour: Some(3.6), seed: 1, duration: None };
+        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 1, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: Some(100.0), slo_tpot_ms: Some(10.0), price_per_hour: Some(3.6), seed: 1, duration: None, constant_arrivals: false };
         let reqs = vec![rec(true, 50.0, 5.0, 100), rec(true, 150.0, 5.0, 100), rec(true, 50.0, 20.0, 100), rec(false, 0.0, 0.0, 0)];
         let l = level(&spec, "a", 0, Load::Concurrency(2), 0.0, 2.0, &reqs);
         assert_eq!((l.ok, l.errors.get("http_429").copied(), l.goodput_per_s, l.goodput_share), (3, Some(1), Some(0.5), Some(0.25)));
@@ -715,7 +718,7 @@ mod tests {
 
     #[test]
     fn rows_pair_passes_with_the_first_target() {
-        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 2, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: None, slo_tpot_ms: None, price_per_hour: None, seed: 1, duration: None };
+        let spec = ServeSpec { targets: vec![], loads: vec![], requests: 0, passes: 2, warmup: 0, prompts: Prompts::Fixed { prompt_words: 1, output_tokens: 1 }, api: Api::Completions, ignore_eos: true, api_key: None, timeout: Duration::from_secs(1), slo_ttft_ms: None, slo_tpot_ms: None, price_per_hour: None, seed: 1, duration: None, constant_arrivals: false };
         let reqs = |n: usize| (0..n).map(|_| rec(true, 10.0, 1.0, 10)).collect::<Vec<_>>();
         let c = Load::Concurrency(2);
         let levels = vec![level(&spec, "a", 0, c, 0.0, 1.0, &reqs(10)), level(&spec, "b", 0, c, 0.0, 1.0, &reqs(20)), level(&spec, "b", 1, c, 0.0, 1.0, &reqs(30)), level(&spec, "a", 1, c, 0.0, 1.0, &reqs(10))];

@@ -5,8 +5,8 @@
 //! descheduled makes the whole step as slow as the slowest core (docs/reliability.md). The fallback runs
 //! steps on the engine thread alone, partitioned exactly as the parallel step is (`Pool::serial`), so the
 //! tokens are the same bits, and it returns when a probe step in the normal configuration is back within
-//! the model, or when three probes in a row were faster than the fallback (then no new slow state for
-//! 10 s: the host is slow in a way the fallback does not help).
+//! the model, or when the last five probes were faster than the fallback on average (then no new slow
+//! state for 10 s: the host is slow in a way the fallback does not help).
 //!
 //! The model: steps are bucketed by shape (log2 of the step's tokens, of its sequences and of the context
 //! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 /// Probes in a row back within the model that end a slow state.
 const BACK_PROBES: usize = 2;
 
-/// Probes in a row that must beat the fallback before it is left as the slower configuration.
-const BEAT_PROBES: usize = 3;
+/// Probes whose mean time must beat the fallback's before it is left as the slower configuration.
+const BEAT_PROBES: usize = 5;
 
 /// How long no slow state is declared after a fallback turned out slower than the slowed normal steps.
 const HOLD_OFF: Duration = Duration::from_secs(10);
@@ -103,9 +103,10 @@ pub struct SlowState {
     /// After a fallback lost to the slowed normal steps, no new slow state before this (the host is
     /// slow in a way the fallback does not help).
     hold_off_until: Option<Instant>,
-    /// Consecutive probes faster than the fallback (a step on a contended host is noisy: one fast
-    /// probe is luck, `BEAT_PROBES` in a row are not).
-    probe_wins: usize,
+    /// The last probes' times over the fallback's at their shape (a step on a contended host is
+    /// bimodal, fast when the other process is off the core: the fallback is left as the slower
+    /// configuration only when the probes' mean beats it, over `BEAT_PROBES` probes).
+    probe_rel: VecDeque<f64>,
     /// Consecutive probes back within the model (`BACK_PROBES` end the slow state; after a good one
     /// the next step probes again at once).
     good_probes: usize,
@@ -116,7 +117,7 @@ pub struct SlowState {
 
 impl SlowState {
     pub fn new(cfg: SlowStateConfig) -> SlowState {
-        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_wins: 0, good_probes: 0, episodes: 0, slow_time: Duration::ZERO }
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_rel: VecDeque::new(), good_probes: 0, episodes: 0, slow_time: Duration::ZERO }
     }
 
     pub fn in_slow_state(&self) -> bool {
@@ -175,6 +176,8 @@ impl SlowState {
                     self.last_probe = Some(now);
                     self.episodes += 1;
                     self.recent.clear();
+                    self.probe_rel.clear();
+                    self.good_probes = 0;
                     return Some(Transition::Entered { median_ratio });
                 }
                 None
@@ -183,15 +186,20 @@ impl SlowState {
                 // a probe: back within the model, or faster than the fallback at this shape
                 self.last_probe = Some(now);
                 let probe_ratio = ratio.unwrap_or(1.0);
-                let beats = self.fallback.get(&b).is_some_and(|&f| secs < 0.9 * f);
-                self.probe_wins = if beats { self.probe_wins + 1 } else { 0 };
+                if let Some(&f) = self.fallback.get(&b) {
+                    self.probe_rel.push_back(secs / f);
+                    if self.probe_rel.len() > BEAT_PROBES {
+                        self.probe_rel.pop_front();
+                    }
+                }
+                let beats = self.probe_rel.len() == BEAT_PROBES && self.probe_rel.iter().sum::<f64>() < 0.9 * BEAT_PROBES as f64;
                 self.good_probes = if probe_ratio < self.cfg.margin { self.good_probes + 1 } else { 0 };
                 if self.good_probes > 0 && self.good_probes < BACK_PROBES {
                     // looks back to normal: check again on the next step
                     self.last_probe = None;
                 }
-                if self.good_probes >= BACK_PROBES || self.probe_wins >= BEAT_PROBES {
-                    self.probe_wins = 0;
+                if self.good_probes >= BACK_PROBES || beats {
+                    self.probe_rel.clear();
                     self.good_probes = 0;
                     let after = self.entered.map_or(Duration::ZERO, |t| now.duration_since(t));
                     self.slow_time += after;
@@ -274,7 +282,7 @@ mod tests {
         // both cores busy: normal steps 2x, the fallback worse still (3x)
         let tr = feed(&mut s, &mut t, 200, |m| if m == Mode::Normal { 0.016 } else { 0.024 });
         assert!(matches!(tr[0].1, Transition::Entered { .. }), "{tr:?}");
-        assert!(matches!(tr[1].1, Transition::Left { .. }), "three probes beat the fallback: {tr:?}");
+        assert!(matches!(tr[1].1, Transition::Left { .. }), "five probes beat the fallback: {tr:?}");
         assert_eq!(tr.len(), 2, "and no new slow state for a while: {tr:?}");
     }
 
