@@ -430,7 +430,7 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
         Load::Rate(rate) => {
             // exponential gaps from a seeded generator: the same arrival times in every pass
             let mut rng = Rng::new(spec.seed ^ 0x5eed ^ (rate.to_bits()));
-            let mut at = 0.0f64;
+            let (mut at, constant) = (0.0f64, spec.constant_arrivals);
             for i in 0..n {
                 if spec.duration.is_some_and(|d| at >= d.as_secs_f64()) {
                     break;
@@ -442,7 +442,7 @@ pub async fn run_level(target: &Target, spec: &ServeSpec, pass: usize, load: Loa
                     let r = measure(&target, &spec, b, pass, load, first_id + i, start).await;
                     records.lock().unwrap().push(r);
                 });
-                at += if spec.constant_arrivals { 1.0 / rate } else { -(1.0 - rng.next_f64()).ln() / rate };
+                at += if constant { 1.0 / rate } else { -(1.0 - rng.next_f64()).ln() / rate };
             }
         }
     }
