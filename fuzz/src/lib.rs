@@ -17,6 +17,12 @@ use std::sync::OnceLock;
 #[path = "../../crates/engine/tests/common/mod.rs"]
 pub mod common;
 
+/// `FUZZ_DEBUG=1`: targets say what they did with each input (to check a harness, not while fuzzing).
+fn debug() -> bool {
+    static D: OnceLock<bool> = OnceLock::new();
+    *D.get_or_init(|| std::env::var_os("FUZZ_DEBUG").is_some())
+}
+
 fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -30,6 +36,7 @@ pub fn gguf(data: &[u8]) {
     reckon_engine::pool::init_global(1);
     let Ok(file) = GgufFile::from_vec(data.to_vec()) else { return };
     let header = file.header();
+    let counts = (header.metadata.len(), header.tensors.len());
     for (key, _) in &header.metadata {
         let _ = file.get_str(key);
         let _ = file.get_u64(key);
@@ -63,7 +70,10 @@ pub fn gguf(data: &[u8]) {
     if let Ok(t) = ChatTemplate::from_gguf(&file, &bos, &eos) {
         let _ = t.render(&[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")], true);
     }
-    let _ = reckon_engine::model::Model::load(file);
+    let loaded = reckon_engine::model::Model::load(file);
+    if debug() {
+        eprintln!("gguf: (keys, tensors) {counts:?}, (BOS, EOS) text lengths {:?}, model {:?}", (bos.len(), eos.len()), loaded.as_ref().map(|m| m.config.n_layers).map_err(|e| e.to_string()));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -249,12 +259,12 @@ fn server() -> &'static Server {
         use reckon_engine::kernels::ggml::GgmlType;
         use std::sync::Arc;
         reckon_engine::pool::init_global(1);
-        let file = GgufFile::from_vec(tiny_chat_model(&TinySpec::llama(GgmlType::Q8_0), 7, 256)).unwrap();
+        let file = GgufFile::from_vec(tiny_chat_model(&TinySpec::llama(GgmlType::Q8_0), 7, 4096)).unwrap();
         let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
         let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
         let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
         let model = Arc::new(reckon_engine::model::Model::load(file).unwrap());
-        let config = EngineConfig { num_blocks: 64, max_model_len: 256, max_running: 1, max_waiting: 0, ..Default::default() };
+        let config = EngineConfig { num_blocks: 512, max_model_len: 4096, max_running: 1, max_waiting: 0, ..Default::default() };
         let engine = spawn(model, tokenizer.clone(), config);
         let state = reckon_server::AppState {
             engine,
@@ -312,6 +322,9 @@ pub fn requests(data: &[u8]) {
         let status = resp.status();
         let json = resp.headers().get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
         let bytes = if json { axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("a JSON body") } else { Default::default() };
+        if debug() {
+            eprintln!("{method} {path} -> {status} {}", String::from_utf8_lossy(&bytes));
+        }
         assert_ne!(status.as_u16(), 500, "{method} {path}: 500 {}", String::from_utf8_lossy(&bytes));
         if json {
             serde_json::from_slice::<Value>(&bytes).unwrap_or_else(|e| panic!("{method} {path}: {status} body is not JSON ({e}): {:?}", String::from_utf8_lossy(&bytes)));
