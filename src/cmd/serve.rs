@@ -147,7 +147,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
-        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = listen(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         if !is_loopback(&args.host) && state.api_keys.is_empty() {
             eprintln!("reckon: warning: listening on {} without --api-key: anyone who can reach this port can use the model", args.host);
         }
@@ -158,6 +158,23 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")
     })
+}
+
+/// A listener with a 4,096-connection accept queue (the kernel caps it at `net.core.somaxconn`): a flood
+/// of a thousand connections at once fills tokio's default of 1,024 while the workers are busy, and a
+/// connection that finds the queue full waits out a TCP retransmission, a health probe included
+/// (docs/reliability.md, the flood).
+async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a) {
+            Ok(()) => return socket.listen(4096),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, format!("{addr}: no address"))))
 }
 
 fn is_loopback(host: &str) -> bool {

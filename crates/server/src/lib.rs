@@ -182,6 +182,27 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     Json(json!({ "object": "list", "data": data })).into_response()
 }
 
+/// Refusals that need no look at the request, checked before its prompt is built: a shutdown (503) or
+/// a full queue (429 with `Retry-After`). Under a flood the refused requests then cost the async
+/// workers no parsing, template rendering or tokenizing. The engine checks both again at submit.
+fn admit(state: &AppState) -> Result<(), ApiError> {
+    use reckon_engine::engine::RequestError;
+    if state.engine.is_draining() {
+        return Err(ApiError::from_request(RequestError::ShuttingDown, error::Wire::Chat));
+    }
+    match state.engine.queue_full() {
+        Some(waiting) => Err(ApiError::from_request(RequestError::QueueFull { waiting }, error::Wire::Chat)),
+        None => Ok(()),
+    }
+}
+
+/// The body of a request that generates: authorized, admitted (`admit`), and read.
+fn generation_body(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    authorize(state, headers)?;
+    admit(state)?;
+    body_of(state, headers, body)
+}
+
 /// The request body, or the error that says why there is none (a body over the limit: 413).
 fn body_of(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     authorize(state, headers)?;
@@ -192,14 +213,14 @@ fn body_of(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejec
 }
 
 async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match body_of(&state, &headers, body) {
+    match generation_body(&state, &headers, body) {
         Ok(body) => chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
 }
 
 async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match body_of(&state, &headers, body) {
+    match generation_body(&state, &headers, body) {
         Ok(body) => chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }
@@ -207,7 +228,7 @@ async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Re
 
 /// Anthropic's endpoints answer errors in Anthropic's shape.
 async fn anthropic_messages(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let answer = match body_of(&state, &headers, body) {
+    let answer = match generation_body(&state, &headers, body) {
         Ok(body) => messages::messages(&state, &body).await,
         Err(e) => Err(e),
     };
@@ -223,7 +244,7 @@ async fn anthropic_count_tokens(State(state): State<AppState>, headers: HeaderMa
 }
 
 async fn create_response(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match body_of(&state, &headers, body) {
+    match generation_body(&state, &headers, body) {
         Ok(body) => responses::create(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
         Err(e) => e.into_response(),
     }

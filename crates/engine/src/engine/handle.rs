@@ -137,6 +137,14 @@ impl EngineHandle {
         Ok((id, rx))
     }
 
+    /// The requests waiting (queued or not yet seen by the engine) when a submit now would be refused
+    /// for a full queue (`RequestError::QueueFull`): an API checks it before it builds a prompt, so the
+    /// requests a flood gets refused cost no template rendering or tokenizing.
+    pub fn queue_full(&self) -> Option<usize> {
+        let waiting = self.stats.waiting.load(Ordering::Relaxed) + self.stats.unseen.load(Ordering::Relaxed);
+        (waiting >= self.config.max_waiting).then_some(waiting)
+    }
+
     /// Stops a request; its receiver gets `Finished { reason: Abort, .. }` unless it already finished.
     pub fn abort(&self, id: RequestId) {
         let _ = self.commands.send(Command::Abort(id));
