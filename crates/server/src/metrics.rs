@@ -149,6 +149,7 @@ pub fn render(state: &AppState) -> String {
         ("reckon_engine_step_seconds_total", "Time of the engine's model steps (the draft model's passes included).", &s.step_ns),
         ("reckon_spec_draft_model_seconds_total", "Time the draft model of speculative decoding took (part of the engine's steps).", &s.draft_ns),
         ("reckon_spec_prefill_recovery_seconds_total", "Time of the engine's steps that carried an idle-recovery slice.", &s.spec_prefill_recovery_ns),
+        ("reckon_slow_state_seconds_total", "Time spent in slow states that have ended (docs/reliability.md).", &s.slow_state_ns),
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {}", count(v) as f64 / 1e9);
     }

@@ -110,23 +110,17 @@ pub struct SlowState {
     /// Consecutive probes back within the model (`BACK_PROBES` end the slow state; after a good one
     /// the next step probes again at once).
     good_probes: usize,
-    /// Slow states so far, and the time spent in them (ended ones).
+    /// Slow states so far.
     pub episodes: u64,
-    pub slow_time: Duration,
 }
 
 impl SlowState {
     pub fn new(cfg: SlowStateConfig) -> SlowState {
-        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_rel: VecDeque::new(), good_probes: 0, episodes: 0, slow_time: Duration::ZERO }
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_rel: VecDeque::new(), good_probes: 0, episodes: 0 }
     }
 
     pub fn in_slow_state(&self) -> bool {
         self.mode == Mode::Fallback
-    }
-
-    /// Since when the host has been in a slow state.
-    pub fn slow_since(&self) -> Option<Instant> {
-        self.entered
     }
 
     /// How the next step runs: the fallback while in a slow state, but a normal step (a probe) every
@@ -202,7 +196,6 @@ impl SlowState {
                     self.probe_rel.clear();
                     self.good_probes = 0;
                     let after = self.entered.map_or(Duration::ZERO, |t| now.duration_since(t));
-                    self.slow_time += after;
                     self.mode = Mode::Normal;
                     self.entered = None;
                     self.recent.clear();
