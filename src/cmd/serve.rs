@@ -153,7 +153,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
         let engine = state.engine.clone();
-        let served = axum::serve(listener, router(state)).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
+        let router = router(state);
+        // a thread of its own accepts and answers /health probes, whatever the workers' queue holds
+        let incoming = reckon_server::front::spawn(listener.into_std()?, router.clone()).context("starting the front thread")?;
+        let served = axum::serve(incoming, router).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")
@@ -161,9 +164,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
 }
 
 /// A listener with a 4,096-connection accept queue (the kernel caps it at `net.core.somaxconn`): a flood
-/// of a thousand connections at once fills tokio's default of 1,024 while the workers are busy, and a
-/// connection that finds the queue full waits out a TCP retransmission, a health probe included
-/// (docs/reliability.md, the flood).
+/// of a thousand connections at once filled tokio's default of 1,024 while the workers were busy, and a
+/// connection that found the queue full waited out a TCP retransmission, a health probe included
+/// (docs/reliability.md, the flood). The front thread (`reckon_server::front`) now accepts, but a queue
+/// this deep still absorbs a burst that arrives faster than one thread accepts.
 async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     let mut last = None;
     for a in tokio::net::lookup_host(addr).await? {

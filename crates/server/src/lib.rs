@@ -1,6 +1,7 @@
 //! reckon's HTTP server: OpenAI-compatible endpoints over the engine. HTTP -> validation -> engine handle;
 //! the engine's token events come back as JSON or server-sent events.
 
+pub mod front;
 mod chat;
 mod error;
 mod messages;

@@ -1,0 +1,196 @@
+//! The front door: a thread of its own accepts every connection and serves `/health` probes on a
+//! single-threaded runtime of its own; every other connection goes to the async workers as it came.
+//!
+//! Why: under a flood the workers' run queue holds a thousand connections, and the workers share the cores
+//! with the engine's compute threads, so a probe that joined that queue waited behind all of them (up to
+//! 115 ms on SmolLM2, docs/reliability.md). A thread that only accepts and peeks sleeps almost always, so
+//! the kernel runs it as soon as a connection arrives, and a probe's answer no longer depends on the queue.
+//!
+//! A connection is a probe when its first bytes are `GET /health` (a space or `?` next). The front runtime
+//! serves such a connection with the whole router, so a client that keeps it alive and sends other
+//! requests on it is still answered (by the front thread); load balancers and kubelets open a connection
+//! per probe.
+
+use axum::Router;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+/// What a connection must begin with to be served by the front thread.
+const PROBE: &[u8] = b"GET /health";
+
+/// How long the front thread waits for a new connection's first bytes before handing it to the workers.
+const PEEK_FOR: Duration = Duration::from_millis(50);
+
+/// Connections handed over by the front thread: give it to `axum::serve` on the workers' runtime.
+pub struct Incoming {
+    rx: UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl axum::serve::Listener for Incoming {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            let Some((stream, addr)) = self.rx.recv().await else {
+                // the front thread is gone (its runtime failed to start): nothing will come
+                return std::future::pending().await;
+            };
+            // registers the socket with the runtime polling this listener
+            if let Ok(stream) = TcpStream::from_std(stream) {
+                return (stream, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// Starts the front thread on `listener` (non-blocking, already listening) and returns what it hands to
+/// the workers. `router` serves the probes.
+pub fn spawn(listener: std::net::TcpListener, router: Router) -> std::io::Result<Incoming> {
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let (to_workers, rx) = unbounded_channel();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("reckon-front".into()).spawn(move || rt.block_on(front(listener, local, router, to_workers)))?;
+    Ok(Incoming { rx, local })
+}
+
+type Handoff = UnboundedSender<(std::net::TcpStream, SocketAddr)>;
+
+async fn front(listener: std::net::TcpListener, local: SocketAddr, router: Router, to_workers: Handoff) {
+    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+    let (to_front, rx) = unbounded_channel();
+    tokio::spawn(async move {
+        let _ = axum::serve(Incoming { rx, local }, router).await;
+    });
+    loop {
+        let (stream, addr) = match listener.accept().await {
+            Ok(c) => c,
+            // out of file descriptors and the like: what axum's own listener does, without its 1 s wait
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let (to_workers, to_front) = (to_workers.clone(), to_front.clone());
+        tokio::spawn(async move {
+            let probe = is_probe(&stream).await;
+            let Ok(stream) = stream.into_std() else { return };
+            let _ = if probe { to_front.send((stream, addr)) } else { to_workers.send((stream, addr)) };
+        });
+    }
+}
+
+/// Whether the connection's first bytes are a `/health` request; false when they do not come within
+/// `PEEK_FOR`. Reads nothing (peeks), so the server that gets the connection sees it whole.
+async fn is_probe(stream: &TcpStream) -> bool {
+    let deadline = tokio::time::Instant::now() + PEEK_FOR;
+    let mut buf = [0u8; PROBE.len() + 1];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return false,
+        };
+        if n == buf.len() {
+            return buf.starts_with(PROBE) && matches!(buf[PROBE.len()], b' ' | b'?');
+        }
+        if !PROBE.starts_with(&buf[..n]) {
+            return false;
+        }
+        // a request line split across packets: peek returns at once while those bytes wait, so sleep
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use std::io::{Read, Write};
+    use std::time::Instant;
+
+    fn get_path(addr: SocketAddr, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// The workers' only thread is blocked for 3 s by a handler; a probe sent meanwhile is answered by the
+    /// front thread at once, and the blocked request and others still reach the workers.
+    #[test]
+    fn a_probe_is_answered_while_the_workers_are_blocked() {
+        let router = Router::new()
+            .route("/health", get(|| async { "ok from health" }))
+            .route("/block", get(|| async {
+                std::thread::sleep(Duration::from_secs(3));
+                "unblocked"
+            }))
+            .route("/other", get(|| async { "other" }));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let incoming = spawn(listener, router.clone()).unwrap();
+        let addr = axum::serve::Listener::local_addr(&incoming).unwrap();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move { axum::serve(incoming, router).await.unwrap() });
+        });
+        assert!(get_path(addr, "/other").ends_with("other"));
+        let blocked = std::thread::spawn(move || get_path(addr, "/block"));
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let health = get_path(addr, "/health");
+        let took = t.elapsed();
+        assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok from health"), "{health}");
+        assert!(took < Duration::from_millis(1500), "the probe waited {took:?} for the blocked workers");
+        assert!(!blocked.is_finished(), "the workers should still be blocked when the probe is answered");
+        assert!(blocked.join().unwrap().ends_with("unblocked"));
+        // a query string is a probe too; a path that only begins with /health is not
+        assert!(get_path(addr, "/health?x=1").ends_with("ok from health"));
+        assert!(get_path(addr, "/healthz").starts_with("HTTP/1.1 404"));
+    }
+
+    #[test]
+    fn only_a_get_of_health_is_a_probe() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            for (sent, probe) in [
+                (&b"GET /health HTTP/1.1\r\n"[..], true),
+                (b"GET /health?full=1 HTTP/1.1\r\n", true),
+                (b"GET /healthz HTTP/1.1\r\n", false),
+                (b"POST /health HTTP/1.1\r\n", false),
+                (b"GET /v1/models HTTP/1.1\r\n", false),
+                (b"", false),
+            ] {
+                let mut client = std::net::TcpStream::connect(addr).unwrap();
+                let (server, _) = listener.accept().await.unwrap();
+                client.write_all(sent).unwrap();
+                assert_eq!(is_probe(&server).await, probe, "{}", String::from_utf8_lossy(sent));
+            }
+            // the request line split across two writes
+            let mut client = std::net::TcpStream::connect(addr).unwrap();
+            let (server, _) = listener.accept().await.unwrap();
+            client.write_all(b"GET /hea").unwrap();
+            let later = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(10));
+                client.write_all(b"lth HTTP/1.1\r\n").unwrap();
+                client
+            });
+            assert!(is_probe(&server).await);
+            drop(later.join());
+        });
+    }
+}
