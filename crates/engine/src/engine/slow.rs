@@ -6,7 +6,8 @@
 //! steps on the engine thread alone, partitioned exactly as the parallel step is (`Pool::serial`), so the
 //! tokens are the same bits, and it returns when a probe step in the normal configuration is back within
 //! the model, or when the last five probes were faster than the fallback on average (then no new slow
-//! state for 10 s: the host is slow in a way the fallback does not help).
+//! state for a while: the host is slow in a way the fallback does not help; 1 s, doubling with each such
+//! loss in a row up to 30 s).
 //!
 //! The model: steps are bucketed by shape (log2 of the step's tokens, of its sequences and of the context
 //! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
@@ -25,8 +26,12 @@ const BACK_PROBES: usize = 2;
 /// Probes whose mean time must beat the fallback's before it is left as the slower configuration.
 const BEAT_PROBES: usize = 5;
 
-/// How long no slow state is declared after a fallback turned out slower than the slowed normal steps.
-const HOLD_OFF: Duration = Duration::from_secs(10);
+/// How long no slow state is declared after a fallback turned out slower than the slowed normal steps:
+/// `HOLD_OFF` after the first such loss, doubling with each loss in a row up to `HOLD_OFF_MAX`, and back
+/// to `HOLD_OFF` once a slow state ends with the host back to normal. A fixed 10 s kept a real slow state
+/// (a CPU hog) from being declared for 6.9 s after one false one (docs/reliability.md, the hog test).
+const HOLD_OFF: Duration = Duration::from_secs(1);
+const HOLD_OFF_MAX: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SlowStateConfig {
@@ -103,6 +108,8 @@ pub struct SlowState {
     /// After a fallback lost to the slowed normal steps, no new slow state before this (the host is
     /// slow in a way the fallback does not help).
     hold_off_until: Option<Instant>,
+    /// The next hold-off's length (doubles with each loss in a row).
+    hold_off: Duration,
     /// The last probes' times over the fallback's at their shape (a step on a contended host is
     /// bimodal, fast when the other process is off the core: the fallback is left as the slower
     /// configuration only when the probes' mean beats it, over `BEAT_PROBES` probes).
@@ -116,7 +123,7 @@ pub struct SlowState {
 
 impl SlowState {
     pub fn new(cfg: SlowStateConfig) -> SlowState {
-        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, probe_rel: VecDeque::new(), good_probes: 0, episodes: 0 }
+        SlowState { cfg, refs: HashMap::new(), fallback: HashMap::new(), recent: VecDeque::new(), mode: Mode::Normal, entered: None, last_probe: None, hold_off_until: None, hold_off: HOLD_OFF, probe_rel: VecDeque::new(), good_probes: 0, episodes: 0 }
     }
 
     pub fn in_slow_state(&self) -> bool {
@@ -200,7 +207,10 @@ impl SlowState {
                     self.entered = None;
                     self.recent.clear();
                     if probe_ratio >= self.cfg.margin {
-                        self.hold_off_until = Some(now + HOLD_OFF);
+                        self.hold_off_until = Some(now + self.hold_off);
+                        self.hold_off = (self.hold_off * 2).min(HOLD_OFF_MAX);
+                    } else {
+                        self.hold_off = HOLD_OFF;
                     }
                     return Some(Transition::Left { after, probe_ratio });
                 }
@@ -268,15 +278,38 @@ mod tests {
     }
 
     #[test]
-    fn a_fallback_slower_than_the_slowed_normal_step_is_left() {
+    fn a_fallback_slower_than_the_slowed_normal_step_is_left_and_held_off_longer_each_time() {
         let mut s = SlowState::new(SlowStateConfig::ON);
         let mut t = Instant::now();
         feed(&mut s, &mut t, 50, |_| 0.008);
-        // both cores busy: normal steps 2x, the fallback worse still (3x)
-        let tr = feed(&mut s, &mut t, 200, |m| if m == Mode::Normal { 0.016 } else { 0.024 });
-        assert!(matches!(tr[0].1, Transition::Entered { .. }), "{tr:?}");
-        assert!(matches!(tr[1].1, Transition::Left { .. }), "five probes beat the fallback: {tr:?}");
-        assert_eq!(tr.len(), 2, "and no new slow state for a while: {tr:?}");
+        // both cores busy: normal steps 2x, the fallback worse still (3x), for 20 s
+        let (start, mut events) = (t, Vec::new());
+        while t.duration_since(start) < Duration::from_secs(20) {
+            let mode = s.plan(t);
+            let d = if mode == Mode::Normal { 0.016 } else { 0.024 };
+            t += Duration::from_secs_f64(d);
+            if let Some(tr) = s.observe(DECODE, mode, d, t) {
+                events.push((t.duration_since(start).as_secs_f64(), tr));
+            }
+        }
+        // entered, left (five probes beat the fallback), held off 1 s, entered and left again, held off
+        // 2 s; meanwhile the normal steps raise the model to the slowed host's speed, so no third one
+        assert_eq!(events.len(), 4, "{events:?}");
+        for (i, (_, tr)) in events.iter().enumerate() {
+            assert_eq!(matches!(tr, Transition::Entered { .. }), i % 2 == 0, "{events:?}");
+        }
+        let gap = events[2].0 - events[1].0;
+        assert!((1.0..1.5).contains(&gap), "held off {gap:.2} s after the first loss: {events:?}");
+        assert_eq!(s.hold_off, Duration::from_secs(4), "two losses in a row: the next hold-off is 4 s");
+        // a slow state that ends with the host back to normal resets the hold-off to 1 s
+        feed(&mut s, &mut t, 2000, |_| 0.008);
+        assert!(!s.in_slow_state());
+        let hog = |m: Mode| if m == Mode::Normal { 0.024 } else { 0.012 };
+        let tr = feed(&mut s, &mut t, 100, hog);
+        assert!(matches!(tr[..], [(_, Transition::Entered { .. })]), "{tr:?}");
+        feed(&mut s, &mut t, 100, |_| 0.008);
+        assert!(!s.in_slow_state());
+        assert_eq!(s.hold_off, HOLD_OFF);
     }
 
     #[test]
