@@ -54,6 +54,12 @@ pub struct ChatTemplate {
     pub source: String,
 }
 
+/// Template instructions one render may run. A model file's template is code: one that loops for long
+/// (nested `range`s) would otherwise hold a request's handler for minutes. Real templates run a few
+/// dozen instructions per message, so the largest request the server admits (10,000 messages) stays
+/// far below this; a string's length costs nothing here, only the template's own steps.
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
 impl ChatTemplate {
     /// The GGUF's template, or a fallback chosen by architecture.
     pub fn from_gguf(file: &GgufFile, bos_token: &str, eos_token: &str) -> Result<Self> {
@@ -67,6 +73,7 @@ impl ChatTemplate {
 
     pub fn new(source: String, bos_token: &str, eos_token: &str) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(TEMPLATE_FUEL));
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
@@ -234,6 +241,19 @@ mod tests {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), "", "").unwrap();
         let e = t.render(&[], false).unwrap_err().to_string();
         assert!(e.contains("no system role"), "{e}");
+    }
+
+    /// A template that would run ~10^10 loop steps (minijinja caps one `range` at 100,000, not two
+    /// nested) ends with an error once its fuel is spent; the largest conversation the server admits
+    /// (10,000 messages) renders well within the fuel.
+    #[test]
+    fn a_runaway_template_runs_out_of_fuel_and_a_long_conversation_does_not() {
+        let t = ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}".into(), "", "").unwrap();
+        let e = t.render(&[], false).unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
+        let chatml = ChatTemplate::new(CHATML_FALLBACK.into(), "", "").unwrap();
+        let msgs: Vec<ChatMessage> = (0..10_000).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "a few words")).collect();
+        assert!(chatml.render(&msgs, true).unwrap().len() > 10_000 * 11);
     }
 
     #[test]
