@@ -197,11 +197,12 @@ fn admit(state: &AppState) -> Result<(), ApiError> {
     }
 }
 
-/// The body of a request that generates: authorized, admitted (`admit`), and read.
+/// The body of a request that generates (`body_of`: authorized, within the size limit), once admitted
+/// (`admit`); nothing of it is parsed yet.
 fn generation_body(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    authorize(state, headers)?;
+    let body = body_of(state, headers, body)?;
     admit(state)?;
-    body_of(state, headers, body)
+    Ok(body)
 }
 
 /// The request body, or the error that says why there is none (a body over the limit: 413).
