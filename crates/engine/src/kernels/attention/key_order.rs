@@ -52,8 +52,142 @@ pub(super) unsafe fn run_values(values: &[f16], hd: usize, g: &TileGeom, offsets
     debug_assert!(hd % 16 == 0);
     if crate::kernels::ggml::math::avx512_available() {
         run_values_avx512(values, hd, g, offsets, w, rows, cells, add, out)
+    } else if rows.len() >= BUFFERED_MIN_ROWS {
+        let src = |j: usize, dst: *mut f32| convert_row_avx2(values.as_ptr().add(offsets[j]), offsets.get(j + AHEAD).map(|&o| values.as_ptr().add(o)), hd, dst);
+        with_chunk_bufs(hd, rows.len(), |vbuf, acc| buffered_avx2(hd, g.n_pad, w, rows, cells, add, out, vbuf, acc, &src))
     } else {
         run_values_avx2(values, hd, g, offsets, w, rows, cells, add, out)
+    }
+}
+
+/// Rows from which the AVX2 pass converts each chunk of values once for all of them (`buffered_avx2`);
+/// fewer rows (a lone token's group) take the register pass, which converts per 3 rows.
+pub(super) const BUFFERED_MIN_ROWS: usize = 6;
+/// Cells per chunk of the buffered pass at most: `[CHUNK, hd]` f32 (16 KiB at head size 64) stays in L1
+/// while every row group reads it; larger heads take `chunk_cells(hd)`.
+pub(super) const CHUNK: usize = 64;
+
+/// Cells per chunk for head size `hd`: 16 KiB of f32 values, at least 16 cells.
+pub(super) fn chunk_cells(hd: usize) -> usize {
+    (4096 / hd).clamp(16, CHUNK)
+}
+/// Rows whose sums the buffered AVX2 pass holds at once (× 2 vectors of 8 values: 12 registers, the
+/// chunk's two value vectors and the broadcast probability make 15 of the 16).
+const ROWS_BUF: usize = 6;
+
+thread_local! {
+    /// The buffered pass's `[CHUNK, hd]` values and `[rows, hd]` running sums.
+    static CHUNK_BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `f(vbuf, acc)` with this thread's buffers of `buffered_avx2` for head size `hd` and `rows` rows.
+pub(super) fn with_chunk_bufs<T>(hd: usize, rows: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> T) -> T {
+    CHUNK_BUFS.with_borrow_mut(|(vbuf, acc)| {
+        vbuf.resize(CHUNK * hd, 0.0);
+        acc.resize(rows * hd, 0.0);
+        f(vbuf, acc)
+    })
+}
+
+/// One value row of `hd` f16 values at `src` into `dst` as f32, asking for the row at `ahead` too.
+///
+/// # Safety
+/// AVX2 and F16C; `src` has `hd` values and `dst` room for them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn convert_row_avx2(src: *const f16, ahead: Option<*const f16>, hd: usize, dst: *mut f32) {
+    if let Some(a) = ahead {
+        for line in (0..2 * hd).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>((a as *const i8).add(line));
+        }
+    }
+    for k in (0..hd).step_by(8) {
+        _mm256_storeu_ps(dst.add(k), _mm256_cvtph_ps(_mm_loadu_si128(src.add(k) as *const __m128i)));
+    }
+}
+
+/// One run's chains for many rows on AVX2, the same bits as `run_values_avx2`: the run's cells go
+/// through in chunks of `CHUNK`, each written as f32 into `vbuf` once by `src(cell, dst)` (an f16
+/// conversion, or a quantized row's exact dequantization), then every row group's chains continue over
+/// it from `acc`, where they wait between chunks (an f32 stored and reloaded is the same f32). The
+/// register pass converted each value once per 3 rows, and its 17 live registers spilled two sums.
+///
+/// # Safety
+/// AVX2 and FMA; `w` has the rows' probabilities (stride `n_pad`) for `cells`; `vbuf` holds `CHUNK * hd`
+/// and `acc` `rows.len() * hd` floats; `src` writes `hd` floats; `out(r)` as in `run_values`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn buffered_avx2(hd: usize, n_pad: usize, w: *const f32, rows: Range<usize>, cells: Range<usize>, add: bool, out: &dyn Fn(usize) -> *mut f32, vbuf: &mut [f32], acc: &mut [f32], src: &dyn Fn(usize, *mut f32)) {
+    debug_assert!(hd % 16 == 0 && vbuf.len() >= CHUNK * hd && acc.len() >= rows.len() * hd);
+    let mut c0 = cells.start;
+    while c0 < cells.end {
+        let n = chunk_cells(hd).min(cells.end - c0);
+        for i in 0..n {
+            src(c0 + i, vbuf.as_mut_ptr().add(i * hd));
+        }
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let a = BufPass { vbuf: vbuf.as_ptr(), hd, n, w: w.add(r0 * n_pad + c0), n_pad, acc: acc.as_mut_ptr().add((r0 - rows.start) * hd), first: c0 == cells.start };
+            match ROWS_BUF.min(rows.end - r0) {
+                6 => buf_pass_avx2::<6>(&a),
+                5 => buf_pass_avx2::<5>(&a),
+                4 => buf_pass_avx2::<4>(&a),
+                3 => buf_pass_avx2::<3>(&a),
+                2 => buf_pass_avx2::<2>(&a),
+                _ => buf_pass_avx2::<1>(&a),
+            }
+            r0 += ROWS_BUF;
+        }
+        c0 += n;
+    }
+    for r in rows.clone() {
+        let (o, s) = (out(r), acc.as_ptr().add((r - rows.start) * hd));
+        for k in (0..hd).step_by(8) {
+            let v = _mm256_loadu_ps(s.add(k));
+            _mm256_storeu_ps(o.add(k), if add { _mm256_add_ps(_mm256_loadu_ps(o.add(k)), v) } else { v });
+        }
+    }
+}
+
+struct BufPass {
+    /// `[n, hd]` f32 values of the chunk's cells.
+    vbuf: *const f32,
+    hd: usize,
+    n: usize,
+    /// The pass's first row's probability of the chunk's first cell (row stride `n_pad`).
+    w: *const f32,
+    n_pad: usize,
+    /// The pass's first row's running sums (row stride `hd`).
+    acc: *mut f32,
+    /// The run's first chunk: the chains start from +0, as the register pass's.
+    first: bool,
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn buf_pass_avx2<const R: usize>(a: &BufPass) {
+    for v0 in (0..a.hd).step_by(16) {
+        let mut s = [[_mm256_setzero_ps(); 2]; R];
+        if !a.first {
+            for (r, s) in s.iter_mut().enumerate() {
+                let at = a.acc.add(r * a.hd + v0);
+                *s = [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))];
+            }
+        }
+        for j in 0..a.n {
+            let x = a.vbuf.add(j * a.hd + v0);
+            let (x0, x1) = (_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)));
+            for (r, s) in s.iter_mut().enumerate() {
+                let p = _mm256_set1_ps(*a.w.add(r * a.n_pad + j));
+                s[0] = _mm256_fmadd_ps(p, x0, s[0]);
+                s[1] = _mm256_fmadd_ps(p, x1, s[1]);
+            }
+        }
+        for (r, s) in s.iter().enumerate() {
+            let at = a.acc.add(r * a.hd + v0);
+            _mm256_storeu_ps(at, s[0]);
+            _mm256_storeu_ps(at.add(8), s[1]);
+        }
     }
 }
 
@@ -201,3 +335,5 @@ unsafe fn pass_avx2<const R: usize, const V: usize>(a: &Pass) {
         }
     }
 }
+
+

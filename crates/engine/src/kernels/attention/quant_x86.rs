@@ -421,6 +421,18 @@ unsafe fn values(job: &Job, w: *const f32, rows: Range<usize>, cells: Range<usiz
             }
             r0 += n;
         }
+    } else if rows.len() >= super::key_order::BUFFERED_MIN_ROWS {
+        // each cell dequantized once for all the rows (`key_order::buffered_avx2`), not once per 5
+        let r = &job.kv.v;
+        let src = |j: usize, dst: *mut f32| {
+            let (region, c) = job.region(r, job.kv.values, j);
+            if j % 16 == 0 && j + 32 < cells.end {
+                let (next, c) = job.region(r, job.kv.values, j + 32);
+                prefetch_value_chunk(r, next, c);
+            }
+            dequant_row_avx2(r, region, c, dst)
+        };
+        super::key_order::with_chunk_bufs(hd, rows.len(), |vbuf, acc| super::key_order::buffered_avx2(hd, job.n_pad, w, rows, cells.clone(), add, out, vbuf, acc, &src));
     } else {
         let mut r0 = rows.start;
         while r0 < rows.end {
@@ -461,6 +473,47 @@ unsafe fn value_chunk(job: &Job, r: &Region, ch: usize, cells: &Range<usize>) ->
     }
     let (region, cell0) = job.region(r, job.kv.values, 16 * ch);
     (region, cell0, (16 * ch).max(cells.start)..(16 * ch + 16).min(cells.end))
+}
+
+/// Asks for the 16 value rows from cell `c` of a region, and their scales, to be brought into L1.
+#[inline(always)]
+unsafe fn prefetch_value_chunk(r: &Region, region: *const u8, c: usize) {
+    let row_bytes = r.dtype.quant_bytes(r.hd);
+    for line in (c * row_bytes..(c + 16) * row_bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(region.add(line) as *const i8);
+    }
+    for b in 0..r.hd / 32 {
+        _mm_prefetch::<_MM_HINT_T0>(region.add(r.scales_at() + 2 * (b * r.bs + c)) as *const i8);
+    }
+}
+
+/// Cell `c`'s `hd` values of a value region, dequantized exactly (`q · d`) into `dst` as f32.
+///
+/// # Safety
+/// AVX2; `region` is a value region of `r`, `dst` has room for `r.hd` floats.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dequant_row_avx2(r: &Region, region: *const u8, c: usize, dst: *mut f32) {
+    let (hd, bs) = (r.hd, r.bs);
+    let row = region.add(c * r.dtype.quant_bytes(hd));
+    let (low, eight) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(8));
+    for b in 0..hd / 32 {
+        let d = _mm256_set1_ps(half::f16::from_bits((region.add(r.scales_at() + 2 * (b * bs + c)) as *const u16).read_unaligned()).to_f32());
+        let out = dst.add(32 * b);
+        if r.dtype == KvDtype::Q8_0 {
+            for k in 0..4 {
+                let qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(row.add(32 * b + 8 * k) as *const __m128i));
+                _mm256_storeu_ps(out.add(8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(qi), d));
+            }
+        } else {
+            // a block's 16 bytes: dims 0..16 in the low nibbles, 16..32 in the high ones
+            for k in 0..2 {
+                let n = _mm256_cvtepu8_epi32(_mm_loadl_epi64(row.add(16 * b + 8 * k) as *const __m128i));
+                let (lo, hi) = (_mm256_sub_epi32(_mm256_and_si256(n, low), eight), _mm256_sub_epi32(_mm256_srli_epi32::<4>(n), eight));
+                _mm256_storeu_ps(out.add(8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d));
+                _mm256_storeu_ps(out.add(16 + 8 * k), _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d));
+            }
+        }
+    }
 }
 
 /// R rows × dims `16·v0 .. 16·v0 + 16·NV` (NV = 4: two scale blocks; 2: one): per cell the values
