@@ -107,7 +107,7 @@ unsafe fn convert_row_avx2(src: *const f16, ahead: Option<*const f16>, hd: usize
 }
 
 /// One run's chains for many rows on AVX2, the same bits as `run_values_avx2`: the run's cells go
-/// through in chunks of `CHUNK`, each written as f32 into `vbuf` once by `src(cell, dst)` (an f16
+/// through in chunks of `chunk_cells(hd)`, each written as f32 into `vbuf` once by `src(cell, dst)` (an f16
 /// conversion, or a quantized row's exact dequantization), then every row group's chains continue over
 /// it from `acc`, where they wait between chunks (an f32 stored and reloaded is the same f32). The
 /// register pass converted each value once per 3 rows, and its 17 live registers spilled two sums.
