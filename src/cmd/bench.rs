@@ -25,7 +25,8 @@ pub struct BenchArgs {
     #[arg(short = 'b', long = "batch", default_value_t = 512)]
     pub chunk: usize,
     /// After the tests, measure the memory read bandwidth and show each decode's ceiling (bandwidth ÷
-    /// bytes read per token) and the fraction of it reached.
+    /// bytes read per token) and the fraction of it reached; and the same over a working set of one
+    /// token's bytes, read again and again (the cache's bandwidth where the cache holds them).
     #[arg(long)]
     pub bandwidth: bool,
     /// One JSON object per line per test.
@@ -55,13 +56,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let (head, rule) = if args.bandwidth { (" MB/token | bound t/s | of bound |", "---|---|---|") } else { ("", "") };
+    let (head, rule) = if args.bandwidth { (" MB/token | bound t/s | of bound | footprint GB/s | footprint bound t/s | of it |", "---|---|---|---|---|---|") } else { ("", "") };
     println!("| model | numerics | KV | threads | test | t/s median | min | max |{head}");
     println!("|---|---|---|---|---|---|---|---|{rule}");
     for r in &results {
-        let bound = match (r.bytes_per_token, r.bound_tokens_per_s, r.fraction_of_bound) {
-            (Some(b), Some(t), Some(f)) => format!(" {:.1} | {t:.1} | {:.0}% |", b as f64 / 1e6, 100.0 * f),
-            _ if args.bandwidth => " | | |".to_string(),
+        let bound = match (r.bytes_per_token, r.bound_tokens_per_s, r.fraction_of_bound, r.footprint_read_gb_s, r.footprint_bound_tokens_per_s, r.fraction_of_footprint_bound) {
+            (Some(b), Some(t), Some(f), Some(fg), Some(ft), Some(ff)) => format!(" {:.1} | {t:.1} | {:.0}% | {fg:.1} | {ft:.1} | {:.0}% |", b as f64 / 1e6, 100.0 * f, 100.0 * ff),
+            _ if args.bandwidth => " | | | | | |".to_string(),
             _ => String::new(),
         };
         println!("| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} |{bound}", r.model, r.numerics, r.kv_dtype, r.threads, r.test_name(), r.tokens_per_s_median, r.tokens_per_s_min, r.tokens_per_s_max);

@@ -2,6 +2,11 @@
 //! with its neighbours): each of T threads reads (sums) and copies its own 256 MiB buffer, 7 passes.
 //! Decode reads every weight byte and every attended KV byte once per token, so `read GB/s ÷ bytes per
 //! token` is the ceiling on decode tokens/s.
+//!
+//! That ceiling assumes the token's bytes come from DRAM. On a host whose last-level cache holds them
+//! (a SmolLM2 token at depth 4,096 reads about 191 MB; some server parts have 260-480 MiB of L3) decode
+//! can pass it, so `footprint` also measures the bandwidth of reading a working set of exactly a token's
+//! bytes over and over, as decode does: DRAM's where the bytes do not fit, the cache's where they do.
 
 use serde::Serialize;
 use std::time::Instant;
@@ -13,6 +18,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Sums `words` with 8 independent accumulators, so the loop is bound by loads, not by add latency.
+fn read_sum(words: &[u64]) {
+    let mut acc = [0u64; 8];
+    for c in words.chunks_exact(8) {
+        for k in 0..8 {
+            acc[k] = acc[k].wrapping_add(c[k]);
+        }
+    }
+    std::hint::black_box(acc);
+}
+
 fn pass(threads: usize, bufs: &mut [(Vec<u64>, Vec<u64>)], copy: bool) -> f64 {
     let t0 = Instant::now();
     std::thread::scope(|s| {
@@ -22,14 +38,7 @@ fn pass(threads: usize, bufs: &mut [(Vec<u64>, Vec<u64>)], copy: bool) -> f64 {
                     dst.copy_from_slice(src);
                     std::hint::black_box(&dst);
                 } else {
-                    // 8 independent sums so the loop is load-bound, not add-latency-bound.
-                    let mut acc = [0u64; 8];
-                    for c in src.chunks_exact(8) {
-                        for k in 0..8 {
-                            acc[k] = acc[k].wrapping_add(c[k]);
-                        }
-                    }
-                    std::hint::black_box(acc);
+                    read_sum(src);
                 }
             });
         }
@@ -58,4 +67,39 @@ pub fn measure(threads: usize) -> Bandwidth {
     let read_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, false)).collect());
     let copy_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, true)).collect());
     Bandwidth { threads, read_gb_s, copy_gb_s }
+}
+
+/// Read GB/s over a working set of `bytes` in all, split evenly over `threads` threads, each reading its
+/// part again and again (at least 256 MiB a pass): the bandwidth a decode whose token reads `bytes` can
+/// reach on this host. The median of 7 timed passes, after one untimed.
+pub fn footprint(threads: usize, bytes: usize) -> f64 {
+    let threads = threads.max(1);
+    let words = (bytes / 8 / threads).max(8);
+    let laps = BYTES.div_ceil(8 * words);
+    let parts: Vec<Vec<u64>> = (0..threads).map(|i| vec![i as u64 + 1; words]).collect();
+    let timed = || {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for part in &parts {
+                s.spawn(move || {
+                    for _ in 0..laps {
+                        read_sum(part);
+                    }
+                });
+            }
+        });
+        (threads * laps * 8 * words) as f64 / t0.elapsed().as_secs_f64() / 1e9
+    };
+    timed();
+    median((0..7).map(|_| timed()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn footprint_reads_something() {
+        // not a timing test: a small working set gives a positive, finite figure
+        let gb_s = super::footprint(2, 1 << 20);
+        assert!(gb_s.is_finite() && gb_s > 0.0, "{gb_s}");
+    }
 }

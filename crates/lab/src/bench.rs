@@ -69,6 +69,15 @@ pub struct BenchResult {
     pub bound_tokens_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fraction_of_bound: Option<f64>,
+    /// Decode tests with `--bandwidth`: the same three over a working set of `bytes_per_token`
+    /// (`bandwidth::footprint`), which on a host whose cache holds a token's bytes is the cache's
+    /// bandwidth rather than DRAM's; elsewhere about equal to the above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub footprint_read_gb_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub footprint_bound_tokens_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction_of_footprint_bound: Option<f64>,
 }
 
 impl BenchResult {
@@ -90,6 +99,9 @@ impl BenchResult {
             read_gb_s: None,
             bound_tokens_per_s: None,
             fraction_of_bound: None,
+            footprint_read_gb_s: None,
+            footprint_bound_tokens_per_s: None,
+            fraction_of_footprint_bound: None,
         }
     }
 
@@ -178,6 +190,9 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
             if let Some(bytes) = r.bytes_per_token {
                 let bound = bw.read_gb_s * 1e9 / bytes as f64;
                 (r.read_gb_s, r.bound_tokens_per_s, r.fraction_of_bound) = (Some(bw.read_gb_s), Some(bound), Some(r.tokens_per_s_median / bound));
+                let gb_s = crate::bandwidth::footprint(spec.threads, bytes as usize);
+                let bound = gb_s * 1e9 / bytes as f64;
+                (r.footprint_read_gb_s, r.footprint_bound_tokens_per_s, r.fraction_of_footprint_bound) = (Some(gb_s), Some(bound), Some(r.tokens_per_s_median / bound));
             }
         }
     }
