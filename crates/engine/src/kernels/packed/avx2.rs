@@ -1,11 +1,16 @@
 //! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of
-//! 8 rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `dp` makes the same
-//! 32-bit lanes from `vpmaddubsw` (u8 × s8 pairs to i16) and `vpmaddwd` by ones (pairs to i32). That is
-//! exact as long as no i16 pair sum saturates: the weight codes are at most 63 (Q6_K; 31 for Q5_0) and
-//! the activation codes within ±127 (ggml's quantizers scale by 127 / amax), so 2 · 63 · 127 < 32767. Q8_0's codes go to 255 and would saturate, so its signed weights are used with
-//! the sign moved onto the activations (|w| ≤ 128: 2 · 128 · 127 < 32767), as ggml's own AVX2 code does;
-//! that gives `Σ w·y` directly, the same integer as the codes' `Σ q·y − 128·Σy`. So every result is the
-//! AVX-512 kernels' and `reference::dot`'s, bit for bit (the unit tests run it under RECKON_SIMD=avx2).
+//! 8 rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 ×
+//! s8 pairs to i16) and `vpmaddwd` (i16 pairs to i32) make the same 32-bit lanes. That is exact as long
+//! as no i16 sum overflows: the activation codes are within ±128 (ggml's quantizers scale by 127 / amax),
+//! so a `vpmaddubsw` pair is at most 2 · 31 · 128 for 5-bit codes and 2 · 63 · 128 for Q6_K's. The
+//! kernels add as many `vpmaddubsw` results in i16 as that bound allows before widening (8 for 4-bit
+//! codes, 4 for 5-bit, 2 for 6-bit; the K-quants widen with `vpmaddwd` by their sub-block scales), so
+//! the widenings, which use the same two ports as the multiplies, are 1/8 to 1/2 of them rather than one
+//! each. Q8_0's codes go to 255 and would saturate, so its signed weights are used with the sign moved
+//! onto the activations (|w| ≤ 128: 2 · 128 · 127 < 32767), as ggml's own AVX2 code does, one widening
+//! per k-group; that gives `Σ w·y` directly, the same integer as the codes' `Σ q·y − 128·Σy`. So every
+//! result is the AVX-512 kernels' and `reference::dot`'s, bit for bit (the unit tests run it under
+//! RECKON_SIMD=avx2, with every code at its largest too).
 
 use std::arch::x86_64::*;
 
@@ -15,13 +20,10 @@ use super::tile::*;
 use super::{PackedInput, PackedMatrix};
 use crate::kernels::ggml::GgmlType;
 
-/// Most tokens per call for weights of type `t` (16 registers: the 8 weight vectors of a block and the
-/// tokens' accumulators).
-pub(super) fn tile_tokens(t: GgmlType) -> usize {
-    match t {
-        GgmlType::Q4_K | GgmlType::Q6_K => 2,
-        _ => 4,
-    }
+/// Most tokens per call for weights of type `t`: 4 for every type (16 registers hold the tokens' i16
+/// and i32 sums and the unpacked weights; 6 tokens of Q4_1, or 3 of Q4_K, were no faster).
+pub(super) fn tile_tokens(_t: GgmlType) -> usize {
+    4
 }
 
 /// See `packed::tile`.
@@ -89,20 +91,46 @@ unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// Bit i of `bits` as byte i: 0x10 if set, else 0 (ggml's `bytes_from_bits_32`, then the 5th bit).
+/// `vpmaddubsw`: u8 `a` × s8 `b`, adjacent products summed to i16 (exact while no pair saturates).
 #[inline(always)]
-unsafe fn fifth_bits(bits: u32) -> __m256i {
-    let shuffle = _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0);
-    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuffle);
-    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)), _mm256_set1_epi64x(-1));
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+unsafe fn mul16(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(a, b)
 }
 
+/// The i16 pair sums widened to one i32 per 4 codes (`vpmaddwd` by ones).
+#[inline(always)]
+unsafe fn widen(s16: __m256i) -> __m256i {
+    _mm256_madd_epi16(s16, _mm256_set1_epi16(1))
+}
+
+/// Bit `g` of every byte of `high` (the Q5_0 layout's qh vector) at bit 4, as 0x10 or 0 per byte. The
+/// 16-bit shifts never carry a bit across a byte boundary into bit 4: at most 4 places, within a byte.
+#[inline(always)]
+unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
+    let at4 = match g {
+        0 => _mm256_slli_epi16::<4>(high),
+        1 => _mm256_slli_epi16::<3>(high),
+        2 => _mm256_slli_epi16::<2>(high),
+        3 => _mm256_slli_epi16::<1>(high),
+        4 => high,
+        5 => _mm256_srli_epi16::<1>(high),
+        6 => _mm256_srli_epi16::<2>(high),
+        _ => _mm256_srli_epi16::<3>(high),
+    };
+    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
+}
+
+/// Q4_0, Q4_1, Q5_0: the 4-bit (5-bit) codes are at most 15 (31), so up to 8 (4) `vpmaddubsw` results
+/// add up in i16 without overflow (16 products of at most 15 · 128, or 8 of 31 · 128, stay under
+/// 2^15) and one `vpmaddwd` widens them: 8 (4) k-groups cost 8 multiplies and 1 (2) widenings instead of
+/// 8 and 8. The integer is the same, so are the bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
+    if KIND == Q8_0 {
+        return legacy_q8_0::<NT>(tl, half);
+    }
     let m = tl.m;
     let (act_block, q_off) = if KIND == Q4_1 { (36, 4) } else { (34, 2) };
-    // Q8_0 sums signed weights directly (module docs), so it needs no offset.
     let offset: i32 = match KIND {
         Q4_0 => 8,
         Q5_0 => 16,
@@ -111,8 +139,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
     let d_off = match KIND {
         Q4_0 => Q4_0_D,
         Q4_1 => Q4_1_D,
-        Q5_0 => Q5_0_D,
-        _ => Q8_0_D,
+        _ => Q5_0_D,
     };
     let (h, hd) = (32 * half, 16 * half);
     let nib = _mm256_set1_epi8(0x0F);
@@ -124,33 +151,39 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
         if half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
-        let dw = f16x8(p.add(d_off + hd));
-        let mut w = [_mm256_setzero_si256(); 8];
-        if KIND == Q8_0 {
-            for (g, wg) in w.iter_mut().enumerate() {
-                *wg = _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128));
-            }
-        } else {
-            for v in 0..4 {
-                let x = _mm256_loadu_si256(p.add(64 * v + h) as *const __m256i);
-                w[v] = _mm256_and_si256(x, nib);
-                w[v + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
-            }
+        let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + h) as *const __m256i) } else { _mm256_setzero_si256() };
+        // Per token: `lo` k-groups 0..4, `hi` 4..8 (Q4: both in `lo`), i16.
+        let mut lo = [_mm256_setzero_si256(); NT];
+        let mut hi = [_mm256_setzero_si256(); NT];
+        unroll!(4, |v| {
+            let x = _mm256_loadu_si256(p.add(64 * v + h) as *const __m256i);
+            let mut wl = _mm256_and_si256(x, nib);
+            let mut wh = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
             if KIND == Q5_0 {
-                for (g, wg) in w.iter_mut().enumerate() {
-                    let bits = ((p.add(Q5_0_QH + 8 * g) as *const u64).read_unaligned() >> (32 * half)) as u32;
-                    *wg = _mm256_or_si256(*wg, fifth_bits(bits));
-                }
+                wl = _mm256_or_si256(wl, fifth_bits(high, v));
+                wh = _mm256_or_si256(wh, fifth_bits(high, v + 4));
             }
-        }
+            unroll!(NT, |t| {
+                let y = q[t].add(b * act_block + 4 * v);
+                let (pl, ph) = (mul16(wl, codes4(y)), mul16(wh, codes4(y.add(16))));
+                if KIND == Q5_0 {
+                    lo[t] = _mm256_add_epi16(lo[t], pl);
+                    hi[t] = _mm256_add_epi16(hi[t], ph);
+                } else {
+                    lo[t] = _mm256_add_epi16(lo[t], _mm256_add_epi16(pl, ph));
+                }
+            });
+        });
+        let dw = f16x8(p.add(d_off + hd));
         let mw = if KIND == Q4_1 { f16x8(p.add(Q4_1_M + hd)) } else { _mm256_setzero_ps() };
         unroll!(NT, |t| {
             let side = &*side[t].add(b);
-            let q = q[t].add(b * act_block);
-            let mut s = if offset == 0 { _mm256_setzero_si256() } else { _mm256_set1_epi32(-offset * side.sum) };
-            for (g, wg) in w.iter().enumerate() {
-                let y = codes4(q.add(4 * g));
-                s = if KIND == Q8_0 { dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(y, *wg)) } else { dp(s, *wg, y) };
+            let mut s = widen(lo[t]);
+            if KIND == Q5_0 {
+                s = _mm256_add_epi32(s, widen(hi[t]));
+            }
+            if offset != 0 {
+                s = _mm256_add_epi32(s, _mm256_set1_epi32(-offset * side.sum));
             }
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
             acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
@@ -165,12 +198,50 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
     }
 }
 
-/// Q4_K sub-block j's scales of the half's 8 rows, as i32 lanes.
-#[inline(always)]
-unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
-    _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(Q4_K_SC + 16 * j + 8 * half) as *const __m128i))
+/// Q8_0: signed weights up to 128 in magnitude, so no two `vpmaddubsw` results may add in i16; each
+/// k-group is widened on its own (module docs for the sign trick).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_q8_0<const NT: usize>(tl: &Tile, half: usize) {
+    let m = tl.m;
+    let (h, hd) = (32 * half, 16 * half);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(2));
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
+    let mut p = m.group_ptr(tl.group);
+    for b in 0..m.blocks {
+        if half == 0 {
+            prefetch_ahead(p, m.block_bytes);
+        }
+        let dw = f16x8(p.add(Q8_0_D + hd));
+        let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128)));
+        unroll!(NT, |t| {
+            let side = &*side[t].add(b);
+            let q = q[t].add(b * 34);
+            let mut s = _mm256_setzero_si256();
+            for (g, wg) in w.iter().enumerate() {
+                s = dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(codes4(q.add(4 * g)), *wg));
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+        });
+        p = p.add(m.block_bytes);
+    }
+    for (t, a) in acc.iter().enumerate() {
+        tl.store8(t, half, *a);
+    }
 }
 
+/// Q4_K sub-block j's scales of the half's 8 rows, each twice as i16 (a row's 32-bit lane holds two
+/// i16 sums, and `vpmaddwd` by this multiplies both by the row's scale and adds them).
+#[inline(always)]
+unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
+    let s = _mm_loadl_epi64(p.add(Q4_K_SC + 16 * j + 8 * half) as *const __m128i);
+    _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s))
+}
+
+/// A sub-block's 8 k-groups of 4-bit codes add up in i16 (16 products of at most 15 · 128 per i16,
+/// under 2^15), and one `vpmaddwd` by the scales widens and scales them: per 32 codes and token, 8
+/// multiplies and 1 widening instead of 8 and 8 plus a `vpmulld`. Same integers, same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
     let m = tl.m;
@@ -185,7 +256,6 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for c in 0..4 {
-            let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
             let mut lo = [_mm256_setzero_si256(); NT];
             let mut hi = [_mm256_setzero_si256(); NT];
             for g in 0..8 {
@@ -193,12 +263,13 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
                 let (wl, wh) = (_mm256_and_si256(x, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib));
                 unroll!(NT, |t| {
                     let y = qs[t].add(64 * c + 4 * g);
-                    lo[t] = dp(lo[t], wl, codes4(y));
-                    hi[t] = dp(hi[t], wh, codes4(y.add(32)));
+                    lo[t] = _mm256_add_epi16(lo[t], mul16(wl, codes4(y)));
+                    hi[t] = _mm256_add_epi16(hi[t], mul16(wh, codes4(y.add(32))));
                 });
             }
+            let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
             unroll!(NT, |t| {
-                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_mullo_epi32(lo[t], sc_lo), _mm256_mullo_epi32(hi[t], sc_hi)));
+                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc_lo), _mm256_madd_epi16(hi[t], sc_hi)));
             });
         }
         let mins: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + hd) as *const __m128i)));
@@ -221,6 +292,18 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
     }
 }
 
+/// Q6_K sub-block j's signed scales of the half's 8 rows, each twice as i16 (see `scales8`).
+#[inline(always)]
+unsafe fn q6_scales_dup(p: *const u8, j: usize, half: usize) -> __m256i {
+    let s = _mm_loadl_epi64(p.add(Q6_K_SC + 16 * j + 8 * half) as *const __m128i);
+    _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s, s))
+}
+
+/// Q6_K: the codes are at most 63, so two k-groups' `vpmaddubsw` results add up in i16 (8 products of
+/// at most 63 · 128 per i16, under 2^15), and `vpmaddwd` by the sub-block's scales widens and scales
+/// them. The codes' offset 32 is applied once per super-block instead of per sub-block: −32 · Σⱼ
+/// scale[j] · Σy[j], from the activation block's own sums of 16 (`vpmaddwd` of scale pairs by sum
+/// pairs). The integer is the one `reference::dot` forms, so the bits are too.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
     let m = tl.m;
@@ -238,40 +321,48 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
         for h in 0..2 {
             for cq in 0..2 {
                 // Sub-blocks 8h + cq + 2s, s = 0..4: elements 128h + 32s + 16cq.. (see `layout`).
-                let sub = |s: usize| 8 * h + 2 * s + cq;
-                let mut part: [[__m256i; 4]; NT] = std::array::from_fn(|t| {
-                    let side = tl.k_side(t, b);
-                    std::array::from_fn(|s| _mm256_set1_epi32(side.neg32_sum16[sub(s)]))
-                });
-                for c in 4 * cq..4 * cq + 4 {
-                    let v1 = _mm256_loadu_si256(p.add(64 * (16 * h + c) + h8) as *const __m256i);
-                    let v2 = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8) + h8) as *const __m256i);
-                    let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i);
-                    let w = [
-                        _mm256_or_si256(_mm256_and_si256(v1, nib), _mm256_and_si256(_mm256_slli_epi16::<4>(hh), crumb)),
-                        _mm256_or_si256(_mm256_and_si256(v2, nib), _mm256_and_si256(_mm256_slli_epi16::<2>(hh), crumb)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v1), nib), _mm256_and_si256(hh, crumb)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v2), nib), _mm256_and_si256(_mm256_srli_epi16::<2>(hh), crumb)),
-                    ];
-                    unroll!(NT, |t| {
-                        let y = qs[t].add(128 * h + 4 * c);
-                        for s in 0..4 {
-                            part[t][s] = dp(part[t][s], w[s], codes4(y.add(32 * s)));
+                unroll!(4, |s| {
+                    for cp in 0..2 {
+                        let mut part = [_mm256_setzero_si256(); NT];
+                        for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
+                            let v = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8 * (s & 1)) + h8) as *const __m256i);
+                            let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i);
+                            let low = if s < 2 { _mm256_and_si256(v, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib) };
+                            let top = match s {
+                                0 => _mm256_slli_epi16::<4>(hh),
+                                1 => _mm256_slli_epi16::<2>(hh),
+                                2 => hh,
+                                _ => _mm256_srli_epi16::<2>(hh),
+                            };
+                            let w = _mm256_or_si256(low, _mm256_and_si256(top, crumb));
+                            unroll!(NT, |t| {
+                                part[t] = _mm256_add_epi16(part[t], mul16(w, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
+                            });
                         }
-                    });
-                }
-                let sc: [__m256i; 4] = std::array::from_fn(|s| _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(Q6_K_SC + 16 * sub(s) + 8 * half) as *const __m128i)));
-                unroll!(NT, |t| {
-                    for s in 0..4 {
-                        sums[t] = _mm256_add_epi32(sums[t], _mm256_mullo_epi32(part[t][s], sc[s]));
+                        let sc = q6_scales_dup(p, 8 * h + 2 * s + cq, half);
+                        unroll!(NT, |t| {
+                            sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
+                        });
                     }
                 });
             }
         }
+        // Scale pairs (sub-blocks 2i, 2i + 1) of each row, as the i16 pairs `vpmaddwd` takes.
+        let pairs: [__m256i; 8] = std::array::from_fn(|i| {
+            let (a, c) = (_mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i) + 8 * half) as *const __m128i), _mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i + 1) + 8 * half) as *const __m128i));
+            _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c))
+        });
         let dw = f16x8(p.add(Q6_K_D + hd));
         unroll!(NT, |t| {
+            // The activation block's 16 i16 sums of 16 follow its 256 codes.
+            let bsums = qs[t].add(256);
+            let mut off = _mm256_setzero_si256();
+            for (i, pr) in pairs.iter().enumerate() {
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(*pr, codes4(bsums.add(4 * i))));
+            }
+            let s = _mm256_sub_epi32(sums[t], _mm256_slli_epi32::<5>(off));
             let dy = _mm256_set1_ps(tl.k_side(t, b).d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(s), acc[t]);
         });
         p = p.add(m.block_bytes);
     }

@@ -116,9 +116,10 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
                 w[v + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(x), nib);
             }
             if KIND == Q5_0 {
+                let high = _mm512_loadu_si512(p.add(Q5_0_QH) as *const __m512i);
                 for (g, wg) in w.iter_mut().enumerate() {
-                    let high = (p.add(Q5_0_QH + 8 * g) as *const u64).read_unaligned();
-                    *wg = _mm512_mask_add_epi8(*wg, high, *wg, sixteen);
+                    let k = _mm512_test_epi8_mask(high, _mm512_set1_epi8(1 << g));
+                    *wg = _mm512_mask_add_epi8(*wg, k, *wg, sixteen);
                 }
             }
         }

@@ -11,7 +11,8 @@
 //! Group-block layouts (byte offsets):
 //!   Q4_0  qs 4 vectors (k-group v low, v+4 high) @0 | d [16 f16] @256                       288 B
 //!   Q4_1  qs @0 | d @256 | m [16 f16] @288                                                  320 B
-//!   Q5_0  qs @0 | qh 8 × u64 @256 (bit 4r+j of mask g = 5th bit of row r, element 4g+j) | d @320   352 B
+//!   Q5_0  qs @0 | qh 1 vector @256 (bit g of byte 4r+j = 5th bit of row r, element 4g+j: one shift and
+//!         one mask move k-group g's bits under its codes, on AVX2 as on AVX-512) | d @320            352 B
 //!   Q8_0  8 vectors of codes `q ^ 0x80` (k-group g) @0 | d @512                             544 B
 //!   Q4_K  32 vectors @0 (vector 8c+g: low nibbles sub-block 2c, high 2c+1, k-group g) | d @2048 |
 //!         dmin @2080 | scales [8 sub-blocks][16 rows] u8 @2112 | mins [4 pairs][16 rows][2] u8 @2240  2368 B
@@ -202,11 +203,9 @@ fn pack_group_block(t: GgmlType, src: &[&[u8]; GROUP], dst: &mut [u8]) {
                 }
                 if t == GgmlType::Q5_0 {
                     for g in 0..8 {
-                        let mut mask = u64::from_le_bytes(dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8].try_into().expect("8 bytes"));
                         for j in 0..4 {
-                            mask |= ((q[4 * g + j] >> 4) as u64 & 1) << (4 * r + j);
+                            dst[Q5_0_QH + 4 * r + j] |= ((q[4 * g + j] >> 4) & 1) << g;
                         }
-                        dst[Q5_0_QH + 8 * g..Q5_0_QH + 8 * g + 8].copy_from_slice(&mask.to_le_bytes());
                     }
                 }
             }

@@ -67,28 +67,73 @@ fn kernels_equal_the_reference_bit_for_bit() {
     let (cols, n) = (768, 11);
     for (t, rows) in TYPES.iter().flat_map(|&t| [(t, 37), (t, 45)]) {
         let (w, xq, _) = case(t, rows, cols, n, 5);
-        let m = pack(t, rows, cols, &w);
+        tiles_equal_the_reference(t, rows, cols, n, &w, &xq);
+    }
+}
+
+/// Every weight code at its largest (Q8_0: −128) against activations that quantize to ±127 throughout:
+/// the i16 partial sums of the AVX2 kernels are at their bound here (module docs of `avx2`), so an
+/// overflow would show as a wrong bit.
+#[test]
+fn kernels_hold_saturated_codes() {
+    if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "packed kernels at saturated codes") {
+        return;
+    }
+    let (rows, cols, n) = (21, 512, 4);
+    for t in TYPES {
+        let (mut w, _, _) = case(t, rows, cols, 0, 9);
+        let (codes, fill) = match t {
+            GgmlType::Q4_0 => (2..18, 0xFF),
+            GgmlType::Q4_1 => (4..20, 0xFF),
+            GgmlType::Q5_0 => (2..22, 0xFF),
+            GgmlType::Q8_0 => (2..34, 0x80),
+            GgmlType::Q4_K => (16..144, 0xFF),
+            _ => (0..192, 0xFF),
+        };
+        for block in w.chunks_exact_mut(t.block_bytes()) {
+            block[codes.clone()].fill(fill);
+        }
+        // Tokens: all +1; all −1; and both again with one element a little larger in magnitude and of
+        // the other sign (Q8_K scales by the signed extreme, so this is what gives it +127 codes).
+        let x: Vec<f32> = (0..n)
+            .flat_map(|k| {
+                let sign = if k % 2 == 0 { 1.0 } else { -1.0 };
+                (0..cols).map(move |i| if k >= 2 && i % 32 == 0 { -1.001 * sign } else { sign })
+            })
+            .collect();
         let act = t.dot_activation_type();
         let ab = act.row_bytes(cols).unwrap();
-        let side = side_of(t, cols, n, &xq);
-        let input = PackedInput { xq: &xq, row_bytes: ab, side: &side };
-        let wb = t.row_bytes(cols).unwrap();
-        for nt in 1..=tile_tokens(t) {
-            let mut out = vec![f32::NAN; n * rows];
-            for g in 0..m.groups {
-                let mut t0 = 0;
-                while t0 < n {
-                    let k = nt.min(n - t0);
-                    // SAFETY: kernels available; out is [n, rows], each (token, row) written once.
-                    unsafe { tile(&m, g, &input, t0, k, out.as_mut_ptr(), rows) };
-                    t0 += k;
-                }
+        let mut xq = vec![0u8; n * ab];
+        for (row, q) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(ab)) {
+            quantize_row_ggml_x86(act, row, q);
+        }
+        tiles_equal_the_reference(t, rows, cols, n, &w, &xq);
+    }
+}
+
+/// Runs every tile size over `n` tokens and checks each (row, token) against `reference::dot`.
+fn tiles_equal_the_reference(t: GgmlType, rows: usize, cols: usize, n: usize, w: &[u8], xq: &[u8]) {
+    let m = pack(t, rows, cols, w);
+    let act = t.dot_activation_type();
+    let ab = act.row_bytes(cols).unwrap();
+    let side = side_of(t, cols, n, xq);
+    let input = PackedInput { xq, row_bytes: ab, side: &side };
+    let wb = t.row_bytes(cols).unwrap();
+    for nt in 1..=tile_tokens(t) {
+        let mut out = vec![f32::NAN; n * rows];
+        for g in 0..m.groups {
+            let mut t0 = 0;
+            while t0 < n {
+                let k = nt.min(n - t0);
+                // SAFETY: kernels available; out is [n, rows], each (token, row) written once.
+                unsafe { tile(&m, g, &input, t0, k, out.as_mut_ptr(), rows) };
+                t0 += k;
             }
-            for tok in 0..n {
-                for r in 0..rows {
-                    let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
-                    assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} tile {nt}: token {tok} row {r}: {} vs {want}", out[tok * rows + r]);
-                }
+        }
+        for tok in 0..n {
+            for r in 0..rows {
+                let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
+                assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} tile {nt}: token {tok} row {r}: {} vs {want}", out[tok * rows + r]);
             }
         }
     }
