@@ -152,6 +152,12 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
             let done = unsafe { gelu_mul_avx512(gate, up) };
             return gelu_mul_scalar(&mut gate[done..], &up[done..]);
         }
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::ggml::math::avx2_available() {
+            // SAFETY: the CPU has AVX2 and F16C (checked by avx2_available).
+            let done = unsafe { gelu_mul_avx2(gate, up) };
+            return gelu_mul_scalar(&mut gate[done..], &up[done..]);
+        }
         gelu_mul_scalar(gate, up)
     });
 }
@@ -191,6 +197,31 @@ unsafe fn gelu_mul_avx512(gate: &mut [f32], up: &[f32]) -> usize {
         r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi), _mm512_mul_ps(x, u));
         r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo), _mm512_setzero_ps());
         _mm512_storeu_ps(g, r);
+    }
+    n
+}
+
+/// `gelu_mul_avx512` on 8 lanes (the scalar loop was 2.4% of Gemma-3's AVX2 prefill at depth 4,096).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn gelu_mul_avx2(gate: &mut [f32], up: &[f32]) -> usize {
+    use std::arch::x86_64::*;
+    let table = gelu_f16_table().as_ptr() as *const i32;
+    let n = gate.len().min(up.len()) / 8 * 8;
+    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let low16 = _mm256_set1_epi32(0xFFFF);
+    for i in (0..n).step_by(8) {
+        let g = gate.as_mut_ptr().add(i);
+        let x = _mm256_loadu_ps(g);
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        let bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+        // 32-bit gathers at 2·bits, of which the low half is the entry.
+        let looked = _mm256_and_si256(_mm256_i32gather_epi32::<2>(table, bits), low16);
+        let halves = _mm_packus_epi32(_mm256_castsi256_si128(looked), _mm256_extracti128_si256::<1>(looked));
+        let mut r = _mm256_mul_ps(_mm256_cvtph_ps(halves), u);
+        r = _mm256_blendv_ps(r, _mm256_mul_ps(x, u), _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+        r = _mm256_blendv_ps(r, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LE_OQ>(x, lo));
+        _mm256_storeu_ps(g, r);
     }
     n
 }
