@@ -1,16 +1,17 @@
-//! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of
-//! 8 rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 ×
-//! s8 pairs to i16) and `vpmaddwd` (i16 pairs to i32) make the same 32-bit lanes. That is exact as long
-//! as no i16 sum overflows: the activation codes are within ±128 (ggml's quantizers scale by 127 / amax),
-//! so a `vpmaddubsw` pair is at most 2 · 31 · 128 for 5-bit codes and 2 · 63 · 128 for Q6_K's. The
-//! kernels add as many `vpmaddubsw` results in i16 as that bound allows before widening (8 for 4-bit
-//! codes, 4 for 5-bit, 2 for 6-bit; the K-quants widen with `vpmaddwd` by their sub-block scales), so
-//! the widenings, which use the same two ports as the multiplies, are 1/8 to 1/2 of them rather than one
-//! each. Q8_0's codes go to 255 and would saturate, so its signed weights are used with the sign moved
-//! onto the activations (|w| ≤ 128: 2 · 128 · 127 < 32767), as ggml's own AVX2 code does, one widening
-//! per k-group; that gives `Σ w·y` directly, the same integer as the codes' `Σ q·y − 128·Σy`. So every
-//! result is the AVX-512 kernels' and `reference::dot`'s, bit for bit (the unit tests run it under
-//! RECKON_SIMD=avx2, with every code at its largest too).
+//! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of 8
+//! rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 × s8
+//! pairs to i16) and `vpmaddwd` (i16 pairs to i32) make the same 32-bit lanes. That is exact as long as
+//! no i16 sum overflows: the activation codes are within ±127 (ggml's quantizers scale by 127 / amax;
+//! the bounds below would hold at −128 too), so a `vpmaddubsw` pair is at most 2 · 31 · 128 for 5-bit
+//! codes and 2 · 63 · 128 for Q6_K's. The kernels add as many `vpmaddubsw` results in i16 as that bound
+//! allows before widening (8 for 4-bit codes, 4 for 5-bit, 2 for 6-bit; the K-quants widen with
+//! `vpmaddwd` by their sub-block scales), so the widenings, which use the same two ports as the
+//! multiplies, are 1/8 to 1/2 of them rather than one each. Q8_0's codes go to 255 and would saturate,
+//! so its signed weights are used with the sign moved onto the activations (|w| ≤ 128: 2 · 128 · 127 <
+//! 32767; this one needs the codes' ±127), as ggml's own AVX2 code does, one widening per k-group; that
+//! gives `Σ w·y` directly, the same integer as the codes' `Σ q·y − 128·Σy`. So every result is the
+//! AVX-512 kernels' and `reference::dot`'s, bit for bit (the unit tests run it under RECKON_SIMD=avx2,
+//! with every code at its largest too).
 
 use std::arch::x86_64::*;
 
