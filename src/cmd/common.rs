@@ -26,8 +26,9 @@ pub struct ModelArgs {
     /// CPU path, see docs/correctness.md).
     #[arg(long, value_enum)]
     pub numerics: Option<NumericsArg>,
-    /// Highest SIMD level the kernels may use: `avx512`, `avx2` or `scalar` (default: the best this CPU
-    /// has). For measuring what each level buys, or running the AVX2 paths on an AVX-512 machine.
+    /// Highest SIMD level the kernels may use: `avx512`, `avxvnni` (AVX2 with AVX-VNNI), `avx2` or
+    /// `scalar` (default: the best this CPU has). For measuring what each level buys, or running the
+    /// AVX2 paths on an AVX-512 machine.
     #[arg(long, value_enum)]
     pub simd: Option<SimdArg>,
     /// Keep weights and the KV cache on ordinary 4 KiB pages (by default they are advised onto 2 MiB
@@ -141,6 +142,8 @@ pub enum NumericsArg {
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum SimdArg {
     Avx512,
+    #[value(name = "avxvnni")]
+    AvxVnni,
     Avx2,
     Scalar,
 }
@@ -161,6 +164,7 @@ impl ModelArgs {
         if let Some(simd) = self.simd {
             let level = match simd {
                 SimdArg::Avx512 => SimdLevel::Avx512,
+                SimdArg::AvxVnni => SimdLevel::AvxVnni,
                 SimdArg::Avx2 => SimdLevel::Avx2,
                 SimdArg::Scalar => SimdLevel::Scalar,
             };

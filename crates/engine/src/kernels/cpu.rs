@@ -3,30 +3,37 @@
 
 use std::sync::OnceLock;
 
-/// Instruction-set level of the SIMD kernels. Ordered: a level includes everything below it.
+/// Instruction-set level of the SIMD kernels. Ordered: a level runs every kernel of the levels below it,
+/// except that `Avx512` never runs `AvxVnni`'s (AVX-512 CPUs before Sapphire Rapids lack AVX-VNNI, and
+/// at `Avx512` the packed matmul has its own kernels).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SimdLevel {
     /// Portable reference code, mirrors ggml's generic C.
     Scalar,
     /// AVX2 + FMA + F16C (x86-64-v3).
     Avx2,
+    /// Avx2 plus AVX-VNNI (`vpdpbusd` on 256-bit registers, VEX-encoded): Intel client cores since Alder
+    /// Lake, Xeons since Sapphire Rapids, AMD Zen 5. Only the packed matmul has kernels of its own here;
+    /// everything else runs its AVX2 code.
+    AvxVnni,
     /// AVX-512 F/BW/VL/DQ/VNNI on top of Avx2 (`vpdpbusd`, `vpdpwssd`). Types without an AVX-512 kernel
     /// use their AVX2 one at this level.
     Avx512,
 }
 
 impl SimdLevel {
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512];
+    pub const ALL: [SimdLevel; 4] = [SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::AvxVnni, SimdLevel::Avx512];
 
     pub fn name(self) -> &'static str {
         match self {
             SimdLevel::Scalar => "scalar",
             SimdLevel::Avx2 => "avx2",
+            SimdLevel::AvxVnni => "avxvnni",
             SimdLevel::Avx512 => "avx512",
         }
     }
 
-    /// `scalar`, `avx2` or `avx512`.
+    /// `scalar`, `avx2`, `avxvnni` or `avx512`.
     pub fn from_name(name: &str) -> Option<SimdLevel> {
         SimdLevel::ALL.into_iter().find(|l| l.name().eq_ignore_ascii_case(name))
     }
@@ -38,7 +45,11 @@ impl SimdLevel {
 
     /// Whether this CPU has the features of `self` (the kernels of a level check this before running).
     pub fn is_available(self) -> bool {
-        self <= SimdLevel::detected()
+        let f = CpuFeatures::get();
+        match self {
+            SimdLevel::AvxVnni => f.avxvnni && SimdLevel::Avx2 <= SimdLevel::detected(),
+            _ => self <= SimdLevel::detected(),
+        }
     }
 }
 
@@ -53,6 +64,7 @@ pub struct CpuFeatures {
     pub avx512vl: bool,
     pub avx512dq: bool,
     pub avx512vnni: bool,
+    pub avxvnni: bool,
 }
 
 impl CpuFeatures {
@@ -74,6 +86,7 @@ impl CpuFeatures {
             avx512vl: has!("avx512vl"),
             avx512dq: has!("avx512dq"),
             avx512vnni: has!("avx512vnni"),
+            avxvnni: has!("avxvnni"),
         }
     }
 
@@ -88,6 +101,8 @@ impl CpuFeatures {
             SimdLevel::Scalar
         } else if self.avx512f && self.avx512bw && self.avx512vl && self.avx512vnni && self.avx512dq {
             SimdLevel::Avx512
+        } else if self.avxvnni {
+            SimdLevel::AvxVnni
         } else {
             SimdLevel::Avx2
         }
@@ -104,6 +119,7 @@ impl CpuFeatures {
             ("avx512vl", self.avx512vl),
             ("avx512dq", self.avx512dq),
             ("avx512vnni", self.avx512vnni),
+            ("avxvnni", self.avxvnni),
         ];
         all.iter().filter(|(_, on)| *on).map(|(n, _)| *n).collect::<Vec<_>>().join(" ")
     }
@@ -134,10 +150,18 @@ fn default_cap() -> SimdLevel {
     tests::cap_from_env()
 }
 
-/// The level the kernels use: the best this CPU supports, within the cap.
+/// The level the kernels use: the best this CPU supports, within the cap (a cap of `AvxVnni` on an
+/// AVX-512 CPU without AVX-VNNI gives `Avx2`).
 pub fn simd_level() -> SimdLevel {
     static ACTIVE: OnceLock<SimdLevel> = OnceLock::new();
-    *ACTIVE.get_or_init(|| simd_cap().min(SimdLevel::detected()))
+    *ACTIVE.get_or_init(|| {
+        let level = simd_cap().min(SimdLevel::detected());
+        if level.is_available() {
+            level
+        } else {
+            SimdLevel::Avx2
+        }
+    })
 }
 
 /// All levels usable on this CPU, lowest first (whatever the cap: tests compare them).

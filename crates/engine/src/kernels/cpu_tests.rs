@@ -25,7 +25,7 @@ pub(crate) fn test_needs(level: SimdLevel, what: &str) -> bool {
 
 fn required_by_env() -> Option<SimdLevel> {
     let v = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty())?;
-    Some(SimdLevel::from_name(&v).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={v:?}: not scalar, avx2 or avx512")))
+    Some(SimdLevel::from_name(&v).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={v:?}: not scalar, avx2, avxvnni or avx512")))
 }
 
 /// The kernel tests loop over `available_levels()`; this one fails where the level CI requires is

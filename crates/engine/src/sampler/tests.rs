@@ -254,7 +254,7 @@ fn simd_or_skip(level: crate::kernels::cpu::SimdLevel, what: &str) -> bool {
         return true;
     }
     if let Some(required) = std::env::var("RECKON_REQUIRE_SIMD").ok().filter(|v| !v.is_empty()) {
-        let required = SimdLevel::from_name(&required).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={required:?}: not scalar, avx2 or avx512"));
+        let required = SimdLevel::from_name(&required).unwrap_or_else(|| panic!("RECKON_REQUIRE_SIMD={required:?}: not scalar, avx2, avxvnni or avx512"));
         assert!(
             level > required,
             "{what} needs {} but this CPU has only {}, and RECKON_REQUIRE_SIMD={} requires it",

@@ -253,7 +253,7 @@ pub fn multi_dot_kernel(t: GgmlType, n: usize) -> Option<MultiDotFn> {
         return dot_avx512_multi::kernel(t);
     }
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
+    if simd_level() >= SimdLevel::Avx2 && simd_level() < SimdLevel::Avx512 {
         return dot_avx2_multi::tokens_kernel(t);
     }
     let _ = (t, n);
@@ -291,7 +291,7 @@ pub fn multi_row_kernel(t: GgmlType) -> Option<MultiRowFn> {
         return dot_avx512_multi::rows_kernel(t);
     }
     #[cfg(target_arch = "x86_64")]
-    if simd_level() == SimdLevel::Avx2 {
+    if simd_level() >= SimdLevel::Avx2 && simd_level() < SimdLevel::Avx512 {
         return dot_avx2_multi::rows_kernel(t);
     }
     let _ = t;

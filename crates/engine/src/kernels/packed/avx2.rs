@@ -61,7 +61,7 @@ pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: u
 impl Tile<'_> {
     /// Token t's 8 results of rows `8·half..`, those below `valid`.
     #[inline(always)]
-    unsafe fn store8(&self, t: usize, half: usize, v: __m256) {
+    pub(super) unsafe fn store8(&self, t: usize, half: usize, v: __m256) {
         let p = self.out_row(t).add(8 * half);
         let n = (self.valid - 8 * half).min(8);
         if n == 8 {
@@ -82,13 +82,13 @@ unsafe fn dp(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 
 /// 4 activation codes at `p`, broadcast to every 32-bit lane.
 #[inline(always)]
-unsafe fn codes4(p: *const u8) -> __m256i {
+pub(super) unsafe fn codes4(p: *const u8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
 /// 8 f16 at `p` as f32.
 #[inline(always)]
-unsafe fn f16x8(p: *const u8) -> __m256 {
+pub(super) unsafe fn f16x8(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
@@ -107,7 +107,7 @@ unsafe fn widen(s16: __m256i) -> __m256i {
 /// Bit `g` of every byte of `high` (the Q5_0 layout's qh vector) at bit 4, as 0x10 or 0 per byte. The
 /// 16-bit shifts never carry a bit across a byte boundary into bit 4: at most 4 places, within a byte.
 #[inline(always)]
-unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
+pub(super) unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
     let at4 = match g {
         0 => _mm256_slli_epi16::<4>(high),
         1 => _mm256_slli_epi16::<3>(high),

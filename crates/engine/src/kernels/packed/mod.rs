@@ -19,7 +19,8 @@
 //! to llama.cpp's logits (a different f32 summation), only as close as two correct f32 orders are;
 //! `Numerics::Ggml` keeps the ggml kernels for that.
 //!
-//! Kernels: AVX-512 VNNI (`avx512`) and AVX2 (`avx2`, the same integers from `vpmaddubsw`/`vpmaddwd`).
+//! Kernels: AVX-512 VNNI (`avx512`), AVX-VNNI (`avxvnni`: `vpdpbusd` on 256-bit registers) and AVX2
+//! (`avx2`, the same integers from `vpmaddubsw`/`vpmaddwd`).
 //!
 //! Weights are repacked once at load (`pack`): groups of 16 rows, each block of the group stored as
 //! contiguous 64-byte vectors of `[16 rows × 4 codes]`, the layout `vpdpbusd` consumes, with the same
@@ -32,6 +33,8 @@ pub mod reference;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avxvnni;
 #[cfg(target_arch = "x86_64")]
 mod tile;
 pub mod acts;
@@ -117,10 +120,10 @@ pub struct PackedInput<'a> {
 pub unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     debug_assert!(nt >= 1 && nt <= tile_tokens(m.dtype));
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::ggml::simd_level() >= crate::kernels::ggml::SimdLevel::Avx512 {
-        avx512::tile(m, group, x, t0, nt, out, out_stride)
-    } else {
-        avx2::tile(m, group, x, t0, nt, out, out_stride)
+    match crate::kernels::ggml::simd_level() {
+        crate::kernels::ggml::SimdLevel::Avx512 => avx512::tile(m, group, x, t0, nt, out, out_stride),
+        crate::kernels::ggml::SimdLevel::AvxVnni => avxvnni::tile(m, group, x, t0, nt, out, out_stride),
+        _ => avx2::tile(m, group, x, t0, nt, out, out_stride),
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -61,7 +61,7 @@ fn check_type(t: GgmlType, seed: u64, make_x: impl Fn(&mut Rng, usize) -> f32) {
                 "{t} n={n}: scalar {reference} vs dequantized {want} (tol {tol})"
             );
             let mut simd = None;
-            for level in available_levels() {
+            for level in vec_dot_levels() {
                 let got = vec_dot_kernel_at(level, t)(n, &w, &a);
                 // all SIMD levels follow ggml's x86 rounding sequence: bit-identical to each other
                 if level >= SimdLevel::Avx2 {
@@ -107,7 +107,7 @@ fn vec_dot_extremes() {
                 let x: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -sign } else { sign }).collect();
                 let a = quant(t.dot_activation_type(), &x);
                 let (want, mag) = expected(t, n, &w, &a);
-                for level in available_levels() {
+                for level in vec_dot_levels() {
                     let got = vec_dot_kernel_at(level, t)(n, &w, &a) as f64;
                     assert!(
                         (got - want).abs() <= 1e-5 * mag + 1e-5,
@@ -157,7 +157,7 @@ fn bench_vec_dot() {
             let x: Vec<f32> = (0..n).map(|_| rng.activation()).collect();
             let a = quant(t.dot_activation_type(), &x);
             let mut line = format!("{:5} n={n:5} rows={rows:6} ({:6} KiB):", t.name(), rb * rows / 1024);
-            for level in available_levels() {
+            for level in vec_dot_levels() {
                 let f = vec_dot_kernel_at(level, t);
                 let reps = (if level == SimdLevel::Scalar { 1 << 19 } else { 1 << 22 } / (rb * rows)).max(1);
                 let (mut best, mut sink) = (f64::MAX, 0.0f32);

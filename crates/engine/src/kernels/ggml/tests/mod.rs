@@ -7,6 +7,12 @@ mod known;
 use super::blocks::*;
 use super::*;
 
+/// The levels this CPU has that bring `vec_dot` kernels of their own (at `AvxVnni` it runs AVX2's, so the
+/// loops over levels would test those twice).
+fn vec_dot_levels() -> Vec<SimdLevel> {
+    available_levels().into_iter().filter(|l| *l != SimdLevel::AvxVnni).collect()
+}
+
 /// xorshift64* — small, seeded, good enough for test data.
 pub(crate) struct Rng(u64);
 
