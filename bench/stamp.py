@@ -28,7 +28,7 @@ def stamp():
                     flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    isa = [x for x in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512vnni") if x in flags]
+    isa = [x for x in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512vnni", "avx_vnni") if x in flags]
     return {
         "command": " ".join(sys.argv),
         "commit": _git("rev-parse", "HEAD"),
