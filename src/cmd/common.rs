@@ -168,6 +168,7 @@ impl ModelArgs {
                 SimdArg::Avx2 => SimdLevel::Avx2,
                 SimdArg::Scalar => SimdLevel::Scalar,
             };
+            anyhow::ensure!(level != SimdLevel::AvxVnni || level.is_available(), "--simd avxvnni: this CPU has no AVX-VNNI (or no AVX2)");
             anyhow::ensure!(set_simd_cap(level), "--simd: the kernels already chose their level");
         }
         reckon_engine::huge_buf::set_huge_pages(!self.no_huge_pages);

@@ -34,5 +34,7 @@ fn required_by_env() -> Option<SimdLevel> {
 fn the_required_simd_level_is_present() {
     if let Some(required) = required_by_env() {
         assert!(simd_level() >= required, "RECKON_REQUIRE_SIMD={} but the kernels run {}", required.name(), simd_level().name());
+        // AVX-VNNI is not part of the AVX-512 level: requiring it means its kernels run.
+        assert!(required != SimdLevel::AvxVnni || simd_level() == SimdLevel::AvxVnni, "RECKON_REQUIRE_SIMD=avxvnni but the kernels run {}", simd_level().name());
     }
 }
