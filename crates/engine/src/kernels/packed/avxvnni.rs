@@ -70,8 +70,8 @@ unsafe fn scales32<const SIGNED: bool>(p: *const u8, j: usize, half: usize) -> _
 }
 
 /// Q4_0, Q4_1, Q5_0 and Q8_0 (whose codes are `q + 128`, so its offset is 128, as on AVX-512), both
-/// halves of the group in one pass: each broadcast of a token's 4 codes feeds two `vpdpbusd` (with one
-/// per broadcast, the broadcasts' loads and the weights' loads together were the bound). One chain per
+/// halves of the group in one pass: each broadcast of a token's 4 codes feeds two `vpdpbusd`: half the
+/// broadcast loads of a pass per half (docs/speed.md: no gain measured beyond noise). One chain per
 /// (half, token); a token alone gets a second pair (k-groups 4..8) so that `vpdpbusd`s stay in flight.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
