@@ -1,11 +1,12 @@
 //! `quant::attend` on x86: tiles of consecutive tokens × one KV head, all the head's query rows
 //! together, as `tiled` does for f16; cells in 16-cell chunks that never cross a KV block (positions
 //! 16-aligned, block sizes multiples of 16), so a chunk's keys are one region's vectors. Scores by
-//! AVX-512 VNNI (or AVX2 `maddubs`), then ggml's softmax per row, then the values in key order. Same bits
+//! AVX-512 VNNI (or AVX-VNNI's 256-bit `vpdpbusd`, or AVX2 `maddubs`), then ggml's softmax per row, then the values in key order. Same bits
 //! as `quant::reference` (see there for the definition).
 
 use super::quant::quantize_query;
 use super::{AttnShape, OutPtr, QueryPos, RUN};
+use crate::kernels::cpu::{simd_level, SimdLevel};
 use crate::kernels::ggml::math::{avx512_available, soft_max};
 use crate::kv::quant::Region;
 use crate::kv::{KvDtype, QuantLayer};
@@ -253,16 +254,21 @@ unsafe fn scores(job: &Job, q: &[i8], dq: &[f32], qsum: &[i32], chunks: Range<us
                 r0 += n;
             }
         } else {
+            let avxvnni = simd_level() == SimdLevel::AvxVnni;
             let mut r0 = 0;
             while r0 < job.rows {
                 let n = (job.rows - r0).min(4);
                 for half in 0..2 {
                     let a = (r, region, cell0 + 8 * half, &rows, r0, dst.add(r0 * job.n_pad + 8 * half), job.n_pad);
-                    match n {
-                        4 => scores_avx2::<4>(a),
-                        3 => scores_avx2::<3>(a),
-                        2 => scores_avx2::<2>(a),
-                        _ => scores_avx2::<1>(a),
+                    match (avxvnni, n) {
+                        (true, 4) => scores_avxvnni::<4>(a),
+                        (true, 3) => scores_avxvnni::<3>(a),
+                        (true, 2) => scores_avxvnni::<2>(a),
+                        (true, _) => scores_avxvnni::<1>(a),
+                        (false, 4) => scores_avx2::<4>(a),
+                        (false, 3) => scores_avx2::<3>(a),
+                        (false, 2) => scores_avx2::<2>(a),
+                        (false, _) => scores_avx2::<1>(a),
                     }
                 }
                 r0 += n;
@@ -340,6 +346,50 @@ unsafe fn scores_vnni<const R: usize>((r, region, cell0, rows, r0, dst, stride):
     }
     for (i, s) in s.iter().enumerate() {
         _mm512_storeu_ps(dst.add(i * stride), *s);
+    }
+}
+
+/// `scores_vnni` for 8 cells on AVX-VNNI (AVX2 CPUs with `vpdpbusd` on 256-bit registers: Intel client
+/// cores since Alder Lake): the keys biased as there, the same integers, so the same bits. A row's 4
+/// quants of 8 cells take one `vpdpbusd`, where `scores_avx2` takes `vpsignb`, `vpmaddubsw`, `vpmaddwd`
+/// and an add (q8_0).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn scores_avxvnni<const R: usize>((r, region, cell0, rows, r0, dst, stride): ScoreArgs) {
+    let (hd, bs) = (r.hd, r.bs);
+    let q8 = r.dtype == KvDtype::Q8_0;
+    let bias = if q8 { 128 } else { 8 };
+    let scales = region.add(r.scales_at() + 2 * cell0);
+    let (flip, low) = (_mm256_set1_epi8(-128), _mm256_set1_epi8(0x0F));
+    let mut s = [_mm256_setzero_ps(); R];
+    for b in 0..hd / 32 {
+        let mut acc = [_mm256_setzero_si256(); R];
+        if q8 {
+            for j in 8 * b..8 * b + 8 {
+                let k = _mm256_xor_si256(_mm256_loadu_si256(region.add((j * bs + cell0) * 4) as *const __m256i), flip);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_dpbusd_avx_epi32(*a, k, _mm256_set1_epi32(rows.quad(r0 + i, j)));
+                }
+            }
+        } else {
+            for m in 4 * b..4 * b + 4 {
+                let v = _mm256_loadu_si256(region.add((m * bs + cell0) * 4) as *const __m256i);
+                let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_dpbusd_avx_epi32(*a, lo, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m)));
+                    *a = _mm256_dpbusd_avx_epi32(*a, hi, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m + 1)));
+                }
+            }
+        }
+        let dk = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(2 * b * bs) as *const __m128i));
+        let nb = hd / 32;
+        for (i, (a, s)) in acc.iter().zip(s.iter_mut()).enumerate() {
+            let isum = _mm256_sub_epi32(*a, _mm256_set1_epi32(bias * rows.qsum[(r0 + i) * nb + b]));
+            let t = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(rows.dq[(r0 + i) * nb + b]), dk), _mm256_cvtepi32_ps(isum));
+            *s = if b == 0 { t } else { _mm256_add_ps(*s, t) };
+        }
+    }
+    for (i, s) in s.iter().enumerate() {
+        _mm256_storeu_ps(dst.add(i * stride), *s);
     }
 }
 

@@ -300,6 +300,25 @@ unsafe fn q6_scales_dup(p: *const u8, j: usize, half: usize) -> __m256i {
     _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s, s))
 }
 
+/// Q6_K: the 6-bit codes (0..=63) of elements `128h + 32s + 4c..+4` (c < 8) of the half's 8 rows in
+/// the group-block at `p`, as 32 bytes (8 rows × 4 codes): ql vector `16h + c + 8(s & 1)`, its low
+/// nibbles for s < 2 and high ones above, with bits 2s..2s+2 of qh vector `8h + c` on top (`layout`).
+/// One copy for the AVX2 and AVX-VNNI kernels, which differ only in how they multiply.
+#[inline(always)]
+pub(super) unsafe fn q6_codes(p: *const u8, h: usize, c: usize, s: usize, half: usize) -> __m256i {
+    let (nib, crumb) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let v = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8 * (s & 1)) + 32 * half) as *const __m256i);
+    let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + 32 * half) as *const __m256i);
+    let low = if s < 2 { _mm256_and_si256(v, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib) };
+    let top = match s {
+        0 => _mm256_slli_epi16::<4>(hh),
+        1 => _mm256_slli_epi16::<2>(hh),
+        2 => hh,
+        _ => _mm256_srli_epi16::<2>(hh),
+    };
+    _mm256_or_si256(low, _mm256_and_si256(top, crumb))
+}
+
 /// Q6_K: the codes are at most 63, so two k-groups' `vpmaddubsw` results add up in i16 (8 products of
 /// at most 63 · 128 per i16, under 2^15), and `vpmaddwd` by the sub-block's scales widens and scales
 /// them. The codes' offset 32 is applied once per super-block instead of per sub-block: −32 · Σⱼ
@@ -308,9 +327,7 @@ unsafe fn q6_scales_dup(p: *const u8, j: usize, half: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
     let m = tl.m;
-    let (h8, hd) = (32 * half, 16 * half);
-    let nib = _mm256_set1_epi8(0x0F);
-    let crumb = _mm256_set1_epi8(0x30);
+    let hd = 16 * half;
     let mut acc = [_mm256_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
@@ -326,16 +343,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                     for cp in 0..2 {
                         let mut part = [_mm256_setzero_si256(); NT];
                         for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
-                            let v = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8 * (s & 1)) + h8) as *const __m256i);
-                            let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i);
-                            let low = if s < 2 { _mm256_and_si256(v, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib) };
-                            let top = match s {
-                                0 => _mm256_slli_epi16::<4>(hh),
-                                1 => _mm256_slli_epi16::<2>(hh),
-                                2 => hh,
-                                _ => _mm256_srli_epi16::<2>(hh),
-                            };
-                            let w = _mm256_or_si256(low, _mm256_and_si256(top, crumb));
+                            let w = q6_codes(p, h, c, s, half);
                             unroll!(NT, |t| {
                                 part[t] = _mm256_add_epi16(part[t], mul16(w, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
                             });

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use super::acts::LSide;
-use super::avx2::{codes4, f16x8, fifth_bits};
+use super::avx2::{codes4, f16x8, fifth_bits, q6_codes};
 use super::layout::*;
 use super::tile::*;
 use super::{PackedInput, PackedMatrix};
@@ -209,9 +209,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
     let m = tl.m;
-    let (h8, hd) = (32 * half, 16 * half);
-    let nib = _mm256_set1_epi8(0x0F);
-    let crumb = _mm256_set1_epi8(0x30);
+    let hd = 16 * half;
     let mut acc = [_mm256_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
@@ -227,16 +225,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                     let sub = 8 * h + 2 * s + cq;
                     let mut part: [__m256i; NT] = std::array::from_fn(|t| _mm256_set1_epi32(tl.k_side(t, b).neg32_sum16[sub]));
                     for c in 4 * cq..4 * cq + 4 {
-                        let v = _mm256_loadu_si256(p.add(64 * (16 * h + c + 8 * (s & 1)) + h8) as *const __m256i);
-                        let hh = _mm256_loadu_si256(p.add(Q6_K_QH + 64 * (8 * h + c) + h8) as *const __m256i);
-                        let low = if s < 2 { _mm256_and_si256(v, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib) };
-                        let top = match s {
-                            0 => _mm256_slli_epi16::<4>(hh),
-                            1 => _mm256_slli_epi16::<2>(hh),
-                            2 => hh,
-                            _ => _mm256_srli_epi16::<2>(hh),
-                        };
-                        let w = _mm256_or_si256(low, _mm256_and_si256(top, crumb));
+                        let w = q6_codes(p, h, c, s, half);
                         unroll!(NT, |t| {
                             part[t] = dp(part[t], w, codes4(qs[t].add(128 * h + 4 * c + 32 * s)));
                         });
