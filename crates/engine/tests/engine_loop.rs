@@ -498,6 +498,42 @@ fn blocks_evicted_from_memory_are_read_back_from_disk() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// The same under a KV window: the blocks a windowed request released stay cached, reach the disk tier
+/// when evicted, and a later request's hit (its sink block and its window, read back from disk) gives
+/// the tokens of a cold windowed prefill.
+#[test]
+fn windowed_blocks_evicted_from_memory_are_read_back_from_disk() {
+    let model = model();
+    let dir = temp_dir("disk-evict-window");
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
+    let window = Some(KvWindow { window: 12, sinks: 4 });
+    let requests = shared_prefix_requests();
+    let cold = EngineConfig { prefix_caching: false, kv_window: window, ..config(64, 64) };
+    let reference = drain(spawn(model.clone(), Arc::new(Names), cold).submit(requests[0].clone()).unwrap().1).0;
+    let engine = spawn_with(model.clone(), Arc::new(Names), EngineConfig { kv_window: window, ..config(16, 64) }, disk).unwrap();
+    drain(engine.submit(requests[0].clone()).unwrap().1);
+    for seed in 0..4 {
+        drain(engine.submit(GenerateParams::greedy(prompt(900 + seed, 40), 4)).unwrap().1);
+    }
+    let stats = engine.stats();
+    for i in 0..1000 {
+        if stats.prefix_cache_disk_blocks.load(Ordering::Relaxed) >= 11 {
+            break;
+        }
+        assert!(i < 999, "the evicted blocks never reached the disk tier");
+        drain(engine.submit(GenerateParams::greedy(vec![1], 1)).unwrap().1);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (ids, _, _, usage) = drain_usage(engine.submit(requests[0].clone()).unwrap().1);
+    assert_eq!(ids, reference);
+    // as without a window: the read starts where memory's hit ends (here at block 0) and takes at most
+    // half the pool, 8 blocks; they include gap blocks (1..5) that the hit does not need
+    assert_eq!(usage.cached_tokens, 32, "{stats:?}");
+    assert_eq!(stats.prefix_cache_disk_hit_tokens.load(Ordering::Relaxed), 32);
+    engine.shutdown(std::time::Duration::ZERO);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Sparse prefill in the engine (`EngineConfig::spec_prefill`, scored by the model's own first layer):
 /// a long prompt is thinned to about the kept share and answered; usage counts the whole prompt; the
 /// same prompt again finds in the prefix cache only what the first request computed of the prompt's

@@ -2,8 +2,8 @@
 //! prompt starts with cached blocks gives exactly the tokens of a cold prefill of the same prompt (the
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
 //! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI). The same holds with quantized KV cells
-//! (`--kv-dtype q8_0`), under a KV window (`--kv-window`), whose released blocks are never a prefix,
-//! and with Gemma-3's sliding layers keeping their window only (`kv::layout`).
+//! (`--kv-dtype q8_0`), under a KV window (`--kv-window`), where a hit takes the sink blocks and the
+//! window before it, and with Gemma-3's sliding layers keeping their window only (`kv::layout`).
 
 mod common;
 
@@ -76,17 +76,18 @@ fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: b
     eprintln!("{name} ({kv} KV, window {kv_window:?}): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
 }
 
-/// Under a 128-token window with 4 sinks, the 403-token shared prefix leaves only its sink block in the
-/// cache (the blocks behind the window were released uncached): every later prompt hits 16 tokens, and
-/// the tokens are still those of a cold prefill, alone or concurrent.
+/// Under a 128-token window with 4 sinks the blocks behind the window are released as the first prompt
+/// runs, but stay cached: a later prompt's hit needs its sink block and the 128+ positions before the
+/// hit's end only, so the hits are those without a window, and the tokens are still those of a cold
+/// prefill under the same window, alone or concurrent.
 #[test]
 fn windowed_cache_hits_match_cold_prefill_smollm2() {
-    check_model_with("smollm2-135m", "f16", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
+    check_model_with("smollm2-135m", "f16", Some(KvWindow { window: 128, sinks: 4 }), &[0, 400, 400, 432, 400]);
 }
 
 #[test]
 fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
-    check_model_with("qwen2.5-coder-0.5b", "q8_0", Some(KvWindow { window: 128, sinks: 4 }), &[0, 16, 16, 16, 16]);
+    check_model_with("qwen2.5-coder-0.5b", "q8_0", Some(KvWindow { window: 128, sinks: 4 }), &[0, 400, 400, 432, 400]);
 }
 
 /// Gemma-3's sliding layers in block tables of their own that release what leaves their 512 tokens

@@ -66,19 +66,73 @@ fn without_sinks_nothing_before_the_window_is_kept() {
 }
 
 #[test]
-fn released_blocks_are_never_served_as_a_prefix() {
+fn released_blocks_stay_cached_and_a_hit_takes_the_sink_blocks_and_the_window() {
     let mut s = windowed(8, 4, 30, true);
     add(&mut s, 1, prompt(40), 100);
-    step(&mut s); // prefill 40: blocks 1..8 (positions 4..32) leave the window at once
-    let table = s.request(1).unwrap().blocks.table().to_vec();
-    assert_eq!(table[0], 0);
-    assert!(table[1..8].iter().all(|&b| b == NULL_BLOCK));
-    // only the sink block, before the first gap, is in the prefix cache
-    assert_eq!(s.pool().num_cached(), 1);
+    step(&mut s); // prefill 40: blocks 0..10 registered, then 1..8 (positions 4..32) leave the window
+    const N: u32 = NULL_BLOCK;
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, N, N, N, N, N, N, N, 8, 9]);
+    assert_eq!(s.pool().num_cached(), 10, "the released blocks stay cached");
+    assert_eq!(s.pool().num_free(), 30 - 3);
+    s.finish(1);
+    // the same prompt: 9 blocks may hit (the last token is computed). A query at 36 attends to the sink
+    // block and to 29.. (blocks 7 and 8): those three make the hit, blocks 1..7 are not needed
     add(&mut s, 2, prompt(40), 100);
+    let plan = step(&mut s);
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 36);
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].len), (36, 4));
+    // it took blocks 0, 7 and 8 and a new block (the first free one, uncached) for positions 36..40;
+    // after computing them the next query (40) attends to 33.., so block 7 left again
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, N, N, N, N, N, N, N, 8, 10]);
+}
+
+#[test]
+fn an_agent_session_under_a_window_keeps_its_cache_from_turn_to_turn() {
+    // turn 1: 30 prompt tokens, 3 sampled (`101`); it computes positions 0..32, so full blocks 0..8
+    let mut s = windowed(8, 4, 40, true);
+    add(&mut s, 1, prompt(30), 3);
+    for _ in 0..3 {
+        step(&mut s);
+    }
+    const N: u32 = NULL_BLOCK;
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, N, N, N, N, N, 6, 7]);
+    s.finish(1);
+    // turn 2 resends the history and its reply, then a new message: 30 + 3 + 9 tokens. The first 33
+    // match turn 1's; a hit of 8 blocks (positions 0..32) needs the sink block and blocks 6, 7 only (a
+    // query at 32 attends to 25..), all cached although turn 1 released blocks 1..5 while it ran.
+    let mut turn2 = prompt(30);
+    turn2.extend([101, 101, 101]);
+    turn2.extend(200..209);
+    add(&mut s, 2, turn2, 3);
+    let plan = step(&mut s);
+    let r = s.request(2).unwrap();
+    assert_eq!(r.num_cached_tokens, 32);
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].len), (32, 10));
+    // after 32..42 the next query (42) attends to 35.. (block 8 on): blocks 6 and 7 left again
+    assert_eq!(r.blocks.table(), vec![0, N, N, N, N, N, N, N, 8, 9, 10]);
+}
+
+#[test]
+fn a_hit_needs_its_whole_window_cached_and_falls_back_to_the_sinks() {
+    const N: u32 = NULL_BLOCK;
+    let mut s = windowed(8, 4, 12, true);
+    add(&mut s, 1, prompt(40), 1);
     step(&mut s);
-    assert_eq!(s.request(2).unwrap().num_cached_tokens, 4, "the same prompt hits the sink block only");
-    assert_eq!(s.request(2).unwrap().blocks.table()[0], 0, "shared");
+    s.finish(1);
+    // every block of request 1 is free and cached: after the two never used, the released 1..7 (in the
+    // order they left), then its last blocks (a sequence's later blocks are evicted first)
+    assert_eq!(s.pool().free_ids().collect::<Vec<_>>(), vec![10, 11, 1, 2, 3, 4, 5, 6, 7, 9, 8, 0]);
+    // another prompt of 36 tokens takes the 9 blocks at the front: 1..7 are evicted
+    add(&mut s, 3, (1000..1036).collect(), 1);
+    step(&mut s);
+    assert_eq!(s.request(3).unwrap().blocks.table(), vec![10, N, N, N, N, N, N, 6, 7]);
+    s.finish(3);
+    // request 1's prompt again: every hit longer than the sink block needs one of blocks 1..7 (a hit of
+    // m blocks attends to m - 2 or m - 3 on), so the hit is the sink block only
+    add(&mut s, 2, prompt(40), 1);
+    step(&mut s);
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 4);
+    assert_eq!(s.request(2).unwrap().blocks.table(), vec![0, N, N, N, N, N, N, N, 5, 7]);
 }
 
 #[test]
@@ -115,9 +169,9 @@ fn a_preempted_windowed_request_recomputes_and_releases_again() {
 }
 
 #[test]
-fn blocks_cached_before_the_window_opened_a_gap_leave_the_cache_with_it() {
+fn blocks_registered_before_the_window_opened_a_gap_stay_cached_with_it() {
     // chunks of 8: the first chunk's blocks are registered before any is dead; the second chunk's gap
-    // releases block 1, which leaves the cache, and nothing after it is registered
+    // releases block 1, which stays cached with every later full block
     let mut s = windowed_chunks(8, 4, 20, true, 8);
     add(&mut s, 1, prompt(20), 100);
     step(&mut s);
@@ -125,12 +179,16 @@ fn blocks_cached_before_the_window_opened_a_gap_leave_the_cache_with_it() {
     assert_eq!(s.pool().num_cached(), 2);
     step(&mut s);
     assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, NULL_BLOCK, 2, 3]);
-    assert_eq!(s.pool().num_cached(), 1, "only the sink block");
+    assert_eq!(s.pool().num_cached(), 4, "block 1 too, though released");
     for _ in 0..10 {
         step(&mut s);
     }
-    assert_eq!(s.pool().num_cached(), 1);
+    // the prompt's 5 blocks and the decoded positions' full blocks
+    assert_eq!(s.pool().num_cached(), 7);
     add(&mut s, 2, prompt(20), 100);
     step(&mut s);
-    assert_eq!(s.request(2).unwrap().num_cached_tokens, 4);
+    // 4 blocks may hit: a query at 16 attends to the sink block and to 9.. (blocks 2 and 3)
+    assert_eq!(s.request(2).unwrap().num_cached_tokens, 16);
+    // (after computing 16..20, block 2 left its window again)
+    assert_eq!(s.request(2).unwrap().blocks.table()[..4], [0, NULL_BLOCK, NULL_BLOCK, 3]);
 }

@@ -182,22 +182,6 @@ impl BlockPool {
         }
     }
 
-    /// Releases one hold on a block that left a sequence's window (`kv::window`). Once nobody holds it, it
-    /// also leaves the prefix cache (a windowed sequence's evicted blocks are never served as a prefix,
-    /// nor saved to the disk tier) and is reused first.
-    pub fn release_uncached(&mut self, b: u32) {
-        let count = &mut self.ref_counts[b as usize];
-        assert!(*count > 0, "block {b} released more often than it was held");
-        *count -= 1;
-        if *count == 0 {
-            if self.entries[b as usize].is_some() {
-                self.evict(b);
-                self.evicted.pop();
-            }
-            self.free.push_front(b);
-        }
-    }
-
     /// The longest run of cached blocks holding a sequence's first full blocks: `root` is the parent key of
     /// its first block, `hashes[i]` the key of block `i`, `tokens` the sequence's tokens (at least
     /// `hashes.len()` blocks of them). Takes nothing.

@@ -9,11 +9,15 @@
 //! request ever writes into a block another one holds.
 //!
 //! Layer groups (`kv::layout`): a request has a block table per group, all from one pool, each group's
-//! blocks keyed under a root of its own (a page of one group holds other layers than another's). A
-//! sliding group registers its full blocks before it releases those behind its window, and a released
-//! block stays cached, so a later request's hit there needs only the blocks its next query attends to:
-//! the hit is the longest prefix that every full-attention group holds from its first block and every
-//! sliding group holds over the window before it.
+//! blocks keyed under a root of its own (a page of one group holds other layers than another's).
+//!
+//! Windows (a sliding group's, or a StreamingLLM window over every layer, `kv::window`): full blocks are
+//! registered before those behind the window are released, and a released block stays cached, so a
+//! later request's hit needs only the blocks its next query attends to (vLLM's sliding-window cache
+//! hit): the hit is the longest prefix that every full-attention group holds from its first block and
+//! every windowed group holds over its sink blocks and the window before the prefix's end. What a query
+//! attends to depends on its position alone, so a block computed by another request holds what this
+//! one would compute: an agent session under a window keeps its cache turn after turn.
 
 use super::block_pool::{BlockHash, BlockPool, EvictedBlock};
 use super::layout::KvLayout;
@@ -48,8 +52,8 @@ struct GroupKeys {
     hashes: Vec<BlockHash>,
     /// Leading blocks of the table registered in the prefix cache.
     num_registered: usize,
-    /// With a window: table entries before this one that left it are released (`NULL_BLOCK`); 0 while
-    /// none is.
+    /// With a window: table entries before this one that left it are released (`NULL_BLOCK`, all those
+    /// after the sink blocks); 0 while none is.
     released_to: usize,
 }
 
@@ -124,9 +128,10 @@ impl KvCacheManager {
         KvCacheManager { block_size, prefix_caching, window: None, sliding: vec![None], pool, stats: PrefixCacheStats::default() }
     }
 
-    /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released as it
-    /// grows. Its blocks are keyed under a root of their own, so they never serve (nor are served by) a
-    /// sequence that attends to everything, also in a disk tier shared with another configuration.
+    /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released (and
+    /// stay cached) as it grows. Its blocks are keyed under a root of their own, so they never serve (nor
+    /// are served by) a sequence that attends to everything, also in a disk tier shared with another
+    /// configuration.
     pub fn with_window(mut self, window: Option<KvWindow>) -> Self {
         assert!(window.is_none() || self.sliding.len() == 1, "a KV window applies to a one-group layout");
         self.window = window;
@@ -224,7 +229,12 @@ impl KvCacheManager {
         let mut hashes = Vec::with_capacity(max_blocks);
         let root = blocks.groups[0].root;
         self.extend_chain(root, &mut hashes, tokens, max_blocks);
-        let in_memory = if self.prefix_caching { self.pool.lookup(root, &hashes, tokens, self.block_size).len() } else { 0 };
+        let in_memory = match (self.prefix_caching, self.window) {
+            (false, _) => 0,
+            // (the hit admission would take: a read from the disk tier continues it)
+            (true, Some(w)) => self.longest_windowed_hit(w, root, &hashes, tokens).len(),
+            (true, None) => self.pool.lookup(root, &hashes, tokens, self.block_size).len(),
+        };
         PrefixProbe { root, hashes, in_memory }
     }
 
@@ -284,7 +294,7 @@ impl KvCacheManager {
         blocks.restorable = None;
         for ((keys, table), hit) in blocks.groups.iter_mut().zip(&mut blocks.tables).zip(hits) {
             keys.num_registered = m;
-            keys.released_to = hit.iter().take_while(|&&b| b == NULL_BLOCK).count();
+            keys.released_to = hit.iter().rposition(|&b| b == NULL_BLOCK).map_or(0, |j| j + 1);
             *table = hit;
         }
         assert!(self.allocate_slots(blocks, computed + n_new), "the free blocks were counted");
@@ -318,13 +328,11 @@ impl KvCacheManager {
         }
     }
 
-    /// Records that the request's first `num_computed` tokens are computed: blocks that left a
-    /// StreamingLLM window are released (never registered), the full blocks are registered in the prefix
-    /// cache, then the blocks that left a sliding group's window are released (cached).
+    /// Records that the request's first `num_computed` tokens are computed: the full blocks are
+    /// registered in the prefix cache, then the blocks that left a window are released (cached).
     pub fn advance(&mut self, tokens: &[u32], num_computed: usize, blocks: &mut RequestBlocks) {
-        self.release_dead(blocks, num_computed, false);
         self.cache_full_blocks(tokens, num_computed, blocks);
-        self.release_dead(blocks, num_computed, true);
+        self.release_outside_window(blocks, num_computed);
     }
 
     /// Registers the request's newly computed full blocks (its first `num_computed` tokens) in the prefix
@@ -336,12 +344,7 @@ impl KvCacheManager {
         let bs = self.block_size;
         let cacheable = self.cacheable_blocks(blocks);
         for (keys, table) in blocks.groups.iter_mut().zip(&blocks.tables) {
-            let mut full = (num_computed / bs).min(cacheable);
-            // Once the window has released a block, no block after the sinks can be reached by a lookup
-            // (it walks the chain from the first block): none is registered.
-            if let Some(w) = self.window.filter(|_| keys.released_to > 0) {
-                full = full.min(w.sink_end(bs) / bs);
-            }
+            let full = (num_computed / bs).min(cacheable);
             Self::extend_chain_with(&self.pool, bs, keys.root, &mut keys.hashes, tokens, full);
             for j in keys.num_registered..full {
                 let (parent_hash, parent) = match j.checked_sub(1) {
@@ -357,29 +360,17 @@ impl KvCacheManager {
     }
 
     /// Releases the blocks no query at or after position `next` attends to, under a StreamingLLM window
-    /// and in sliding groups (their entries become `NULL_BLOCK`). Without either, does nothing.
+    /// and in sliding groups (their entries become `NULL_BLOCK`; registered ones stay cached, a later hit
+    /// needs only its window's blocks). Without either, does nothing.
     pub fn release_outside_window(&mut self, blocks: &mut RequestBlocks, next: usize) {
-        self.release_dead(blocks, next, false);
-        self.release_dead(blocks, next, true);
-    }
-
-    /// `release_outside_window` of the StreamingLLM window's blocks (uncached: they are never served as a
-    /// prefix), or of the sliding groups' (they stay cached: a later hit needs only its window's blocks).
-    fn release_dead(&mut self, blocks: &mut RequestBlocks, next: usize, sliding: bool) {
         for (g, (keys, table)) in blocks.groups.iter_mut().zip(&mut blocks.tables).enumerate() {
-            let w = if sliding { self.sliding[g] } else { self.window };
-            let Some(w) = w else { continue };
+            let Some(w) = self.group_window(g) else { continue };
             let dead = w.dead_blocks(next, self.block_size);
             let end = dead.end.min(table.len());
             for j in dead.start.max(keys.released_to)..end {
                 let b = std::mem::replace(&mut table[j], NULL_BLOCK);
-                if b == NULL_BLOCK {
-                    continue;
-                }
-                if sliding {
+                if b != NULL_BLOCK {
                     self.pool.release(&[b]);
-                } else {
-                    self.pool.release_uncached(b);
                 }
             }
             if end > dead.start {
@@ -409,10 +400,16 @@ impl KvCacheManager {
         self.pool.take_evicted()
     }
 
+    /// Group `g`'s window: its sliding window, or the StreamingLLM window (one-group layouts only).
+    fn group_window(&self, g: usize) -> Option<KvWindow> {
+        self.sliding[g].or(self.window)
+    }
+
     /// The request's cached prefix, leaving at least its last token to compute: `m` blocks, and per group
-    /// the blocks holding them (a sliding group's entries before its window `NULL_BLOCK`). `m` is the
-    /// largest count that every full-attention group holds from the first block and every sliding group
-    /// holds over the blocks a query at position `m * block_size` attends to. None with caching off.
+    /// the blocks holding them (a windowed group's entries between its sinks and its window `NULL_BLOCK`).
+    /// `m` is the largest count that every full-attention group holds from the first block and every
+    /// windowed group holds over the blocks a query at position `m * block_size` attends to. None with
+    /// caching off.
     fn cached_prefix(&mut self, tokens: &[u32], blocks: &mut RequestBlocks) -> (usize, Vec<Vec<u32>>) {
         let groups = self.num_groups();
         if !self.prefix_caching {
@@ -425,30 +422,62 @@ impl KvCacheManager {
         }
         let mut hits: Vec<Vec<u32>> = vec![Vec::new(); groups];
         let mut m = max_blocks;
-        for (g, keys) in blocks.groups.iter().enumerate().filter(|(g, _)| self.sliding[*g].is_none()) {
+        for (g, keys) in blocks.groups.iter().enumerate().filter(|(g, _)| self.group_window(*g).is_none()) {
             hits[g] = self.pool.lookup(keys.root, &keys.hashes[..max_blocks], tokens, bs);
             m = m.min(hits[g].len());
         }
-        // the largest m (from the full groups' down) whose window every sliding group holds
+        // the largest m (from the full groups' down) whose sinks and window every windowed group holds
         'm: loop {
             for (g, keys) in blocks.groups.iter().enumerate() {
-                let Some(w) = self.sliding[g] else { continue };
-                let lo = w.first_live(m * bs, bs) / bs;
-                let run = self.pool.lookup_from(keys.root, &keys.hashes[..m], tokens, bs, lo);
-                if run.len() < m - lo {
-                    m -= 1;
-                    continue 'm;
+                let Some(w) = self.group_window(g) else { continue };
+                match self.windowed_hit(w, keys.root, &keys.hashes[..m], tokens) {
+                    Some(hit) if hit.len() == m => hits[g] = hit,
+                    Some(hit) => {
+                        m = hit.len();
+                        continue 'm;
+                    }
+                    None => {
+                        m -= 1;
+                        continue 'm;
+                    }
                 }
-                hits[g] = std::iter::repeat_n(NULL_BLOCK, lo).chain(run).collect();
             }
             break;
         }
         for (g, hit) in hits.iter_mut().enumerate() {
-            if self.sliding[g].is_none() {
+            if self.group_window(g).is_none() {
                 hit.truncate(m);
             }
         }
         (m, hits)
+    }
+
+    /// A windowed group's longest hit within `hashes` (`windowed_hit`, m lowered until one is whole).
+    fn longest_windowed_hit(&self, w: KvWindow, root: BlockHash, hashes: &[BlockHash], tokens: &[u32]) -> Vec<u32> {
+        let mut m = hashes.len();
+        loop {
+            match self.windowed_hit(w, root, &hashes[..m], tokens) {
+                Some(hit) if hit.len() == m => return hit,
+                Some(hit) => m = hit.len(),
+                None => m -= 1,
+            }
+        }
+    }
+
+    /// A windowed group's hit over all of `hashes` (m blocks): its sink blocks, `NULL_BLOCK` for the gap,
+    /// then the run a query at position `m * block_size` attends to. `Some` shorter than m when the sink
+    /// blocks are not all cached (a hit of that length needs nothing else: the gap is empty there);
+    /// `None` when the run is not all cached.
+    fn windowed_hit(&self, w: KvWindow, root: BlockHash, hashes: &[BlockHash], tokens: &[u32]) -> Option<Vec<u32>> {
+        let (bs, m) = (self.block_size, hashes.len());
+        let sinks = (w.sink_end(bs) / bs).min(m);
+        let lo = (w.first_live(m * bs, bs) / bs).max(sinks);
+        let head = self.pool.lookup(root, &hashes[..sinks], tokens, bs);
+        if head.len() < sinks {
+            return Some(head);
+        }
+        let run = self.pool.lookup_from(root, hashes, tokens, bs, lo);
+        (run.len() == m - lo).then(|| head.into_iter().chain(std::iter::repeat_n(NULL_BLOCK, lo - sinks)).chain(run).collect())
     }
 
     /// Extends `hashes` (the keys of `tokens`' first blocks, chained from `root`) to `n_blocks` keys.
