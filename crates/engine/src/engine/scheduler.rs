@@ -79,7 +79,7 @@ impl StepPlan {
 }
 
 /// Restored blocks of a request admitted in this step: `blocks[i]` gets the engine's restorable block
-/// `skip + i` (counted from the offer's first block).
+/// `skip + i` (counted from the offer's first block); none where it is `NULL_BLOCK` (a window's gap).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Restore {
     pub id: RequestId,

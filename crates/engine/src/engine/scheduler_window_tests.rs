@@ -136,6 +136,25 @@ fn a_hit_needs_its_whole_window_cached_and_falls_back_to_the_sinks() {
 }
 
 #[test]
+fn restored_blocks_in_the_window_gap_get_no_block_and_their_read_is_dropped() {
+    const N: u32 = NULL_BLOCK;
+    // nothing in memory; the engine read blocks 0..8 (positions 0..32) from disk. The next query (32)
+    // attends to the sink block and to 25.. (blocks 6, 7): blocks 1..5 would be written and released
+    // at once, so they get no block and need no free one
+    let mut s = windowed(8, 4, 30, true);
+    add(&mut s, 1, prompt(40), 1);
+    assert_eq!(s.probe(1).map(|p| (p.1.len(), p.2)), Some((9, 0)));
+    s.offer_restored(1, 0, 8);
+    let plan = step(&mut s);
+    assert_eq!(s.request(1).unwrap().num_cached_tokens, 32);
+    assert_eq!(plan.restores, vec![Restore { id: 1, skip: 0, blocks: vec![0, N, N, N, N, N, 1, 2] }]);
+    assert_eq!((plan.chunks[0].start, plan.chunks[0].len), (32, 8));
+    // positions 32..40 took blocks 3 and 4; after them the next query (40) attends to 33.., so table
+    // entries 6 and 7 (blocks 1 and 2, restored) left as well
+    assert_eq!(s.request(1).unwrap().blocks.table(), vec![0, N, N, N, N, N, N, N, 3, 4]);
+}
+
+#[test]
 fn a_prompt_within_the_window_is_cached_whole() {
     let mut s = windowed(64, 4, 30, true);
     add(&mut s, 1, prompt(20), 100);

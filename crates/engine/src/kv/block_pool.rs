@@ -10,7 +10,9 @@
 //! free queue and is either found again (taken back out of the queue) or evicted when the queue's front
 //! reaches it. A lookup never trusts the key alone: the stored token ids must be equal and the stored
 //! parent must be the very block (id and generation) matched for the previous position, so a hash
-//! collision can never serve another prefix's keys and values.
+//! collision can never serve another prefix's keys and values. The exception is the first block of a
+//! run after a window's gap (`lookup_from`), whose parent block may be gone: there the parent's key
+//! must be equal, and the 128-bit chained SHA-256 key stands for the whole prefix.
 
 use super::free_queue::FreeQueue;
 use sha2::{Digest, Sha256};

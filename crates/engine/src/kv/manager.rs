@@ -87,12 +87,14 @@ pub struct Admission {
     pub num_computed_tokens: usize,
     pub num_new_tokens: usize,
     /// Restored blocks to fill before the step: `blocks[i]` gets the engine's restorable block
-    /// `skip + i` (counted from the first block it offered).
+    /// `skip + i` (counted from the first block it offered); none where it is `NULL_BLOCK` (in a
+    /// window's gap).
     pub restore: Option<(usize, Vec<u32>)>,
 }
 
 /// For a waiting request: the parent key of its first block, the keys of the blocks a cache hit may
-/// cover (all full blocks but the one holding the last token), and how many are cached in memory now.
+/// cover (all full blocks but the one holding the last token), and how many of them a hit in memory
+/// would cover now (under a window: the blocks it needs are cached, those in its gap may not be).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrefixProbe {
     pub root: BlockHash,
@@ -271,9 +273,16 @@ impl KvCacheManager {
         // group. Unheld hit blocks sit in the free queue: taking them leaves the rest for new blocks.
         let held: Vec<u32> = hits.iter().flatten().copied().filter(|&b| b != NULL_BLOCK).collect();
         let (len, free) = (tokens.len(), self.pool.num_free() - self.pool.num_unheld(&held));
+        // Restored blocks that a query at the end of the restore no longer attends to (a window's gap:
+        // the disk read continues the memory hit block by block) get no block, and their read is dropped.
+        let window = self.window;
+        let dead = |r: usize| -> Vec<bool> {
+            let gap = window.map_or(0..0, |w| w.dead_blocks((m + r) * bs, bs));
+            (m..m + r).map(|j| gap.contains(&j)).collect()
+        };
         let needed = |r: usize| {
             let computed = (m + r) * bs;
-            groups * ((computed + (len - computed).min(budget)).div_ceil(bs) - m)
+            groups * ((computed + (len - computed).min(budget)).div_ceil(bs) - m) - dead(r).iter().filter(|&&d| d).count()
         };
         while restore > 0 && needed(restore) > free {
             restore -= 1;
@@ -292,12 +301,19 @@ impl KvCacheManager {
             self.stats.disk_hit_tokens += (restore * bs) as u64;
         }
         blocks.restorable = None;
-        for ((keys, table), hit) in blocks.groups.iter_mut().zip(&mut blocks.tables).zip(hits) {
-            keys.num_registered = m;
-            keys.released_to = hit.iter().rposition(|&b| b == NULL_BLOCK).map_or(0, |j| j + 1);
+        for (table, hit) in blocks.tables.iter_mut().zip(hits) {
             *table = hit;
         }
+        // (restores are for one-group layouts)
+        let dead = dead(restore);
+        let mut fresh = self.pool.allocate(dead.iter().filter(|&&d| !d).count()).expect("the free blocks were counted").into_iter();
+        blocks.tables[0].extend(dead.iter().map(|&d| if d { NULL_BLOCK } else { fresh.next().expect("one per live block") }));
+        for (keys, table) in blocks.groups.iter_mut().zip(&blocks.tables) {
+            keys.num_registered = m;
+            keys.released_to = table.iter().rposition(|&b| b == NULL_BLOCK).map_or(0, |j| j + 1);
+        }
         assert!(self.allocate_slots(blocks, computed + n_new), "the free blocks were counted");
+        // (`NULL_BLOCK` entries: reads to drop)
         let restore = (restore > 0).then(|| (skip, blocks.tables[0][m..m + restore].to_vec()));
         Some(Admission { num_computed_tokens: computed, num_new_tokens: n_new, restore })
     }
@@ -431,13 +447,9 @@ impl KvCacheManager {
             for (g, keys) in blocks.groups.iter().enumerate() {
                 let Some(w) = self.group_window(g) else { continue };
                 match self.windowed_hit(w, keys.root, &keys.hashes[..m], tokens) {
-                    Some(hit) if hit.len() == m => hits[g] = hit,
-                    Some(hit) => {
-                        m = hit.len();
-                        continue 'm;
-                    }
-                    None => {
-                        m -= 1;
+                    Ok(hit) => hits[g] = hit,
+                    Err(shorter) => {
+                        m = shorter;
                         continue 'm;
                     }
                 }
@@ -457,27 +469,29 @@ impl KvCacheManager {
         let mut m = hashes.len();
         loop {
             match self.windowed_hit(w, root, &hashes[..m], tokens) {
-                Some(hit) if hit.len() == m => return hit,
-                Some(hit) => m = hit.len(),
-                None => m -= 1,
+                Ok(hit) => return hit,
+                Err(shorter) => m = shorter,
             }
         }
     }
 
     /// A windowed group's hit over all of `hashes` (m blocks): its sink blocks, `NULL_BLOCK` for the gap,
-    /// then the run a query at position `m * block_size` attends to. `Some` shorter than m when the sink
-    /// blocks are not all cached (a hit of that length needs nothing else: the gap is empty there);
-    /// `None` when the run is not all cached.
-    fn windowed_hit(&self, w: KvWindow, root: BlockHash, hashes: &[BlockHash], tokens: &[u32]) -> Option<Vec<u32>> {
+    /// then the run a query at position `m * block_size` attends to. Else the longest m' < m that may
+    /// still hit: a block the hit needs is missing, and every shorter hit that reaches past it needs it
+    /// too (a shorter hit's window starts no later), so m' is that block's index.
+    fn windowed_hit(&self, w: KvWindow, root: BlockHash, hashes: &[BlockHash], tokens: &[u32]) -> Result<Vec<u32>, usize> {
         let (bs, m) = (self.block_size, hashes.len());
         let sinks = (w.sink_end(bs) / bs).min(m);
         let lo = (w.first_live(m * bs, bs) / bs).max(sinks);
         let head = self.pool.lookup(root, &hashes[..sinks], tokens, bs);
         if head.len() < sinks {
-            return Some(head);
+            return Err(head.len());
         }
         let run = self.pool.lookup_from(root, hashes, tokens, bs, lo);
-        (run.len() == m - lo).then(|| head.into_iter().chain(std::iter::repeat_n(NULL_BLOCK, lo - sinks)).chain(run).collect())
+        if run.len() < m - lo {
+            return Err(lo + run.len());
+        }
+        Ok(head.into_iter().chain(std::iter::repeat_n(NULL_BLOCK, lo - sinks)).chain(run).collect())
     }
 
     /// Extends `hashes` (the keys of `tokens`' first blocks, chained from `root`) to `n_blocks` keys.

@@ -107,7 +107,8 @@ impl DiskOffload {
     /// used), and drops the rest of what was read.
     pub fn write_restore(&mut self, kv: &mut KvStorage, id: u64, skip: usize, blocks: &[u32]) {
         let Some(p) = self.pending.remove(&id) else { return };
-        for (i, &b) in blocks.iter().enumerate() {
+        // (a `NULL_BLOCK` entry: a block a window's gap made useless; its read is dropped)
+        for (i, &b) in blocks.iter().enumerate().filter(|(_, &b)| b != crate::kv::NULL_BLOCK) {
             kv.write_block(b, &p.restored[skip + i]);
         }
     }
