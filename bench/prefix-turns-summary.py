@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Per run of `reckon lab prefix -r 1` (a subfolder with records.jsonl + table.md): turn 2 and turn 20 with
+"""python3 bench/prefix-turns-summary.py FOLDER. Per run of `reckon lab prefix -r 1` (a subfolder with records.jsonl + table.md): turn 2 and turn 20 with
 the cache on (TTFT, tokens prefilled, cached), their ratio, and the cold TTFT of turn 20; then per arm
 (the folder name before -rN) the median over its runs. Reads table.md, which every run writes."""
 import os, re, sys, statistics
-root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+root = sys.argv[1]
 rows = {}
 for d in sorted(os.listdir(root)):
     t = os.path.join(root, d, 'table.md')
