@@ -4,7 +4,8 @@
 //! A pp test times the prefill of `n_prompt` tokens after `n_depth` tokens already in the KV cache: the
 //! depth is one request's prompt, cached, and each repetition's prompt is the depth plus `n_prompt` fresh
 //! tokens, so the prefix cache supplies the depth and the time to first token is the prefill of the rest
-//! (plus the depth's partial last block, none when the depth is a multiple of the block size). A tg test
+//! (plus the depth's partial last block, none when the depth is a multiple of the block size); under a
+//! `--kv-window` the hit is the depth's sink blocks and window, all its queries attend to. A tg test
 //! times `n_gen` decode steps (from the first generated token to the last) after the depth. Prompt tokens
 //! are seeded pseudo-random ids (as llama-bench's), so runs are comparable; decoding is greedy and ignores
 //! end-of-generation tokens. One untimed warm-up precedes the timed repetitions.
