@@ -219,7 +219,7 @@ impl Engine {
                     dtype: config.kv_dtypes.code(),
                     version: kv_numerics_version(model.numerics()),
                 };
-                Some(DiskOffload::open(&d, format)?)
+                Some(DiskOffload::open(&d, format, config.kv_window)?)
             }
             None => None,
         };
@@ -421,9 +421,9 @@ impl Engine {
 
     /// A disk read finished: the request may be admitted, with the blocks read.
     pub fn restored(&mut self, r: RestoredBlocks) {
-        let (id, first, n) = (r.id, r.first, r.blocks.len());
+        let (id, first, loaded) = (r.id, r.first, r.blocks.iter().map(Option::is_some).collect());
         if self.offload.as_mut().is_some_and(|o| o.restored(r)) {
-            self.scheduler.offer_restored(id, first, n);
+            self.scheduler.offer_restored(id, first, loaded);
         }
     }
 

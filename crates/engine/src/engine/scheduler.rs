@@ -340,14 +340,15 @@ impl Scheduler {
         req.status = RequestStatus::WaitingForDisk;
     }
 
-    /// Tells the scheduler the engine holds the keys and values of blocks `first..first + n` of a
-    /// waiting request's prompt (see `Restore`). Ends a `hold`.
-    pub fn offer_restored(&mut self, id: RequestId, first: usize, n: usize) {
+    /// Tells the scheduler the engine read blocks `first..first + loaded.len()` of a waiting request's
+    /// prompt from the disk tier and holds the keys and values of those with `loaded[i]` (see
+    /// `Restore`). Ends a `hold`.
+    pub fn offer_restored(&mut self, id: RequestId, first: usize, loaded: Vec<bool>) {
         if let Some(req) = self.requests.get_mut(&id) {
             if req.status == RequestStatus::WaitingForDisk {
                 req.status = RequestStatus::Waiting;
             }
-            self.kv.offer_restored(&mut req.blocks, first, n);
+            self.kv.offer_restored(&mut req.blocks, first, loaded);
         }
     }
 

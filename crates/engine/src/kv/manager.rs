@@ -32,9 +32,10 @@ pub struct RequestBlocks {
     tables: Vec<Vec<u32>>,
     /// Per layer group, its place in the prefix cache.
     groups: Vec<GroupKeys>,
-    /// Prompt blocks `first..first + n` whose keys and values the engine holds (read from the disk
-    /// tier), usable at first admission if the memory hit reaches `first`.
-    restorable: Option<(usize, usize)>,
+    /// Prompt blocks `first..first + loaded.len()` the engine read from the disk tier, as `(first,
+    /// loaded)`: `loaded[i]` unless the read skipped block `first + i` (a window's gap: no query after
+    /// the read attends to it). Usable at first admission if the memory hit reaches `first`.
+    restorable: Option<(usize, Vec<bool>)>,
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
@@ -250,10 +251,11 @@ impl KvCacheManager {
         blocks.pinned = hit;
     }
 
-    /// The engine holds the keys and values of prompt blocks `first..first + n` (from the disk tier).
-    pub fn offer_restored(&mut self, blocks: &mut RequestBlocks, first: usize, n: usize) {
-        if blocks.num_held() == 0 && n > 0 {
-            blocks.restorable = Some((first, n));
+    /// The engine read prompt blocks `first..first + loaded.len()` from the disk tier: it holds the
+    /// keys and values of those with `loaded[i]` (see `RequestBlocks::restorable`).
+    pub fn offer_restored(&mut self, blocks: &mut RequestBlocks, first: usize, loaded: Vec<bool>) {
+        if blocks.num_held() == 0 && !loaded.is_empty() {
+            blocks.restorable = Some((first, loaded));
         }
     }
 
@@ -265,9 +267,9 @@ impl KvCacheManager {
         debug_assert!(blocks.num_held() == 0, "waiting requests hold no blocks");
         let (m, hits) = self.cached_prefix(tokens, blocks);
         let (bs, groups) = (self.block_size, self.num_groups());
-        let (mut restore, skip) = match blocks.restorable {
-            Some((first, n)) if m >= first && m < first + n && groups == 1 => (first + n - m, m - first),
-            _ => (0, 0),
+        let (mut restore, skip, loaded) = match &blocks.restorable {
+            Some((first, loaded)) if m >= *first && m < first + loaded.len() && groups == 1 => (first + loaded.len() - m, m - first, loaded[m - first..].to_vec()),
+            _ => (0, 0, Vec::new()),
         };
         // Free blocks this admission needs with `r` restored blocks (those need blocks too), in every
         // group. Unheld hit blocks sit in the free queue: taking them leaves the rest for new blocks.
@@ -284,7 +286,9 @@ impl KvCacheManager {
             let computed = (m + r) * bs;
             groups * ((computed + (len - computed).min(budget)).div_ceil(bs) - m) - dead(r).iter().filter(|&&d| d).count()
         };
-        while restore > 0 && needed(restore) > free {
+        // A shorter restore has a shorter gap: a block the read skipped may be attended to again.
+        let readable = |r: usize| dead(r).iter().zip(&loaded).all(|(&d, &l)| d || l);
+        while restore > 0 && (needed(restore) > free || !readable(restore)) {
             restore -= 1;
         }
         if needed(restore) > free {

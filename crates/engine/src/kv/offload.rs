@@ -3,7 +3,7 @@
 //! blocks its admission got. The scheduler only sees ids: `hold`, `offer_restored` and `Restore`.
 
 use super::disk_tier::{BlockFile, DiskTier, DiskTierConfig, KvFormat};
-use super::{sha256_block_hash, BlockHash, EvictedBlock, KvStorage, PrefixProbe};
+use super::{sha256_block_hash, BlockHash, EvictedBlock, KvStorage, KvWindow, PrefixProbe};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,11 +11,12 @@ use std::sync::Arc;
 /// Keys and values read back from the disk tier and held by one waiting request, at most.
 const RESTORE_MAX_BYTES: usize = 256 << 20;
 
-/// Prompt blocks read back for one request: its blocks `first..first + blocks.len()`.
+/// Prompt blocks read back for one request: its blocks `first..first + blocks.len()`, `None` where the
+/// read skipped a block no query after it attends to (a window's gap).
 pub struct RestoredBlocks {
     pub id: u64,
     pub first: usize,
-    pub blocks: Vec<Vec<u8>>,
+    pub blocks: Vec<Option<Vec<u8>>>,
 }
 
 /// Where a finished read is delivered (the engine loop's command channel). Called exactly once per read,
@@ -30,6 +31,8 @@ struct ReadJob {
     parent: BlockHash,
     hashes: Vec<BlockHash>,
     tokens: Vec<u32>,
+    /// Blocks to load at most (the gap's, skipped, not counted).
+    max_loaded: usize,
     /// Set when the request ends: the rest of the read is skipped.
     cancelled: Arc<AtomicBool>,
     reply: RestoreReply,
@@ -38,7 +41,7 @@ struct ReadJob {
 /// A request the reader is loading blocks for, or whose loaded blocks await its admission.
 struct Pending {
     cancelled: Arc<AtomicBool>,
-    restored: Vec<Vec<u8>>,
+    restored: Vec<Option<Vec<u8>>>,
 }
 
 pub struct DiskOffload {
@@ -47,16 +50,18 @@ pub struct DiskOffload {
     reader: Option<(std::sync::mpsc::Sender<ReadJob>, std::thread::JoinHandle<()>)>,
     pending: HashMap<u64, Pending>,
     root: BlockHash,
+    window: Option<KvWindow>,
 }
 
 impl DiskOffload {
-    /// Opens (creates) the directory and starts the reader thread.
-    pub fn open(config: &DiskTierConfig, format: KvFormat) -> std::io::Result<DiskOffload> {
+    /// Opens (creates) the directory and starts the reader thread. `window`: the engine's KV window, if
+    /// any (a read then skips the blocks in its gap).
+    pub fn open(config: &DiskTierConfig, format: KvFormat, window: Option<KvWindow>) -> std::io::Result<DiskOffload> {
         let disk = Arc::new(DiskTier::open(config, format)?);
         let (jobs, queue) = std::sync::mpsc::channel::<ReadJob>();
         let (d, bs) = (disk.clone(), format.block_size as usize);
-        let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, bs))?;
-        Ok(DiskOffload { disk: Some(disk), reader: Some((jobs, thread)), pending: HashMap::new(), root: sha256_block_hash(format.model, &[format.version]) })
+        let thread = std::thread::Builder::new().name("reckon-kv-read".into()).spawn(move || read_blocks(&d, queue, bs, window))?;
+        Ok(DiskOffload { disk: Some(disk), reader: Some((jobs, thread)), pending: HashMap::new(), root: sha256_block_hash(format.model, &[format.version]), window })
     }
 
     /// The root key of every request's block chain: a model and KV format fingerprint, so files of
@@ -71,20 +76,21 @@ impl DiskOffload {
 
     /// If a new request's prompt blocks after those cached in memory are on disk, starts reading them
     /// (at most half the pool, and `RESTORE_MAX_BYTES`) and returns true: the request must wait for
-    /// `reply`. `tokens`: the request's prompt.
+    /// `reply`. `tokens`: the request's prompt. Under a window the read continues past blocks that are
+    /// not on disk if no query after it attends to them (`read_len`), and skips them.
     pub fn start_restore(&mut self, id: u64, probe: &PrefixProbe, tokens: &[u32], kv: &KvStorage, reply: RestoreReply) -> bool {
         let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else { return false };
-        let max_blocks = (kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / kv.block_bytes().max(1));
+        let max_loaded = (kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / kv.block_bytes().max(1));
         let (hashes, in_memory) = (&probe.hashes, probe.in_memory);
-        let end = hashes.len().min(in_memory + max_blocks);
-        if in_memory >= end || !disk.contains(hashes[in_memory]) {
+        let end = if self.window.is_some() { hashes.len() } else { hashes.len().min(in_memory + max_loaded) };
+        if in_memory >= end || !hashes[in_memory..end].iter().any(|&h| disk.contains(h)) {
             return false;
         }
         let bs = kv.shape.block_size;
         let parent = if in_memory == 0 { probe.root } else { hashes[in_memory - 1] };
         let cancelled = Arc::new(AtomicBool::new(false));
         let tokens = tokens[in_memory * bs..end * bs].to_vec();
-        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens, cancelled: cancelled.clone(), reply };
+        let job = ReadJob { id, first: in_memory, parent, hashes: hashes[in_memory..end].to_vec(), tokens, max_loaded, cancelled: cancelled.clone(), reply };
         if jobs.send(job).is_err() {
             return false;
         }
@@ -107,9 +113,9 @@ impl DiskOffload {
     /// used), and drops the rest of what was read.
     pub fn write_restore(&mut self, kv: &mut KvStorage, id: u64, skip: usize, blocks: &[u32]) {
         let Some(p) = self.pending.remove(&id) else { return };
-        // (a `NULL_BLOCK` entry: a block a window's gap made useless; its read is dropped)
+        // (a `NULL_BLOCK` entry: a block a window's gap made useless; its read is dropped, or was skipped)
         for (i, &b) in blocks.iter().enumerate().filter(|(_, &b)| b != crate::kv::NULL_BLOCK) {
-            kv.write_block(b, &p.restored[skip + i]);
+            kv.write_block(b, p.restored[skip + i].as_deref().expect("the scheduler restores only blocks that were read"));
         }
     }
 
@@ -162,26 +168,88 @@ fn block_file(kv: &KvStorage, e: EvictedBlock) -> BlockFile {
     BlockFile { hash: e.hash, parent_hash: e.parent_hash, data: kv.read_block(e.block), tokens: e.tokens }
 }
 
-/// The reader thread: loads each job's blocks in order while they verify, then replies. Every job gets
-/// its reply (no blocks if cancelled or if loading panicked), so a waiting request is always released.
-fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_size: usize) {
+/// How many blocks from `first` one read restores: the longest run whose blocks attended to from its
+/// end are all on disk (`present[k]` for block `first + k`), at most `max_loaded` of them. Under a
+/// window the blocks of the run's gap need not be on disk and are not loaded (`live` is false).
+fn read_len(first: usize, present: &[bool], window: Option<KvWindow>, bs: usize, max_loaded: usize) -> usize {
+    (1..=present.len())
+        .rev()
+        .find(|&n| {
+            let live: Vec<usize> = (0..n).filter(|&k| live(window, bs, first, n, k)).collect();
+            live.len() <= max_loaded && live.iter().all(|&k| present[k])
+        })
+        .unwrap_or(0)
+}
+
+/// Whether a read of blocks `first..first + n` loads block `first + k`: a query at its end attends to it.
+fn live(window: Option<KvWindow>, bs: usize, first: usize, n: usize, k: usize) -> bool {
+    window.is_none_or(|w| !w.dead_blocks((first + n) * bs, bs).contains(&(first + k)))
+}
+
+/// The reader thread: loads each job's blocks (those `read_len` takes) while they verify, then replies.
+/// A block that fails to load counts as absent and the run is chosen again. Every job gets its reply
+/// (no blocks if cancelled or if loading panicked), so a waiting request is always released.
+fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_size: usize, window: Option<KvWindow>) {
     for job in jobs {
         let load = || {
-            let mut blocks = Vec::new();
-            for (k, &hash) in job.hashes.iter().enumerate() {
-                if job.cancelled.load(Ordering::Relaxed) {
-                    return Vec::new();
+            let mut present: Vec<bool> = job.hashes.iter().map(|&h| disk.contains(h)).collect();
+            let mut blocks: Vec<Option<Vec<u8>>> = vec![None; job.hashes.len()];
+            let n = 'runs: loop {
+                let n = read_len(job.first, &present, window, block_size, job.max_loaded);
+                for k in (0..n).filter(|&k| live(window, block_size, job.first, n, k)) {
+                    if job.cancelled.load(Ordering::Relaxed) {
+                        return Vec::new();
+                    }
+                    if blocks[k].is_some() {
+                        continue;
+                    }
+                    let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
+                    match disk.load(job.hashes[k], parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
+                        Some(data) => blocks[k] = Some(data),
+                        None => {
+                            present[k] = false;
+                            continue 'runs;
+                        }
+                    }
                 }
-                let parent = if k == 0 { job.parent } else { job.hashes[k - 1] };
-                match disk.load(hash, parent, &job.tokens[k * block_size..(k + 1) * block_size]) {
-                    Some(data) => blocks.push(data),
-                    None => break,
-                }
+                break n;
+            };
+            blocks.truncate(n);
+            // (blocks loaded for a longer run that failed are dropped with it)
+            for k in (0..n).filter(|&k| !live(window, block_size, job.first, n, k)) {
+                blocks[k] = None;
             }
-            disk.touch_chain(&job.hashes[..blocks.len()]);
+            let read: Vec<BlockHash> = (0..n).filter(|&k| blocks[k].is_some()).map(|k| job.hashes[k]).collect();
+            disk.touch_chain(&read);
             blocks
         };
         let blocks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(load)).unwrap_or_default();
         (job.reply)(RestoredBlocks { id: job.id, first: job.first, blocks });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_takes_the_longest_run_on_disk_and_under_a_window_skips_its_gap() {
+        // without a window: the leading blocks on disk, at most `max_loaded`
+        assert_eq!(read_len(0, &[true, true, false, true], None, 4, 8), 2);
+        assert_eq!(read_len(3, &[true, true, true], None, 4, 2), 2);
+        assert_eq!(read_len(0, &[false, true], None, 4, 8), 0);
+        // blocks of 4, window 8, sinks 4 (block 0): a read of blocks 0..8 ends at 32, whose query
+        // attends to block 0 and blocks 6 and 7; blocks 1..6 need not be on disk
+        let w = Some(KvWindow { window: 8, sinks: 4 });
+        let gap = [true, false, false, false, false, false, true, true];
+        assert_eq!(read_len(0, &gap, w, 4, 8), 8);
+        assert_eq!((0..8).filter(|&k| live(w, 4, 0, 8, k)).collect::<Vec<_>>(), vec![0, 6, 7]);
+        // block 7 missing: a run ending at 28 attends to block 5 (not on disk), and so on down to one block
+        assert_eq!(read_len(0, &gap[..7], w, 4, 8), 1);
+        // three blocks loaded at most: the run of 8 loads exactly 3
+        assert_eq!(read_len(0, &gap, w, 4, 3), 8);
+        assert_eq!(read_len(0, &gap, w, 4, 2), 1);
+        // a read after a memory hit of 4 blocks: blocks 4..10, gap of a run ending at 40 is 1..8
+        assert_eq!(read_len(4, &[false, false, false, false, true, true], w, 4, 8), 6);
     }
 }
