@@ -265,6 +265,7 @@ impl DiskTier {
 
     /// Marks blocks as just used, the last one first: a chain's first block (which every read-back
     /// starts from) ends up the most recently used, so the size bound trims chains from their tails.
+    /// (Under a KV window a read-back marks only the blocks it loaded, so its gap's files go first.)
     pub fn touch_chain(&self, hashes: &[BlockHash]) {
         let mut index = self.index();
         for &h in hashes.iter().rev() {

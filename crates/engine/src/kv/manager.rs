@@ -110,7 +110,8 @@ pub struct PrefixCacheStats {
     pub queried_tokens: u64,
     /// Of those, tokens found in the cache (memory or disk).
     pub hit_tokens: u64,
-    /// Of the hits, tokens restored from the disk tier.
+    /// Of the hits, tokens restored from the disk tier (under a window, the blocks of the restore's gap
+    /// count too, as a memory hit's gap does, although they are neither read nor held).
     pub disk_hit_tokens: u64,
 }
 
@@ -275,8 +276,9 @@ impl KvCacheManager {
         // group. Unheld hit blocks sit in the free queue: taking them leaves the rest for new blocks.
         let held: Vec<u32> = hits.iter().flatten().copied().filter(|&b| b != NULL_BLOCK).collect();
         let (len, free) = (tokens.len(), self.pool.num_free() - self.pool.num_unheld(&held));
-        // Restored blocks that a query at the end of the restore no longer attends to (a window's gap:
-        // the disk read continues the memory hit block by block) get no block, and their read is dropped.
+        // Restored blocks that a query at the end of the restore no longer attends to (a window's gap,
+        // which the disk read skipped, or, when the restore is cut short, loaded but no longer needed)
+        // get no block; what was read for them is dropped.
         let window = self.window;
         let dead = |r: usize| -> Vec<bool> {
             let gap = window.map_or(0..0, |w| w.dead_blocks((m + r) * bs, bs));

@@ -5,6 +5,7 @@
 use super::disk_tier::{BlockFile, DiskTier, DiskTierConfig, KvFormat};
 use super::{sha256_block_hash, BlockHash, EvictedBlock, KvStorage, KvWindow, PrefixProbe};
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -74,19 +75,19 @@ impl DiskOffload {
         self.disk.as_ref().map_or(0, |d| d.num_files())
     }
 
-    /// If a new request's prompt blocks after those cached in memory are on disk, starts reading them
-    /// (at most half the pool, and `RESTORE_MAX_BYTES`) and returns true: the request must wait for
-    /// `reply`. `tokens`: the request's prompt. Under a window the read continues past blocks that are
-    /// not on disk if no query after it attends to them (`read_len`), and skips them.
+    /// If a new request's prompt blocks after those cached in memory are on disk (`read_len` finds a
+    /// run), starts reading them (at most half the pool, and `RESTORE_MAX_BYTES`) and returns true: the
+    /// request must wait for `reply`. `tokens`: the request's prompt. Under a window the read continues
+    /// past blocks that are not on disk if no query after it attends to them, and skips them.
     pub fn start_restore(&mut self, id: u64, probe: &PrefixProbe, tokens: &[u32], kv: &KvStorage, reply: RestoreReply) -> bool {
         let (Some(disk), Some((jobs, _))) = (&self.disk, &self.reader) else { return false };
         let max_loaded = (kv.shape.num_blocks / 2).min(RESTORE_MAX_BYTES / kv.block_bytes().max(1));
         let (hashes, in_memory) = (&probe.hashes, probe.in_memory);
-        let end = if self.window.is_some() { hashes.len() } else { hashes.len().min(in_memory + max_loaded) };
-        if in_memory >= end || !hashes[in_memory..end].iter().any(|&h| disk.contains(h)) {
+        let (end, bs) = (hashes.len(), kv.shape.block_size);
+        let present: Vec<bool> = hashes.get(in_memory..).unwrap_or_default().iter().map(|&h| disk.contains(h)).collect();
+        if read_len(in_memory, &present, self.window, bs, max_loaded) == 0 {
             return false;
         }
-        let bs = kv.shape.block_size;
         let parent = if in_memory == 0 { probe.root } else { hashes[in_memory - 1] };
         let cancelled = Arc::new(AtomicBool::new(false));
         let tokens = tokens[in_memory * bs..end * bs].to_vec();
@@ -170,25 +171,36 @@ fn block_file(kv: &KvStorage, e: EvictedBlock) -> BlockFile {
 
 /// How many blocks from `first` one read restores: the longest run whose blocks attended to from its
 /// end are all on disk (`present[k]` for block `first + k`), at most `max_loaded` of them. Under a
-/// window the blocks of the run's gap need not be on disk and are not loaded (`live` is false).
+/// window the blocks of the run's gap (`skipped`) need not be on disk and are not loaded; the blocks
+/// before `first` that its end attends to are in memory (the hit the read continues holds them).
 fn read_len(first: usize, present: &[bool], window: Option<KvWindow>, bs: usize, max_loaded: usize) -> usize {
+    // missing[i]: blocks absent among the first i
+    let mut missing = vec![0; present.len() + 1];
+    for (i, &p) in present.iter().enumerate() {
+        missing[i + 1] = missing[i] + usize::from(!p);
+    }
     (1..=present.len())
         .rev()
         .find(|&n| {
-            let live: Vec<usize> = (0..n).filter(|&k| live(window, bs, first, n, k)).collect();
-            live.len() <= max_loaded && live.iter().all(|&k| present[k])
+            let gap = skipped(window, bs, first, n);
+            n - gap.len() <= max_loaded && missing[n] == missing[gap.end] - missing[gap.start]
         })
         .unwrap_or(0)
 }
 
-/// Whether a read of blocks `first..first + n` loads block `first + k`: a query at its end attends to it.
-fn live(window: Option<KvWindow>, bs: usize, first: usize, n: usize, k: usize) -> bool {
-    window.is_none_or(|w| !w.dead_blocks((first + n) * bs, bs).contains(&(first + k)))
+/// The blocks of a read of `first..first + n` that no query at its end attends to (a window's gap), as
+/// indices `k` of block `first + k`; empty without a window.
+fn skipped(window: Option<KvWindow>, bs: usize, first: usize, n: usize) -> Range<usize> {
+    let Some(w) = window else { return 0..0 };
+    let dead = w.dead_blocks((first + n) * bs, bs);
+    let clamp = |b: usize| b.clamp(first, first + n) - first;
+    clamp(dead.start)..clamp(dead.end)
 }
 
 /// The reader thread: loads each job's blocks (those `read_len` takes) while they verify, then replies.
-/// A block that fails to load counts as absent and the run is chosen again. Every job gets its reply
-/// (no blocks if cancelled or if loading panicked), so a waiting request is always released.
+/// A block that fails to load counts as absent and the run is chosen again (what was loaded for a
+/// longer run and is not needed by the shorter one is dropped). Every job gets its reply (no blocks if
+/// cancelled or if loading panicked), so a waiting request is always released.
 fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_size: usize, window: Option<KvWindow>) {
     for job in jobs {
         let load = || {
@@ -196,7 +208,13 @@ fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_
             let mut blocks: Vec<Option<Vec<u8>>> = vec![None; job.hashes.len()];
             let n = 'runs: loop {
                 let n = read_len(job.first, &present, window, block_size, job.max_loaded);
-                for k in (0..n).filter(|&k| live(window, block_size, job.first, n, k)) {
+                let gap = skipped(window, block_size, job.first, n);
+                for (k, b) in blocks.iter_mut().enumerate() {
+                    if k >= n || gap.contains(&k) {
+                        *b = None;
+                    }
+                }
+                for k in (0..n).filter(|k| !gap.contains(k)) {
                     if job.cancelled.load(Ordering::Relaxed) {
                         return Vec::new();
                     }
@@ -215,10 +233,6 @@ fn read_blocks(disk: &DiskTier, jobs: std::sync::mpsc::Receiver<ReadJob>, block_
                 break n;
             };
             blocks.truncate(n);
-            // (blocks loaded for a longer run that failed are dropped with it)
-            for k in (0..n).filter(|&k| !live(window, block_size, job.first, n, k)) {
-                blocks[k] = None;
-            }
             let read: Vec<BlockHash> = (0..n).filter(|&k| blocks[k].is_some()).map(|k| job.hashes[k]).collect();
             disk.touch_chain(&read);
             blocks
@@ -243,7 +257,8 @@ mod tests {
         let w = Some(KvWindow { window: 8, sinks: 4 });
         let gap = [true, false, false, false, false, false, true, true];
         assert_eq!(read_len(0, &gap, w, 4, 8), 8);
-        assert_eq!((0..8).filter(|&k| live(w, 4, 0, 8, k)).collect::<Vec<_>>(), vec![0, 6, 7]);
+        assert_eq!(skipped(w, 4, 0, 8), 1..6);
+        assert_eq!(skipped(None, 4, 0, 8), 0..0);
         // block 7 missing: a run ending at 28 attends to block 5 (not on disk), and so on down to one block
         assert_eq!(read_len(0, &gap[..7], w, 4, 8), 1);
         // three blocks loaded at most: the run of 8 loads exactly 3
@@ -251,5 +266,6 @@ mod tests {
         assert_eq!(read_len(0, &gap, w, 4, 2), 1);
         // a read after a memory hit of 4 blocks: blocks 4..10, gap of a run ending at 40 is 1..8
         assert_eq!(read_len(4, &[false, false, false, false, true, true], w, 4, 8), 6);
+        assert_eq!(skipped(w, 4, 4, 6), 0..4);
     }
 }
