@@ -112,6 +112,44 @@ mod tests {
     use super::*;
     use crate::kv::{KvDtype, KvDtypes};
 
+    /// The integer sums at their largest: q4_0 keys whose codes are 15 but one per block (a block of
+    /// -8 and 31 sevens) against queries of ±127 everywhere, where the AVX2 path's i16 sums of a block
+    /// come within 2,300 of overflowing; and q8_0 keys of -127 and ±111. Every path gives the
+    /// reference's bits.
+    #[test]
+    fn quantized_scores_at_the_largest_codes_equal_the_reference() {
+        use crate::kv::{KvShape, KvStorage};
+        let (n_heads, n_kv_heads, hd, bs) = (2, 1, 64, 16);
+        let shape = AttnShape { n_heads, n_kv_heads, head_dim: hd, scale: 0.001, window: None, values_in_key_order: true };
+        for k in [KvDtype::Q4_0, KvDtype::Q8_0] {
+            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim: hd, head_dim: hd, block_size: bs, num_blocks: 4, dtypes: KvDtypes { k, v: KvDtype::Q8_0 } });
+            let table: Vec<u32> = vec![2, 0, 3];
+            let n = 40;
+            for pos in 0..n {
+                let key: Vec<f32> = (0..hd).map(|i| if i % 32 == 0 { -8.0 } else if k == KvDtype::Q4_0 || pos % 2 == 0 { 7.0 } else { -7.0 }).collect();
+                let v: Vec<f32> = (0..hd).map(|i| noise(i + 100 * pos, 1.5)).collect();
+                let slot = kv.slot(&table, pos);
+                kv.write(0, slot, &key, &v);
+            }
+            let layer = kv.layer_quant(0).expect("quantized");
+            let queries: Vec<QueryPos> = (0..n).map(|pos| QueryPos { block_table: &table, pos }).collect();
+            for sign in [1.0f32, -1.0] {
+                let q = vec![sign; n * n_heads * hd];
+                let mut want = vec![0.0; q.len()];
+                for (t, qp) in queries.iter().enumerate() {
+                    for h in 0..n_heads {
+                        let at = (t * n_heads + h) * hd;
+                        reference(&shape, &layer, bs, qp, h, &q[at..at + hd], &mut want[at..at + hd]);
+                    }
+                }
+                let mut got = vec![0.0; q.len()];
+                attend(&shape, &layer, bs, &queries, &q, OutPtr(got.as_mut_ptr()));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{k:?} keys, queries {sign}");
+            }
+        }
+    }
+
     /// The dispatched path (AVX-512 VNNI, AVX2, or the reference itself) gives the reference's bits for
     /// every row: prefill tiles, a decode batch, lone tokens over long contexts (the phase split), a
     /// sliding window, GQA groups, head sizes 32/64/96/128/256, and each pair of quantized formats.

@@ -393,8 +393,8 @@ unsafe fn scores_avxvnni<const R: usize>((r, region, cell0, rows, r0, dst, strid
     }
 }
 
-/// `scores_vnni` for 8 cells on AVX2: `maddubs` of |k| with q signed by k (q8_0; no bias), or of the
-/// nibbles with q (q4_0; bias 8), then `madd` with ones to i32.
+/// `scores_vnni` for 8 cells on AVX2: `maddubs` of |k| with q signed by k (q8_0; no bias), then `madd`
+/// with ones to i32; or `maddubs` of the nibbles with q (q4_0; bias 8), summed in i16 over the block.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scores_avx2<const R: usize>((r, region, cell0, rows, r0, dst, stride): ScoreArgs) {
     let (hd, bs) = (r.hd, r.bs);
@@ -414,16 +414,19 @@ unsafe fn scores_avx2<const R: usize>((r, region, cell0, rows, r0, dst, stride):
                 }
             }
         } else {
+            // the block's 8 `maddubs` add up in i16: 16 products of at most 15 · 127 per lane (30,480 <
+            // 2^15), so one `madd` per block widens them instead of one per 8 dims
+            let mut p16 = [_mm256_setzero_si256(); R];
             for m in 4 * b..4 * b + 4 {
                 let v = _mm256_loadu_si256(region.add((m * bs + cell0) * 4) as *const __m256i);
                 let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16::<4>(v), low));
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let p = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m))),
-                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m + 1))),
-                    );
-                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, ones));
+                for (i, p) in p16.iter_mut().enumerate() {
+                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m))));
+                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(rows.quad(r0 + i, 2 * m + 1))));
                 }
+            }
+            for (a, p) in acc.iter_mut().zip(&p16) {
+                *a = _mm256_madd_epi16(*p, ones);
             }
         }
         let dk = _mm256_cvtph_ps(_mm_loadu_si128(scales.add(2 * b * bs) as *const __m128i));
