@@ -10,10 +10,12 @@
 //!   transpose: up to 6 rows convert each dimension's 16 keys in registers, more rows convert the block
 //!   into a `[64][16]` f32 buffer once. Its results are `chain`'s bits.
 //!
-//! With AVX-512 and at most 3 rows (a decode token's group) two more arms: `ggml512`, today's AVX-512
-//! few-row scores (`attention::tiled::chunk_scores_few_64`: keys in pairs from f16 registers, the
-//! 16-key reduction tree run as they arrive) and `stored512`, the stored chains with 16 keys a register
-//! and q broadcast from memory.
+//! With AVX-512 two more arms: `ggml512`, today's AVX-512 scores (at most 3 rows, a decode token's
+//! group: `attention::tiled::chunk_scores_few_64`, keys in pairs from f16 registers and the 16-key
+//! reduction tree run as they arrive; more rows: `chunk_scores_nv`, the chunk converted into an f32 key
+//! buffer, then per row 16 keys' dots and `reduce_16_rows`) and `stored512`, the stored chains with 16
+//! keys a register and q broadcast from memory (more than 3 rows: the block converted into a `[64][16]`
+//! f32 buffer once, 8 rows a pass).
 //!
 //! `score_order_bench [ROWS] [KEYS] [REPS] [ROUNDS]`: the three alternate ROUNDS times; each prints the
 //! median ns per (row, key) of REPS, and the ratios. 3 rows is a lone SmolLM2 token's GQA group (decode),
@@ -64,11 +66,11 @@ fn main() {
             g / c,
             g / st
         );
-        if rows <= 3 && is_x86_feature_detected!("avx512f") {
+        if is_x86_feature_detected!("avx512f") {
             let mut out_5 = vec![0f32; rows * keys];
             // SAFETY: AVX-512 F was checked; as above.
-            let g5 = time(&mut || unsafe { ggml512(&k, &q, rows, keys, &mut out_5) });
-            let s5 = time(&mut || unsafe { stored512(&kt, &q, rows, keys, &mut out_s) });
+            let g5 = time(&mut || unsafe { ggml512(&k, &q, rows, keys, &mut buf, &mut out_5) });
+            let s5 = time(&mut || unsafe { stored512(&kt, &q, rows, keys, &mut buf, &mut out_s) });
             assert!(out_c.iter().zip(&out_s).all(|(x, y)| x.to_bits() == y.to_bits()), "AVX-512 stored chains give the chain's bits");
             println!("round {round} rows {rows} keys {keys}, AVX-512: ggml order {g5:.3} ns per row·key, stored dimension-major {s5:.3}; ggml/stored {:.2}x", g5 / s5);
         }
@@ -251,12 +253,44 @@ unsafe fn stored_rows<const R: usize>(q: &[f32], keys: usize, c0: usize, blk: *c
 
 /// Today's AVX-512 few-row scores (head size 64, at most 3 rows), as `attention::tiled` has them.
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn ggml512(k: &[half::f16], q: &[f32], rows: usize, keys: usize, out: &mut [f32]) {
+unsafe fn ggml512(k: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mut [f32], out: &mut [f32]) {
     match rows {
         1 => ggml512_rows::<1>(k, q, keys, out),
         2 => ggml512_rows::<2>(k, q, keys, out),
-        _ => ggml512_rows::<3>(k, q, keys, out),
+        3 => ggml512_rows::<3>(k, q, keys, out),
+        _ => ggml512_tile(k, q, rows, keys, buf, out),
     }
+}
+
+/// Many rows: the chunk's 16 keys converted into `buf` (`[16][64]` f32) once, then per row the 16 dots
+/// and the reduction network.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn ggml512_tile(k: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mut [f32], out: &mut [f32]) {
+    for c0 in (0..keys).step_by(16) {
+        for i in (0..16 * 64).step_by(16) {
+            _mm512_storeu_ps(buf.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(k.as_ptr().add(c0 * 64 + i) as *const __m256i)));
+        }
+        for r in 0..rows {
+            let qv: [__m512; 4] = std::array::from_fn(|j| _mm512_loadu_ps(q.as_ptr().add(r * 64 + 16 * j)));
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (c, vc) in v.iter_mut().enumerate() {
+                let pk = buf.as_ptr().add(c * 64);
+                let kc = [_mm512_loadu_ps(pk), _mm512_loadu_ps(pk.add(16)), _mm512_loadu_ps(pk.add(32)), _mm512_loadu_ps(pk.add(48))];
+                *vc = key_sum64(&kc, &qv);
+            }
+            _mm512_storeu_ps(out.as_mut_ptr().add(r * keys + c0), reduce16(&v));
+        }
+    }
+}
+
+/// Lane c of the result: the sum of v[c]'s lanes (`ggml::math::avx512::reduce_16_rows`' network).
+#[inline(always)]
+unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
+    let x: [__m512; 8] = std::array::from_fn(|k| _mm512_add_ps(_mm512_shuffle_f32x4::<0b01_00_01_00>(v[2 * k], v[2 * k + 1]), _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2 * k], v[2 * k + 1])));
+    let y: [__m512; 4] = std::array::from_fn(|m| _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(x[2 * m], x[2 * m + 1]), _mm512_shuffle_f32x4::<0b11_01_11_01>(x[2 * m], x[2 * m + 1])));
+    let z: [__m512; 2] = std::array::from_fn(|p| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(y[2 * p], y[2 * p + 1]), _mm512_shuffle_ps::<0xEE>(y[2 * p], y[2 * p + 1])));
+    let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(z[0], z[1]), _mm512_shuffle_ps::<0xDD>(z[0], z[1]));
+    _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r)
 }
 
 #[inline]
@@ -314,11 +348,50 @@ unsafe fn key_sum64(k: &[__m512; 4], q: &[__m512; 4]) -> __m512 {
 
 /// The stored chains on AVX-512: a block's dimension d is one 16-key register; q[r][d] broadcast.
 #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
-unsafe fn stored512(kt: &[half::f16], q: &[f32], rows: usize, keys: usize, out: &mut [f32]) {
+unsafe fn stored512(kt: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mut [f32], out: &mut [f32]) {
     match rows {
         1 => stored512_rows::<1>(kt, q, keys, out),
         2 => stored512_rows::<2>(kt, q, keys, out),
-        _ => stored512_rows::<3>(kt, q, keys, out),
+        3 => stored512_rows::<3>(kt, q, keys, out),
+        _ => stored512_tile(kt, q, rows, keys, buf, out),
+    }
+}
+
+/// Many rows: the block converted into `buf` (`[64][16]` f32) once, then 8 rows a pass.
+#[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+unsafe fn stored512_tile(kt: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mut [f32], out: &mut [f32]) {
+    for c0 in (0..keys).step_by(16) {
+        for i in (0..16 * 64).step_by(16) {
+            _mm512_storeu_ps(buf.as_mut_ptr().add(i), _mm512_cvtph_ps(_mm256_loadu_si256(kt.as_ptr().add(c0 * 64 + i) as *const __m256i)));
+        }
+        let mut r0 = 0;
+        while r0 < rows {
+            match rows - r0 {
+                1 => stored512_buf::<1>(q, r0, keys, c0, buf, out),
+                2 => stored512_buf::<2>(q, r0, keys, c0, buf, out),
+                3 => stored512_buf::<3>(q, r0, keys, c0, buf, out),
+                4 => stored512_buf::<4>(q, r0, keys, c0, buf, out),
+                5 => stored512_buf::<5>(q, r0, keys, c0, buf, out),
+                6 => stored512_buf::<6>(q, r0, keys, c0, buf, out),
+                7 => stored512_buf::<7>(q, r0, keys, c0, buf, out),
+                _ => stored512_buf::<8>(q, r0, keys, c0, buf, out),
+            }
+            r0 += 8;
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn stored512_buf<const R: usize>(q: &[f32], r0: usize, keys: usize, c0: usize, buf: &[f32], out: &mut [f32]) {
+    let mut s = [_mm512_setzero_ps(); R];
+    for d in 0..64 {
+        let kd = _mm512_loadu_ps(buf.as_ptr().add(d * 16));
+        for (r, s) in s.iter_mut().enumerate() {
+            *s = _mm512_fmadd_ps(_mm512_set1_ps(*q.as_ptr().add((r0 + r) * 64 + d)), kd, *s);
+        }
+    }
+    for (r, s) in s.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add((r0 + r) * keys + c0), *s);
     }
 }
 
