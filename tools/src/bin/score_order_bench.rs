@@ -163,18 +163,25 @@ unsafe fn chain(k: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mut 
                 }
             }
         }
-        let mut r0 = 0;
-        while r0 < rows {
-            match rows - r0 {
-                1 => chain_rows::<1>(q, r0, keys, c0, buf, out),
-                2 => chain_rows::<2>(q, r0, keys, c0, buf, out),
-                3 => chain_rows::<3>(q, r0, keys, c0, buf, out),
-                4 => chain_rows::<4>(q, r0, keys, c0, buf, out),
-                5 => chain_rows::<5>(q, r0, keys, c0, buf, out),
-                _ => chain_rows::<6>(q, r0, keys, c0, buf, out),
-            }
-            r0 += 6;
+        chain_block(q, rows, keys, c0, buf, out);
+    }
+}
+
+/// Every row's chains over one dimension-major block in `buf` (`[64][16]` f32), 6 rows a pass.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chain_block(q: &[f32], rows: usize, keys: usize, c0: usize, buf: &[f32], out: &mut [f32]) {
+    let mut r0 = 0;
+    while r0 < rows {
+        match rows - r0 {
+            1 => chain_rows::<1>(q, r0, keys, c0, buf, out),
+            2 => chain_rows::<2>(q, r0, keys, c0, buf, out),
+            3 => chain_rows::<3>(q, r0, keys, c0, buf, out),
+            4 => chain_rows::<4>(q, r0, keys, c0, buf, out),
+            5 => chain_rows::<5>(q, r0, keys, c0, buf, out),
+            _ => chain_rows::<6>(q, r0, keys, c0, buf, out),
         }
+        r0 += 6;
     }
 }
 
@@ -216,18 +223,7 @@ unsafe fn stored(kt: &[half::f16], q: &[f32], rows: usize, keys: usize, buf: &mu
         for i in (0..64 * 16).step_by(8) {
             _mm256_storeu_ps(buf.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(blk.add(i) as *const __m128i)));
         }
-        let mut r0 = 0;
-        while r0 < rows {
-            match rows - r0 {
-                1 => chain_rows::<1>(q, r0, keys, c0, buf, out),
-                2 => chain_rows::<2>(q, r0, keys, c0, buf, out),
-                3 => chain_rows::<3>(q, r0, keys, c0, buf, out),
-                4 => chain_rows::<4>(q, r0, keys, c0, buf, out),
-                5 => chain_rows::<5>(q, r0, keys, c0, buf, out),
-                _ => chain_rows::<6>(q, r0, keys, c0, buf, out),
-            }
-            r0 += 6;
-        }
+        chain_block(q, rows, keys, c0, buf, out);
     }
 }
 
