@@ -263,16 +263,16 @@ fn a_sparse_prefill_keeps_each_token_at_its_position() {
             let mut sparse = model.new_kv(4, 16);
             let sparse_logits = run(&thin, Some(&kept), &mut sparse, &mut s);
             let d = model.config.kv_dim();
-            let ((fk, fv), (sk, sv)) = (full.layer(0), sparse.layer(0));
+            let ((_, fv), (_, sv)) = (full.layer(0), sparse.layer(0));
             for (cell, &p) in kept.iter().enumerate() {
                 let (a, b) = (full.slot(&table, p), sparse.slot(&table, cell));
-                assert_eq!(fk[a * d..(a + 1) * d], sk[b * d..(b + 1) * d], "{}: layer 0 key of position {p} (cell {cell})", spec.arch);
+                assert_eq!(full.key_row(0, a), sparse.key_row(0, b), "{}: layer 0 key of position {p} (cell {cell})", spec.arch);
                 assert_eq!(fv[a * d..(a + 1) * d], sv[b * d..(b + 1) * d], "{}: layer 0 value of position {p}", spec.arch);
             }
             let mut shifted = model.new_kv(4, 16);
             assert_ne!(run(&thin, None, &mut shifted, &mut s), sparse_logits, "positions matter");
             let b = sparse.slot(&table, 8);
-            assert_ne!(shifted.layer(0).0[b * d..(b + 1) * d], sk[b * d..(b + 1) * d], "cell 8 rotated for position 17, not 8");
+            assert_ne!(shifted.key_row(0, b), sparse.key_row(0, b), "cell 8 rotated for position 17, not 8");
         }
     }
 }
@@ -313,11 +313,13 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
             for layer in 0..c.n_layers {
                 let rows = |name: &str| got.iter().find(|g| g.0 == name && g.1 == layer).map(|g| g.2.clone()).unwrap();
                 let (q, out) = (rows("Qcur"), rows("kqv_out"));
-                let (keys, values) = kv.layer(layer);
+                let values = kv.layer(layer).1;
+                // the keys as rows, whatever the storage's layout (`head_probs` reads rows)
+                let keys: Vec<half::f16> = (0..3 * 16).flat_map(|sl| kv.key_row(layer, sl)).collect();
                 for j in 0..w {
                     let slots: Vec<usize> = (0..=n - w + j).map(|p| kv.slot(&table, p)).collect();
                     for h in 0..c.n_heads {
-                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], keys, &slots, h / group, kv_dim, c.attn_scale);
+                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], &keys, &slots, h / group, kv_dim, c.attn_scale);
                         for d in 0..hd {
                             let want: f32 = slots.iter().zip(&p).map(|(&sl, &pr)| pr * values[sl * kv_dim + (h / group) * hd + d].to_f32()).sum();
                             let have = out[j * q_dim + h * hd + d];
@@ -338,8 +340,9 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
                 for j in 0..w {
                     let slots: Vec<usize> = (0..=n - w + j).map(|p| kv.slot(&table, p)).collect();
                     let mut best = vec![0f32; slots.len()];
+                    let keys: Vec<half::f16> = (0..3 * 16).flat_map(|sl| kv.key_row(layer, sl)).collect();
                     for h in 0..c.n_heads {
-                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], kv.layer(layer).0, &slots, h / group, kv_dim, c.attn_scale);
+                        let p = head_probs(&q[j * q_dim + h * hd..][..hd], &keys, &slots, h / group, kv_dim, c.attn_scale);
                         best.iter_mut().zip(p).for_each(|(b, p)| *b = b.max(p));
                     }
                     want.iter_mut().zip(&best).for_each(|(x, b)| *x += b / (w * c.n_layers) as f32);

@@ -4,7 +4,7 @@
 //! N sequences decoding one token each at DEPTH.
 //! e.g. SmolLM2: `attn_bench 9 3 64 4096 256`. Prints ns per (query, head, key).
 use reckon_engine::kernels::attention::{attend, attend_per_head_path, AttnShape, QueryPos};
-use reckon_engine::kv::{KvShape, KvStorage};
+use reckon_engine::kv::{KeyLayout, KvShape, KvStorage};
 use std::time::Instant;
 
 fn main() {
@@ -16,13 +16,15 @@ fn main() {
     let window = a.get(7).copied().filter(|&w| w > 0);
     let values_in_key_order = std::env::var("RECKON_NUMERICS").as_deref() != Ok("ggml");
     let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
+    // the packed numerics' keys are stored by dimension
+    let key_layout = if values_in_key_order { KeyLayout::ByDim } else { KeyLayout::Rows };
     let per_head = std::env::var_os("PER_HEAD").is_some();
     let bs = 16;
     // KV_DTYPE=q8_0 (or q4_0, or `K,V`): quantized cells.
     let dtypes = reckon_engine::kv::KvDtypes::parse(&std::env::var("KV_DTYPE").unwrap_or_else(|_| "f16".into())).expect("KV_DTYPE");
     let total = depth + n;
     let kv_dim = n_kv_heads * head_dim;
-    let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: total.div_ceil(bs), dtypes });
+    let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks: total.div_ceil(bs), dtypes, key_layout });
     let table: Vec<u32> = (0..total.div_ceil(bs) as u32).collect();
     let mut rng = reckon_engine::sampler::Rng::new(1);
     let mut rnd = move || rng.next_f64() as f32 * 2.0 - 1.0;

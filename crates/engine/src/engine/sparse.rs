@@ -323,8 +323,7 @@ impl ScoringPass {
         let mut out = Vec::new();
         for (layer, rows) in queries {
             // the layer's keys in position order as f32, converted once for every query and head
-            let stored = self.kv.layer(layer).0;
-            let keys: Vec<f32> = slots.iter().flat_map(|&s| stored[s * kv_dim..(s + 1) * kv_dim].iter().map(|x| x.to_f32())).collect();
+            let keys: Vec<f32> = slots.iter().flat_map(|&s| self.kv.key_row(layer, s).into_iter().map(|x| x.to_f32())).collect();
             let mut logits = vec![0f32; n];
             let mut la = LayerAttention { mean: vec![0f32; n], max: vec![0f32; n] };
             for j in 0..w {

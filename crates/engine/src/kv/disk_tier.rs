@@ -29,8 +29,9 @@ const EXTENSION: &str = "kvb";
 /// Blocks queued for writing at most; more are dropped (the engine never waits on the disk).
 const QUEUE_LEN: usize = 64;
 /// Bump when a change to the kernels, RoPE or KV layout changes the keys and values computed for the same
-/// tokens: files from before are then another format, never served.
-pub const KV_NUMERICS_VERSION: u32 = 1;
+/// tokens: files from before are then another format, never served. (2: the packed numerics store keys
+/// by dimension and score each cell with one FMA chain.)
+pub const KV_NUMERICS_VERSION: u32 = 2;
 
 /// The numerics version of KV computed by a model loaded with `numerics`: the two arithmetics give
 /// different keys and values for the same tokens, so their files must never serve each other.

@@ -25,5 +25,5 @@ pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_V
 pub use layout::KvLayout;
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};
 pub use quant::{KvDtype, KvDtypes};
-pub use storage::{KvShape, KvStorage, LayerWriter, QuantLayer};
+pub use storage::{by_dim_index, key_group, KeyLayout, KvShape, KvStorage, LayerWriter, QuantLayer};
 pub use window::{KvWindow, NULL_BLOCK};

@@ -2,9 +2,15 @@
 //!
 //! The model never owns it: callers pass it into `forward` together with each sequence's block table,
 //! so a scheduler can page, share and free blocks without touching tensors. Layout per layer, f16 (llama.cpp's
-//! default): `k[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`; quantized (`kv::quant`):
-//! `k[block][kv_head]` regions of a block's cells of one head. Either way a block's cells of a layer are
-//! one contiguous byte range, which is what the disk tier saves.
+//! default): values `v[block][slot][kv_dim]` with `kv_dim = n_kv_heads * head_dim`; keys the same
+//! (`KeyLayout::Rows`, the ggml numerics), or by dimension (`KeyLayout::ByDim`, the packed numerics):
+//! ```text
+//! k[block][kv_head][bs / G][head_dim][G]   G = 16 when the block size is a multiple of 16, else bs
+//! ```
+//! so the 16 cells of a group sit side by side for each dimension, and a score is one FMA chain over the
+//! dimensions with 16 cells in the lanes of a vector (`kernels::attention::by_dim`). Quantized
+//! (`kv::quant`): `k[block][kv_head]` regions of a block's cells of one head. Every way, a block's cells of
+//! a layer are one contiguous byte range, which is what the disk tier saves.
 
 use super::layout::KvLayout;
 use super::quant::{KvDtype, KvDtypes, Region};
@@ -16,6 +22,32 @@ use half::slice::HalfFloatSliceExt;
 #[cfg(not(target_endian = "little"))]
 compile_error!("the KV storage's disk format assumes a little-endian machine");
 
+/// How f16 keys are laid out in a block (see the module comment). Quantized keys have their own layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// `[slot][kv_dim]`: a cell's keys in a row (ggml's layout, the ggml numerics' score order).
+    #[default]
+    Rows,
+    /// `[kv_head][bs / G][head_dim][G]` per block (the packed numerics).
+    ByDim,
+}
+
+/// Cells per dimension-major group in blocks of `bs` cells: 16 (one AVX-512 vector of f32), or the
+/// whole block when 16 does not divide it (then only the scalar kernels read it).
+#[inline]
+pub fn key_group(bs: usize) -> usize {
+    if bs % 16 == 0 { 16 } else { bs }
+}
+
+/// Index (in f16 elements of a layer's keys) of dimension `d` of KV head `h` of cell `slot`, keys by
+/// dimension.
+#[inline(always)]
+pub fn by_dim_index(slot: usize, h: usize, d: usize, n_kv_heads: usize, hd: usize, bs: usize) -> usize {
+    let g = key_group(bs);
+    let (block, c) = (slot / bs, slot % bs);
+    ((block * n_kv_heads + h) * bs + c / g * g) * hd + d * g + c % g
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvShape {
     pub num_layers: usize,
@@ -25,6 +57,15 @@ pub struct KvShape {
     pub block_size: usize,
     pub num_blocks: usize,
     pub dtypes: KvDtypes,
+    /// f16 keys' layout (ignored when keys are quantized).
+    pub key_layout: KeyLayout,
+}
+
+impl KvShape {
+    /// Whether f16 keys are stored by dimension.
+    pub fn keys_by_dim(&self) -> bool {
+        !self.dtypes.is_quantized() && self.key_layout == KeyLayout::ByDim
+    }
 }
 
 /// One layer's quantized keys and values, with their regions' geometry (`kv::quant`).
@@ -122,7 +163,8 @@ impl KvStorage {
         let base = self.bytes_mut().as_mut_ptr();
         // SAFETY: both ranges are inside the buffer.
         let (keys, values) = unsafe { (base.add(rk.start), base.add(rv.start)) };
-        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, k, v, _storage: std::marker::PhantomData }
+        let keys_by_dim = self.shape.keys_by_dim();
+        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, head_dim: self.shape.head_dim, keys_by_dim, k, v, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
@@ -184,6 +226,17 @@ impl KvStorage {
         self.layer_f16(layer).expect("an f16 KV storage")
     }
 
+    /// The f16 keys of `slot` in `layer` (`[kv_dim]`, heads in order), whatever their layout.
+    pub fn key_row(&self, layer: usize, slot: usize) -> Vec<f16> {
+        let (keys, _) = self.layer(layer);
+        let (kv_dim, hd, bs) = (self.shape.kv_dim, self.shape.head_dim, self.shape.block_size);
+        if !self.shape.keys_by_dim() {
+            return keys[slot * kv_dim..(slot + 1) * kv_dim].to_vec();
+        }
+        let n_kv = kv_dim / hd;
+        (0..kv_dim).map(|i| keys[by_dim_index(slot, i / hd, i % hd, n_kv, hd, bs)]).collect()
+    }
+
     /// One layer's quantized cells, or None for f16 storage.
     pub fn layer_quant(&self, layer: usize) -> Option<QuantLayer<'_>> {
         if !self.shape.dtypes.is_quantized() {
@@ -208,6 +261,9 @@ pub struct LayerWriter<'a> {
     len_v: usize,
     kv_dim: usize,
     block_size: usize,
+    head_dim: usize,
+    /// f16 keys by dimension (`KeyLayout::ByDim`).
+    keys_by_dim: bool,
     k: Region,
     v: Region,
     _storage: std::marker::PhantomData<&'a mut KvStorage>,
@@ -232,6 +288,16 @@ impl LayerWriter<'_> {
         let d = self.kv_dim;
         assert!(k.len() == d && v.len() == d, "a KV cell is [kv_dim]");
         for (base, len, r, x, keys) in [(self.keys, self.len_k, &self.k, k, true), (self.values, self.len_v, &self.v, v, false)] {
+            if r.dtype == KvDtype::F16 && keys && self.keys_by_dim {
+                let (hd, bs) = (self.head_dim, self.block_size);
+                assert!((slot / bs + 1) * bs * d * 2 <= len, "KV cell {slot} out of range");
+                let base = base.cast::<f16>();
+                for (i, &x) in x.iter().enumerate() {
+                    // SAFETY: in bounds (the cell's block is, checked), exclusive and aligned as below.
+                    unsafe { *base.add(by_dim_index(slot, i / hd, i % hd, d / hd, hd, bs)) = f16::from_f32(x) };
+                }
+                continue;
+            }
             if r.dtype == KvDtype::F16 {
                 assert!((slot + 1) * d * 2 <= len, "KV cell {slot} out of range");
                 // SAFETY: in bounds (checked), exclusive by the caller's promise, f16-aligned (the buffer
@@ -261,7 +327,7 @@ mod tests {
 
     #[test]
     fn a_block_read_writes_back_into_another_block() {
-        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, head_dim: 3, block_size: 2, num_blocks: 3, dtypes: KvDtypes::F16 });
+        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 3, head_dim: 3, block_size: 2, num_blocks: 3, dtypes: KvDtypes::F16, key_layout: KeyLayout::Rows });
         for layer in 0..2 {
             for slot in 0..6 {
                 let x = (layer * 10 + slot) as f32;
@@ -276,11 +342,43 @@ mod tests {
         assert_eq!((k[4 * 3..6 * 3].to_vec(), v[4 * 3..6 * 3].to_vec()), (k[2 * 3..4 * 3].to_vec(), v[2 * 3..4 * 3].to_vec()));
     }
 
+    /// Keys by dimension hold the same f16 keys as rows, for block sizes that 16 divides and not; a
+    /// block's bytes are still one range (its cells' keys of every head).
+    #[test]
+    fn keys_by_dimension_hold_the_rows_keys() {
+        for bs in [16, 32, 4, 5] {
+            let shape = |key_layout| KvShape { num_layers: 2, kv_dim: 128, head_dim: 64, block_size: bs, num_blocks: 4, dtypes: KvDtypes::F16, key_layout };
+            let (mut rows, mut by_dim) = (KvStorage::new(shape(KeyLayout::Rows)), KvStorage::new(shape(KeyLayout::ByDim)));
+            for layer in 0..2 {
+                for slot in 0..4 * bs {
+                    let k: Vec<f32> = (0..128).map(|i| ((layer * 1000 + slot * 128 + i) as f32 * 0.37).sin()).collect();
+                    let v: Vec<f32> = k.iter().map(|x| x * 2.0 - 0.5).collect();
+                    rows.write(layer, slot, &k, &v);
+                    by_dim.write(layer, slot, &k, &v);
+                }
+            }
+            for layer in 0..2 {
+                assert_eq!(rows.layer(layer).1, by_dim.layer(layer).1, "values stay rows");
+                for slot in 0..4 * bs {
+                    assert_eq!(rows.key_row(layer, slot), by_dim.key_row(layer, slot), "bs {bs} slot {slot}");
+                }
+            }
+            let g = key_group(bs);
+            assert_eq!(by_dim.layer(0).0[by_dim_index(bs + 1, 1, 3, 2, 64, bs)], rows.layer(0).0[(bs + 1) * 128 + 64 + 3]);
+            assert_eq!(by_dim_index(bs + 1, 1, 3, 2, 64, bs), (2 + 1) * bs * 64 + 3 * g + 1);
+            let block1 = by_dim.read_block(1);
+            by_dim.write_block(3, &block1);
+            for c in 0..bs {
+                assert_eq!(by_dim.key_row(1, 3 * bs + c), rows.key_row(1, bs + c));
+            }
+        }
+    }
+
     #[test]
     fn quantized_blocks_read_and_write_back_whole() {
         for dtypes in ["q8_0", "q4_0", "q8_0,q4_0"] {
             let dtypes = KvDtypes::parse(dtypes).unwrap();
-            let shape = KvShape { num_layers: 2, kv_dim: 128, head_dim: 64, block_size: 16, num_blocks: 3, dtypes };
+            let shape = KvShape { num_layers: 2, kv_dim: 128, head_dim: 64, block_size: 16, num_blocks: 3, dtypes, key_layout: KeyLayout::Rows };
             let mut kv = KvStorage::new(shape);
             for layer in 0..2 {
                 for slot in 0..48 {

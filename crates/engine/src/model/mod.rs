@@ -18,7 +18,7 @@ pub use config::{Arch, ModelConfig};
 use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kv::{KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, NULL_BLOCK};
+use crate::kv::{KeyLayout, KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, NULL_BLOCK};
 use crate::kernels::ops::{self, Rope};
 use crate::kernels::ggml::dequantize_row;
 pub use crate::kernels::packed::Numerics;
@@ -180,7 +180,9 @@ impl Model {
     pub fn new_kv_in(&self, layout: KvLayout, dtypes: KvDtypes, block_size: usize, num_blocks: usize) -> KvStorage {
         let c = &self.config;
         assert_eq!(layout.num_layers(), c.n_layers, "a layout of this model's layers");
-        KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes }, layout)
+        // The packed numerics' scores are chains over keys by dimension (`kernels::attention::by_dim`).
+        let key_layout = if self.numerics == Numerics::Packed { KeyLayout::ByDim } else { KeyLayout::Rows };
+        KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes, key_layout }, layout)
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.

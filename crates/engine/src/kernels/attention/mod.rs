@@ -10,6 +10,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use crate::pool;
 
+mod by_dim;
 #[cfg(target_arch = "x86_64")]
 mod key_order;
 mod quant;
@@ -41,7 +42,8 @@ pub struct AttnShape {
     /// Sliding window: a query at `pos` sees positions `> pos - window` only.
     pub window: Option<usize>,
     /// The value pass of the packed numerics: each output value one FMA chain over the cells in position
-    /// order (`key_order`), instead of ggml's 64-lane dot. Scores and softmax are ggml's either way.
+    /// order (`key_order`), instead of ggml's 64-lane dot. (The scores follow the keys' layout: one FMA
+    /// chain per cell over keys stored by dimension, `by_dim`, else ggml's order; the softmax is ggml's.)
     pub values_in_key_order: bool,
 }
 
@@ -57,7 +59,9 @@ impl AttnShape {
 ///
 /// Numerics follow ggml's non-flash CPU path so tokens match llama.cpp: q is rounded to f16 and dotted with
 /// the f16 keys (`ggml_vec_dot_f16` order), the softmax is ggml's, the probabilities are rounded to f16 and
-/// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here).
+/// dotted with the f16 values per output dimension, lanes assigned by KV cell (= position here). The
+/// packed numerics change two sums: scores over keys stored by dimension (`by_dim`) and values in key
+/// order (`AttnShape::values_in_key_order`).
 pub fn attend(shape: &AttnShape, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], out: &mut [f32]) {
     let q_dim = shape.n_heads * shape.head_dim;
     assert_eq!(out.len(), queries.len() * q_dim, "attention output is not [n, q_dim]");
@@ -96,15 +100,16 @@ pub fn prefetch_decode_kv(kv: &KvStorage, layer: usize, queries: &[QueryPos]) {
         return;
     }
     let (keys, values) = kv.layer(layer);
-    let (bs, kv_dim) = (kv.shape.block_size, kv.shape.kv_dim);
+    let (bs, kv_dim, by_dim) = (kv.shape.block_size, kv.shape.kv_dim, kv.shape.keys_by_dim());
     pool::current().run(queries.len(), &|i| {
         let qp = &queries[i];
         for b in (0..qp.pos.div_ceil(bs)).filter(|&b| qp.block_table[b] != crate::kv::NULL_BLOCK) {
             // the sequence's cells before its new token: whole blocks, the last one in part (not those a
-            // sliding window released)
-            let cells = (kv_dim * bs * qp.block_table[b] as usize)..(kv_dim * (bs * qp.block_table[b] as usize + (qp.pos - b * bs).min(bs)));
-            for arr in [keys, values] {
-                let f16s = &arr[cells.clone()];
+            // sliding window released); keys by dimension spread a block's cells over all of it
+            let block = kv_dim * bs * qp.block_table[b] as usize;
+            let cells = block..block + kv_dim * (qp.pos - b * bs).min(bs);
+            for (arr, cells) in [(keys, if by_dim { block..block + kv_dim * bs } else { cells.clone() }), (values, cells.clone())] {
+                let f16s = &arr[cells];
                 // SAFETY: f16 is plain 2-byte data; the view covers exactly the same memory.
                 crate::kernels::ggml::prefetch_l2(unsafe { std::slice::from_raw_parts(f16s.as_ptr() as *const u8, 2 * f16s.len()) });
             }
@@ -191,6 +196,7 @@ fn attend_tiled(mode: TiledMode, shape: &AttnShape, kv: &KvStorage, layer: usize
             block_size: kv.shape.block_size,
             tokens,
             kv_head,
+            keys_by_dim: kv.shape.keys_by_dim(),
         })
         .collect();
     match mode {
@@ -241,6 +247,8 @@ fn head_part(shape: &AttnShape, queries: &[QueryPos], q: &[f32], kv: &KvStorage,
         pos: query.pos,
         scale: shape.scale,
         values_in_key_order: shape.values_in_key_order,
+        keys_by_dim: kv.shape.keys_by_dim(),
+        n_kv_heads: shape.n_kv_heads,
     };
     #[cfg(target_arch = "x86_64")]
     if crate::kernels::ggml::math::avx512_available() {
@@ -270,6 +278,9 @@ struct HeadJob<'a> {
     pos: usize,
     scale: f32,
     values_in_key_order: bool,
+    /// Keys stored by dimension (`by_dim`), `n_kv_heads` of them a cell.
+    keys_by_dim: bool,
+    n_kv_heads: usize,
 }
 
 /// Positions `lo..=pos` of a sequence as runs `(first position, first slot, length)` of consecutive
@@ -318,11 +329,18 @@ fn head(job: &HeadJob, sc: &mut Scratch, out_h: &mut [f32]) {
     let n = sc.offsets.len();
     sc.scores.clear();
     sc.scores.resize(n, 0.0);
-    let mut c = 0;
+    if job.keys_by_dim {
+        let k = by_dim::ByDimKeys { keys: job.keys, n_kv_heads: job.n_kv_heads, hd, bs: job.block_size, block_table: job.block_table, kv_head: job.kv_off / hd };
+        let cells = by_dim::Cells { lo0: job.lo, n_keys: n };
+        // SAFETY: one row of n scores; the block table covers lo..=pos, inside the layer's keys.
+        unsafe { by_dim::scores(&k, cells, &sc.q32, 1, 0..k.n_groups(cells), sc.scores.as_mut_ptr(), n) };
+    }
+    let mut c = if job.keys_by_dim { n } else { 0 };
     while c + 16 <= n && dot_f16_f32_x16(job.keys, &sc.offsets[c..c + 16], &sc.q32, &mut sc.scores[c..c + 16]) {
         c += 16;
     }
     for c in c..n {
+        // (with keys by dimension, c == n: done above)
         let off = sc.offsets[c];
         sc.scores[c] = dot_f16_f32(&job.keys[off..off + hd], &sc.q16, &sc.q32);
     }
@@ -398,7 +416,7 @@ struct Scratch {
 #[cfg(test)]
 pub(super) mod fixture {
     use super::QueryPos;
-    use crate::kv::{KvDtypes, KvShape, KvStorage};
+    use crate::kv::{KeyLayout, KvDtypes, KvShape, KvStorage};
 
     pub fn noise(i: usize, salt: f32) -> f32 {
         ((i as f32 * 0.7071 + salt).sin() * 43758.547).fract() * 2.0 - 1.0
@@ -407,9 +425,9 @@ pub(super) mod fixture {
     /// Positions of the three sequences.
     pub const LENS: [usize; 3] = [250, 37, 1300];
 
-    /// A one-layer storage of `dtypes` holding the three sequences' keys and values (blocks scattered:
-    /// every other one, then in reverse), and their block tables.
-    pub fn three_sequences(kv_dim: usize, head_dim: usize, bs: usize, dtypes: KvDtypes) -> (KvStorage, Vec<Vec<u32>>) {
+    /// A one-layer storage of `dtypes` (f16 keys laid out as `key_layout`) holding the three sequences'
+    /// keys and values (blocks scattered: every other one, then in reverse), and their block tables.
+    pub fn three_sequences(kv_dim: usize, head_dim: usize, bs: usize, dtypes: KvDtypes, key_layout: KeyLayout) -> (KvStorage, Vec<Vec<u32>>) {
         let nb = |len: usize| len.div_ceil(bs);
         let tables: Vec<Vec<u32>> = vec![
             (0..nb(LENS[0])).map(|b| (b * 2 + 1) as u32).collect(),
@@ -417,7 +435,7 @@ pub(super) mod fixture {
             (0..nb(LENS[2])).map(|b| (2 * nb(LENS[0]) + nb(LENS[1]) + 4 + b) as u32).rev().collect(),
         ];
         let num_blocks = 2 * nb(LENS[0]) + nb(LENS[1]) + nb(LENS[2]) + 8;
-        let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks, dtypes });
+        let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim, head_dim, block_size: bs, num_blocks, dtypes, key_layout });
         for (s, table) in tables.iter().enumerate() {
             for pos in 0..LENS[s] {
                 let k: Vec<f32> = (0..kv_dim).map(|i| 3.0 * noise(i + 1000 * pos, s as f32)).collect();
@@ -448,7 +466,8 @@ mod tests {
 
     /// Every path gives the per-head path's bits: a batch (by tiles where the CPU allows), and single
     /// tokens (phase-split over a long context): several sequences, partial tiles, GQA groups, head sizes
-    /// 64/128/256, a sliding window; with ggml's value lanes and with values in key order.
+    /// 64/128/256, a sliding window; with the ggml numerics (keys in rows, ggml's value lanes) and the
+    /// packed ones (keys by dimension, values in key order).
     #[test]
     fn tiled_and_split_attention_equal_the_per_head_path() {
         if !crate::kernels::cpu::tests::test_needs(crate::kernels::cpu::SimdLevel::Avx2, "tiled and split attention vs the per-head path") {
@@ -460,7 +479,8 @@ mod tests {
         for ((n_heads, n_kv_heads, head_dim, window), values_in_key_order) in cases.iter().flat_map(|&c| [(c, false), (c, true)]) {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order };
             let kv_dim = n_kv_heads * head_dim;
-            let (kv, tables) = three_sequences(kv_dim, head_dim, 16, crate::kv::KvDtypes::F16);
+            let layout = if values_in_key_order { crate::kv::KeyLayout::ByDim } else { crate::kv::KeyLayout::Rows };
+            let (kv, tables) = three_sequences(kv_dim, head_dim, 16, crate::kv::KvDtypes::F16, layout);
             let queries = batch(&tables);
             let q_dim = n_heads * head_dim;
             let q: Vec<f32> = (0..queries.len() * q_dim).map(|i| 2.0 * noise(i, 3.3)).collect();

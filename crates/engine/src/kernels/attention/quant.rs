@@ -122,7 +122,7 @@ mod tests {
         let (n_heads, n_kv_heads, hd, bs) = (2, 1, 64, 16);
         let shape = AttnShape { n_heads, n_kv_heads, head_dim: hd, scale: 0.001, window: None, values_in_key_order: true };
         for k in [KvDtype::Q4_0, KvDtype::Q8_0] {
-            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim: hd, head_dim: hd, block_size: bs, num_blocks: 4, dtypes: KvDtypes { k, v: KvDtype::Q8_0 } });
+            let mut kv = KvStorage::new(KvShape { num_layers: 1, kv_dim: hd, head_dim: hd, block_size: bs, num_blocks: 4, dtypes: KvDtypes { k, v: KvDtype::Q8_0 }, key_layout: Default::default() });
             let table: Vec<u32> = vec![2, 0, 3];
             let n = 40;
             for pos in 0..n {
@@ -162,7 +162,7 @@ mod tests {
             let shape = AttnShape { n_heads, n_kv_heads, head_dim, scale: 0.125, window, values_in_key_order: true };
             let kv_dim = n_kv_heads * head_dim;
             let bs = if ci % 2 == 0 { 16 } else { 32 };
-            let (kv, tables) = three_sequences(kv_dim, head_dim, bs, KvDtypes { k, v });
+            let (kv, tables) = three_sequences(kv_dim, head_dim, bs, KvDtypes { k, v }, Default::default());
             let layer = kv.layer_quant(0).expect("quantized");
             let queries = batch(&tables);
             let q_dim = n_heads * head_dim;

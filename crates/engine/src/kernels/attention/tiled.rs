@@ -62,6 +62,8 @@ pub(super) struct TileJob<'a> {
     pub block_size: usize,
     pub tokens: Range<usize>,
     pub kv_head: usize,
+    /// Keys stored by dimension: scores by `by_dim`'s chains.
+    pub keys_by_dim: bool,
 }
 
 /// Per-worker buffers, reused across tiles.
@@ -108,6 +110,23 @@ impl TileJob<'_> {
         let lo0 = self.lo(self.queries[self.tokens.start].pos);
         let n_keys = self.queries[self.tokens.end - 1].pos + 1 - lo0;
         TileGeom { group, rows: self.tokens.len() * group, lo0, n_keys, n_pad: n_keys.div_ceil(16) * 16 }
+    }
+
+    /// Keys stored by dimension, read for this tile's sequence and KV head.
+    fn by_dim(&self) -> super::by_dim::ByDimKeys<'_> {
+        let (hd, n_kv_heads) = (self.shape.head_dim, self.shape.n_kv_heads);
+        let block_table = self.queries[self.tokens.start].block_table;
+        super::by_dim::ByDimKeys { keys: self.keys, n_kv_heads, hd, bs: self.block_size, block_table, kv_head: self.kv_head }
+    }
+
+    /// The units `chunk_scores` splits a tile's cells into: 16-cell chunks from the first cell, or with
+    /// keys by dimension their groups (aligned to positions, so one more where the first is not).
+    fn n_score_chunks(&self, g: &TileGeom) -> usize {
+        if self.keys_by_dim {
+            self.by_dim().n_groups(super::by_dim::Cells { lo0: g.lo0, n_keys: g.n_keys })
+        } else {
+            g.n_pad / 16
+        }
     }
 
     /// Where each attended cell's key/value row of this KV head starts in the layer storage.
@@ -161,7 +180,7 @@ pub(super) unsafe fn attend_tile(job: &TileJob, sc: &mut TileScratch, out: OutPt
     job.fill_offsets(&g, &mut sc.offsets);
     sc.scores.clear();
     sc.scores.resize(g.rows * g.n_pad, 0.0);
-    chunk_scores(job, &g, &sc.offsets, &sc.q32, 0..g.n_pad / 16, &mut sc.kbuf, sc.scores.as_mut_ptr());
+    chunk_scores(job, &g, &sc.offsets, &sc.q32, 0..job.n_score_chunks(&g), &mut sc.kbuf, sc.scores.as_mut_ptr());
     for r in 0..g.rows {
         finish_row(job, &g, r, &mut sc.scores[r * g.n_pad..(r + 1) * g.n_pad]);
     }
@@ -239,7 +258,7 @@ unsafe fn run_split_phases(jobs: &[TileJob], geoms: &[TileGeom], bufs: &mut [Spl
     pool.run(jobs.len() * key_splits, &|part| {
         let (i, k) = (part / key_splits, part % key_splits);
         let (b, g) = (&bufs[i], &geoms[i]);
-        let n_chunks = g.n_pad / 16;
+        let n_chunks = jobs[i].n_score_chunks(g);
         let chunks = k * n_chunks / key_splits..(k + 1) * n_chunks / key_splits;
         SPLIT_KBUF.with_borrow_mut(|kbuf| unsafe { chunk_scores(&jobs[i], g, &b.offsets, &b.q32, chunks, kbuf, ptrs[i].0 .0) });
     });
@@ -316,11 +335,16 @@ thread_local! {
 
 /// Scores of every row against the cells of 16-cell chunks `chunks`, written at `scores` (`[rows, n_pad]`):
 /// each chunk's keys are converted to f32 once, then each row's 16 dots run as in `dot_f16_f32_x16`
-/// (cells past the range score garbage that `finish_row` overwrites with 0).
+/// (cells past the range score garbage that `finish_row` overwrites with 0). With keys by dimension,
+/// `chunks` are `by_dim`'s groups and the scores its chains.
 ///
 /// # Safety
 /// AVX-512 F/DQ or AVX2, with FMA and F16C; `scores` has `[g.rows, g.n_pad]` floats.
 unsafe fn chunk_scores(job: &TileJob, g: &TileGeom, offsets: &[usize], q32: &[f32], chunks: Range<usize>, kbuf: &mut Vec<f32>, scores: *mut f32) {
+    if job.keys_by_dim {
+        let cells = super::by_dim::Cells { lo0: g.lo0, n_keys: g.n_keys };
+        return super::by_dim::scores(&job.by_dim(), cells, q32, g.rows, chunks, scores, g.n_pad);
+    }
     if avx512_available() {
         chunk_scores_avx512(job, g, offsets, q32, chunks, kbuf, scores)
     } else {
