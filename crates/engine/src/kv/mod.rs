@@ -1,7 +1,7 @@
 //! The KV cache: where every request's keys and values live, and which of them a later request may reuse.
 //!
-//! - `storage`: the tensors, `[layer][block][slot][kv_dim]` f16 or quantized by head (`quant`); the model
-//!   reads and writes them.
+//! - `storage`: the tensors, `[layer][block][slot][kv_dim]` f16 (the packed numerics' keys by dimension)
+//!   or quantized by head (`quant`); the model reads and writes them.
 //! - `block_pool` (+ `free_queue`): which block ids are free, held, or cached under a prefix key. Ids only.
 //! - `manager`: a request's blocks: prefix-cache lookup at admission, allocation as it grows, caching of
 //!   its full blocks, release. Ids only, so every decision is tested without a model.
