@@ -84,6 +84,7 @@ pub struct SoakRequest {
     pub stop: bool,
     pub seeded: bool,
     pub prompt_words: usize,
+    /// Tokens asked for at most (0: none given, up to the context).
     pub max_tokens: usize,
     pub outcome: Outcome,
     pub status: u16,

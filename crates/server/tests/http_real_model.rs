@@ -13,8 +13,10 @@ use support::*;
 
 const MODEL: &str = "smollm2-135m";
 
+/// The greedy haiku runs past 16 tokens (22 since 41677a0's scores, then end of generation), so these
+/// requests end at their length.
 fn ask(extra: Value) -> Value {
-    let mut body = chat_body(MODEL, "Write a haiku about caches.", json!({"max_tokens": 24}));
+    let mut body = chat_body(MODEL, "Write a haiku about caches.", json!({"max_tokens": 16}));
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
 }
@@ -34,7 +36,7 @@ fn real_text_streamed_and_not_stop_strings_and_logprobs() {
     let text = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     assert!(text.split_whitespace().count() >= 4, "{text:?}");
     assert_eq!(a["choices"][0]["finish_reason"], "length");
-    assert_eq!(a["usage"]["completion_tokens"], 24);
+    assert_eq!(a["usage"]["completion_tokens"], 16);
     assert_eq!(chat(addr, ask(json!({})))["choices"][0]["message"]["content"], text.as_str(), "greedy is deterministic");
 
     // streamed: the same text, chunk by chunk
@@ -43,7 +45,7 @@ fn real_text_streamed_and_not_stop_strings_and_logprobs() {
     assert!(done, "{}", s.body);
     assert_eq!(streamed_text(&chunks), text);
     assert_eq!(streamed_finish(&chunks).as_deref(), Some("length"));
-    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 24);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 16);
 
     // a stop string (a real word) cuts the text before it, never leaking part of it
     let word = text.split_whitespace().nth(2).unwrap().to_string();
