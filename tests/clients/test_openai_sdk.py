@@ -23,7 +23,7 @@ class OpenAISdk(unittest.TestCase):
         cls.server.stop()
 
     def chat(self, **kw):
-        args = dict(model=MODEL, messages=HAIKU, temperature=0, max_tokens=24)
+        args = dict(model=MODEL, messages=HAIKU, temperature=0, max_tokens=16)
         args.update(kw)
         return self.client.chat.completions.create(**args)
 
@@ -35,8 +35,8 @@ class OpenAISdk(unittest.TestCase):
         text = full.choices[0].message.content
         self.assertTrue(text)
         self.assertEqual(full.choices[0].finish_reason, "length")
-        self.assertEqual(full.usage.completion_tokens, 24)
-        self.assertEqual(full.usage.total_tokens, full.usage.prompt_tokens + 24)
+        self.assertEqual(full.usage.completion_tokens, 16)
+        self.assertEqual(full.usage.total_tokens, full.usage.prompt_tokens + 16)
         # the prefix cache reuses whole 16-token blocks of earlier identical prompts, never the last token
         cached = full.usage.prompt_tokens_details.cached_tokens
         self.assertEqual(cached % 16, 0)
@@ -45,7 +45,7 @@ class OpenAISdk(unittest.TestCase):
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         self.assertEqual(streamed, text)
         self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason], ["length"])
-        self.assertEqual(chunks[-1].usage.completion_tokens, 24)
+        self.assertEqual(chunks[-1].usage.completion_tokens, 16)
 
     def test_stop_sequence_cuts_before_it(self):
         text = self.chat().choices[0].message.content
