@@ -165,10 +165,33 @@ mod x86 {
         let q = q32.as_ptr();
         let buf = if rows > ROWS_512 { kbuf(16 * hd) } else { std::ptr::null_mut() };
         {
-            for i in groups {
+            let mut i = groups.start;
+            while i < groups.end {
+                // A few rows' chains alone would wait on the FMA latency: run several groups at once.
+                let g = match rows {
+                    1 => 8,
+                    2 => 4,
+                    3 => 3,
+                    4 => 2,
+                    _ => 1,
+                };
+                if g > 1 && i + g <= groups.end {
+                    for j in i..i + g {
+                        prefetch_group(k, cells, j + PREFETCH_GROUPS, n_groups);
+                    }
+                    match rows {
+                        1 => multi_512::<1, 8>(k, cells, i, q, out, stride),
+                        2 => multi_512::<2, 4>(k, cells, i, q, out, stride),
+                        3 => multi_512::<3, 3>(k, cells, i, q, out, stride),
+                        _ => multi_512::<4, 2>(k, cells, i, q, out, stride),
+                    }
+                    i += g;
+                    continue;
+                }
                 prefetch_group(k, cells, i + PREFETCH_GROUPS, n_groups);
                 let (start, at) = k.group_at(cells, i);
                 let kp = k.keys.as_ptr().add(at);
+                i += 1;
                 if rows <= ROWS_512 {
                     match rows {
                         1 => rows_512::<1>(kp, hd, q, cells, start, out, stride),
@@ -202,6 +225,36 @@ mod x86 {
                     r0 += ROWS_512;
                 }
             }
+        }
+    }
+
+    /// R rows × G groups from group `i0`: R·G independent chains, enough to cover the FMA latency
+    /// (each row's chain over one group is a serial run of `hd` FMAs).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq,fma,f16c")]
+    unsafe fn multi_512<const R: usize, const G: usize>(k: &ByDimKeys, cells: Cells, i0: usize, q: *const f32, out: *mut f32, stride: usize) {
+        let hd = k.hd;
+        let mut starts = [0usize; G];
+        let mut kps = [std::ptr::null::<f16>(); G];
+        for j in 0..G {
+            let (start, at) = k.group_at(cells, i0 + j);
+            (starts[j], kps[j]) = (start, k.keys.as_ptr().add(at));
+        }
+        let mut s = [[_mm512_setzero_ps(); R]; G];
+        for d in 0..hd {
+            let mut kd = [_mm512_setzero_ps(); G];
+            for j in 0..G {
+                kd[j] = _mm512_cvtph_ps(_mm256_loadu_si256(kps[j].add(16 * d) as *const __m256i));
+            }
+            for r in 0..R {
+                let qd = _mm512_set1_ps(*q.add(r * hd + d));
+                for j in 0..G {
+                    s[j][r] = _mm512_fmadd_ps(qd, kd[j], s[j][r]);
+                }
+            }
+        }
+        for j in 0..G {
+            store_rows_512(&s[j], cells, starts[j], out, stride);
         }
     }
 
@@ -348,8 +401,9 @@ mod x86 {
         use crate::kv::{KeyLayout, KvDtypes, KvShape, KvStorage};
 
         /// Both vector kernels give the scalar chains' bits: 1 to 9 rows and tiles of 24 and 56 (in
-        /// registers and through the key buffer), head sizes 64, 128 and 256, ranges that start and end
-        /// inside a group, scattered blocks of 16 and 32 cells, and a call per group range.
+        /// registers and through the key buffer; up to 4 rows over several groups at once, which a
+        /// 600-cell range reaches), head sizes 64, 128 and 256, ranges that start and end inside a group,
+        /// scattered blocks of 16 and 32 cells, and a call per group range.
         #[test]
         fn vector_chains_equal_the_scalar_chains() {
             use crate::kernels::cpu::{tests::test_needs, SimdLevel};
@@ -357,7 +411,7 @@ mod x86 {
                 return;
             }
             let avx512 = crate::kernels::ggml::math::avx512_available();
-            for (hd, bs, n_kv, lo0, n_keys) in [(64usize, 16usize, 3usize, 0usize, 37usize), (64, 32, 2, 5, 200), (128, 16, 2, 17, 150), (256, 16, 1, 3, 45), (64, 16, 1, 32, 16)] {
+            for (hd, bs, n_kv, lo0, n_keys) in [(64usize, 16usize, 3usize, 0usize, 37usize), (64, 32, 2, 5, 200), (128, 16, 2, 17, 150), (256, 16, 1, 3, 45), (64, 16, 1, 32, 16), (64, 16, 2, 7, 600)] {
                 let blocks = (lo0 + n_keys).div_ceil(bs);
                 let table: Vec<u32> = (0..blocks as u32).map(|b| (b * 7 + 3) % (blocks as u32 + 5)).collect();
                 let num_blocks = blocks + 5;
