@@ -420,8 +420,8 @@ unsafe impl Sync for SidePtrs {}
 const PACKED_CHUNK_BYTES: usize = 256 << 10;
 
 /// Rows `first..last` (whole groups but for the matrix's last) of a packed matrix for every token:
-/// token chunks outer (their activations stay in L2), groups inner, tiles of `tile_tokens` tokens (the
-/// kernels prefetch the weights ahead themselves).
+/// token chunks outer (their activations stay in L2), groups inner, each group over the chunk's tokens
+/// (`packed::tiles`; the kernels prefetch the weights ahead themselves).
 ///
 /// # Safety
 /// Rows `first..last` of `out` belong to this call alone; `first` is a multiple of GROUP.
@@ -432,12 +432,7 @@ unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, n_tokens: usize, x:
     for c0 in (0..n_tokens).step_by(chunk) {
         let c1 = (c0 + chunk).min(n_tokens);
         for g in first / GROUP..last.div_ceil(GROUP) {
-            let mut t0 = c0;
-            while t0 < c1 {
-                let k = tile.min(c1 - t0);
-                packed::tile(p, g, x, t0, k, out.ptr.0, out.rows);
-                t0 += k;
-            }
+            packed::tiles(p, g, x, c0, c1, out.ptr.0, out.rows);
         }
     }
 }

@@ -379,3 +379,327 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
         tl.store8(t, half, *a);
     }
 }
+
+/// Token ranges at least this long run `tiles_unpacked` (the group's codes unpacked once, then read by
+/// every tile) rather than `tile` after `tile` (which unpacks a block's codes for each tile of 4
+/// tokens); below it, the unpacking would cost more than it saves.
+const UNPACK_MIN_TOKENS: usize = 8;
+
+/// Whether `tiles_unpacked` takes `tokens` tokens of weights of type `t`.
+pub(super) fn unpacks(t: GgmlType, tokens: usize) -> bool {
+    t != GgmlType::Q8_0 && tokens >= UNPACK_MIN_TOKENS
+}
+
+/// 256-bit vectors per group-block and half in the unpacked buffer (each vector of codes is 8 rows × 4
+/// codes, u8, the `vpmaddubsw` operand):
+/// - Q4_0, Q4_1, Q5_0: the 8 k-groups' codes, `d` as f32, (Q4_1) `m` as f32;
+/// - Q4_K: 64 vectors of codes (`8s + g`: sub-block s, k-group g), the 8 sub-blocks' scales as
+///   `scales8` gives them, the 4 min vectors, `d` and `dmin` as f32;
+/// - Q6_K: 64 vectors of codes (`32h + 4c + s`, as `q6_codes(h, c, s)`), the 16 sub-blocks' scales as
+///   `q6_scales_dup` gives them, the 8 scale pairs of the offset term, `d` as f32.
+fn unpacked_vectors(t: GgmlType) -> usize {
+    match t {
+        GgmlType::Q4_K => Q4_K_UNPACKED,
+        GgmlType::Q6_K => Q6_K_UNPACKED,
+        _ => UNPACKED_VECTORS,
+    }
+}
+const UNPACKED_VECTORS: usize = 10;
+const Q4_K_UNPACKED: usize = 64 + 8 + 4 + 2;
+const Q6_K_UNPACKED: usize = 64 + 16 + 8 + 1;
+
+thread_local! {
+    /// The current group's unpacked codes, `[half][block][UNPACKED_VECTORS]` (7 KiB a half at 896
+    /// columns: it stays in L1 while the tiles read it).
+    static UNPACKED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `tile` for tokens `t0..t1` of group `group` (Q4_0, Q4_1, Q5_0; `unpacks`): each block's codes are
+/// unpacked once, to one byte a code (Q5_0's fifth bit put on), with the scales as f32, and every tile
+/// of 4 tokens reads them from there. Per block and token that leaves the multiplies, their i16 sums,
+/// the widening and the f32 steps: for Q5_0 about 22 instructions instead of 31 (the unpacking of
+/// 8 rows' 32 codes, 35 instructions, was shared by only 4 tokens). The same integers and the same f32
+/// steps as `legacy`, so the same bits.
+///
+/// # Safety
+/// As `tile`, for every token of `t0..t1`.
+pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize) {
+    UNPACKED.with_borrow_mut(|buf| {
+        let per_block = unpacked_vectors(m.dtype);
+        buf.resize(2 * m.blocks * per_block, _mm256_setzero_si256());
+        let w = buf.as_mut_ptr();
+        match m.dtype {
+            GgmlType::Q4_0 => unpack::<Q4_0>(m, group, w),
+            GgmlType::Q4_1 => unpack::<Q4_1>(m, group, w),
+            GgmlType::Q5_0 => unpack::<Q5_0>(m, group, w),
+            GgmlType::Q4_K => unpack_q4_k(m, group, w),
+            GgmlType::Q6_K => unpack_q6_k(m, group, w),
+            other => unreachable!("{other} is not unpacked"),
+        }
+        let valid = (m.rows - group * GROUP).min(GROUP);
+        for half in 0..valid.div_ceil(8) {
+            let w = w.add(half * m.blocks * per_block) as *const __m256i;
+            let mut t = t0;
+            while t < t1 {
+                let nt = 4.min(t1 - t);
+                let args = Tile { m, group, x, t0: t, out, out_stride, valid };
+                macro_rules! by_nt {
+                    ($k:expr) => {
+                        match nt {
+                            1 => from_unpacked::<$k, 1>(&args, half, w),
+                            2 => from_unpacked::<$k, 2>(&args, half, w),
+                            3 => from_unpacked::<$k, 3>(&args, half, w),
+                            _ => from_unpacked::<$k, 4>(&args, half, w),
+                        }
+                    };
+                }
+                macro_rules! k_by_nt {
+                    ($f:ident) => {
+                        match nt {
+                            1 => $f::<1>(&args, half, w),
+                            2 => $f::<2>(&args, half, w),
+                            3 => $f::<3>(&args, half, w),
+                            _ => $f::<4>(&args, half, w),
+                        }
+                    };
+                }
+                match m.dtype {
+                    GgmlType::Q4_0 => by_nt!(Q4_0),
+                    GgmlType::Q4_1 => by_nt!(Q4_1),
+                    GgmlType::Q5_0 => by_nt!(Q5_0),
+                    GgmlType::Q4_K => k_by_nt!(q4_k_unpacked),
+                    _ => k_by_nt!(q6_k_unpacked),
+                }
+                t += nt;
+            }
+        }
+    });
+}
+
+/// Group `group`'s codes and scales into `w` (`UNPACKED`'s layout).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack<const KIND: u8>(m: &PackedMatrix, group: usize, w: *mut __m256i) {
+    let d_off = match KIND {
+        Q4_0 => Q4_0_D,
+        Q4_1 => Q4_1_D,
+        _ => Q5_0_D,
+    };
+    let nib = _mm256_set1_epi8(0x0F);
+    let mut p = m.group_ptr(group);
+    for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
+        for half in 0..2 {
+            let (h, hd) = (32 * half, 16 * half);
+            let o = w.add((half * m.blocks + b) * UNPACKED_VECTORS);
+            let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + h) as *const __m256i) } else { _mm256_setzero_si256() };
+            unroll!(4, |v| {
+                let x = _mm256_loadu_si256(p.add(64 * v + h) as *const __m256i);
+                let mut wl = _mm256_and_si256(x, nib);
+                let mut wh = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
+                if KIND == Q5_0 {
+                    wl = _mm256_or_si256(wl, fifth_bits(high, v));
+                    wh = _mm256_or_si256(wh, fifth_bits(high, v + 4));
+                }
+                _mm256_store_si256(o.add(v), wl);
+                _mm256_store_si256(o.add(v + 4), wh);
+            });
+            _mm256_store_ps(o.add(8) as *mut f32, f16x8(p.add(d_off + hd)));
+            if KIND == Q4_1 {
+                _mm256_store_ps(o.add(9) as *mut f32, f16x8(p.add(Q4_1_M + hd)));
+            }
+        }
+        p = p.add(m.block_bytes);
+    }
+}
+
+/// One tile of `NT` tokens and the half's 8 rows over the unpacked codes at `w` (that half's blocks).
+/// Q4_0/Q4_1 sum all 8 k-groups' `vpmaddubsw` results in i16, Q5_0 two sums of 4 (module docs), as
+/// `legacy` does.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn from_unpacked<const KIND: u8, const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
+    let m = tl.m;
+    let act_block = if KIND == Q4_1 { 36 } else { 34 };
+    let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(if KIND == Q4_1 { 4 } else { 2 }));
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for b in 0..m.blocks {
+        let wb = w.add(b * UNPACKED_VECTORS);
+        let mut s = [_mm256_setzero_si256(); NT];
+        let parts = if KIND == Q5_0 { 2 } else { 1 };
+        for part in 0..parts {
+            let mut s16 = [_mm256_setzero_si256(); NT];
+            for g in 8 / parts * part..8 / parts * (part + 1) {
+                let wg = _mm256_load_si256(wb.add(g));
+                unroll!(NT, |t| {
+                    s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                });
+            }
+            unroll!(NT, |t| {
+                s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
+            });
+        }
+        let dw = _mm256_load_ps(wb.add(8) as *const f32);
+        unroll!(NT, |t| {
+            let side = &*side[t].add(b);
+            let mut st = s[t];
+            // −offset·Σy, the offset a power of two: a broadcast load and a shift.
+            if KIND == Q4_0 {
+                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<3>(_mm256_set1_epi32(side.sum)));
+            } else if KIND == Q5_0 {
+                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<4>(_mm256_set1_epi32(side.sum)));
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(st), acc[t]);
+            if KIND == Q4_1 {
+                acc[t] = _mm256_fmadd_ps(_mm256_load_ps(wb.add(9) as *const f32), _mm256_set1_ps(side.s), acc[t]);
+            }
+        });
+    }
+    for (t, a) in acc.iter().enumerate() {
+        tl.store8(t, half, *a);
+    }
+}
+
+/// Group `group`'s Q4_K codes, scales and mins into `w` (`unpacked_vectors`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_q4_k(m: &PackedMatrix, group: usize, w: *mut __m256i) {
+    let nib = _mm256_set1_epi8(0x0F);
+    let mut p = m.group_ptr(group);
+    for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
+        for half in 0..2 {
+            let (h, hd) = (32 * half, 16 * half);
+            let o = w.add((half * m.blocks + b) * Q4_K_UNPACKED);
+            for c in 0..4 {
+                for g in 0..8 {
+                    let x = _mm256_loadu_si256(p.add(64 * (8 * c + g) + h) as *const __m256i);
+                    _mm256_store_si256(o.add(8 * (2 * c) + g), _mm256_and_si256(x, nib));
+                    _mm256_store_si256(o.add(8 * (2 * c + 1) + g), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib));
+                }
+            }
+            for j in 0..8 {
+                _mm256_store_si256(o.add(64 + j), scales8(p, j, half));
+            }
+            for i in 0..4 {
+                _mm256_store_si256(o.add(72 + i), _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + hd) as *const __m128i)));
+            }
+            _mm256_store_ps(o.add(76) as *mut f32, f16x8(p.add(Q4_K_D + hd)));
+            _mm256_store_ps(o.add(77) as *mut f32, f16x8(p.add(Q4_K_DMIN + hd)));
+        }
+        p = p.add(m.block_bytes);
+    }
+}
+
+/// `q4_k` over the unpacked codes at `w` (that half's blocks): the same integers and f32 steps.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_unpacked<const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
+    let m = tl.m;
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for b in 0..m.blocks {
+        let wb = w.add(b * Q4_K_UNPACKED);
+        let mut sums = [_mm256_setzero_si256(); NT];
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
+        for s in 0..8 {
+            // Sub-block s: elements 32s.., k-group g at 32s + 4g.
+            let mut part = [_mm256_setzero_si256(); NT];
+            for g in 0..8 {
+                let wg = _mm256_load_si256(wb.add(8 * s + g));
+                unroll!(NT, |t| {
+                    part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * s + 4 * g))));
+                });
+            }
+            let sc = _mm256_load_si256(wb.add(64 + s));
+            unroll!(NT, |t| {
+                sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
+            });
+        }
+        let (dw, dmw) = (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32));
+        unroll!(NT, |t| {
+            let side = tl.k_side(t, b);
+            let pairs = side.sum32.as_ptr() as *const u8;
+            let mut mm = _mm256_setzero_si256();
+            for i in 0..4 {
+                mm = _mm256_add_epi32(mm, _mm256_madd_epi16(_mm256_load_si256(wb.add(72 + i)), codes4(pairs.add(4 * i))));
+            }
+            let dy = _mm256_set1_ps(side.d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, dy), _mm256_cvtepi32_ps(mm), acc[t]);
+        });
+    }
+    for (t, a) in acc.iter().enumerate() {
+        tl.store8(t, half, *a);
+    }
+}
+
+/// Group `group`'s Q6_K codes and scales into `w` (`unpacked_vectors`).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_q6_k(m: &PackedMatrix, group: usize, w: *mut __m256i) {
+    let mut p = m.group_ptr(group);
+    for b in 0..m.blocks {
+        prefetch_ahead(p, m.block_bytes);
+        for half in 0..2 {
+            let o = w.add((half * m.blocks + b) * Q6_K_UNPACKED);
+            for h in 0..2 {
+                for c in 0..8 {
+                    unroll!(4, |s| {
+                        _mm256_store_si256(o.add(32 * h + 4 * c + s), q6_codes(p, h, c, s, half));
+                    });
+                }
+            }
+            for j in 0..16 {
+                _mm256_store_si256(o.add(64 + j), q6_scales_dup(p, j, half));
+            }
+            for i in 0..8 {
+                let (a, c) = (_mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i) + 8 * half) as *const __m128i), _mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i + 1) + 8 * half) as *const __m128i));
+                _mm256_store_si256(o.add(80 + i), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c)));
+            }
+            _mm256_store_ps(o.add(88) as *mut f32, f16x8(p.add(Q6_K_D + 16 * half)));
+        }
+        p = p.add(m.block_bytes);
+    }
+}
+
+/// `q6_k` over the unpacked codes at `w` (that half's blocks): the same integers and f32 steps.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_unpacked<const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
+    let m = tl.m;
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for b in 0..m.blocks {
+        let wb = w.add(b * Q6_K_UNPACKED);
+        let mut sums = [_mm256_setzero_si256(); NT];
+        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
+        for h in 0..2 {
+            for cq in 0..2 {
+                unroll!(4, |s| {
+                    for cp in 0..2 {
+                        let mut part = [_mm256_setzero_si256(); NT];
+                        for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
+                            let wv = _mm256_load_si256(wb.add(32 * h + 4 * c + s));
+                            unroll!(NT, |t| {
+                                part[t] = _mm256_add_epi16(part[t], mul16(wv, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
+                            });
+                        }
+                        let sc = _mm256_load_si256(wb.add(64 + 8 * h + 2 * s + cq));
+                        unroll!(NT, |t| {
+                            sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
+                        });
+                    }
+                });
+            }
+        }
+        let dw = _mm256_load_ps(wb.add(88) as *const f32);
+        unroll!(NT, |t| {
+            let bsums = qs[t].add(256);
+            let mut off = _mm256_setzero_si256();
+            for i in 0..8 {
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(wb.add(80 + i)), codes4(bsums.add(4 * i))));
+            }
+            let s = _mm256_sub_epi32(sums[t], _mm256_slli_epi32::<5>(off));
+            let dy = _mm256_set1_ps(tl.k_side(t, b).d);
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(s), acc[t]);
+        });
+    }
+    for (t, a) in acc.iter().enumerate() {
+        tl.store8(t, half, *a);
+    }
+}

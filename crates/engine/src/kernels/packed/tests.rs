@@ -81,34 +81,41 @@ fn kernels_hold_saturated_codes() {
     }
     let (rows, cols, n) = (21, 512, 4);
     for t in TYPES {
-        let (mut w, _, _) = case(t, rows, cols, 0, 9);
-        let (codes, fill) = match t {
-            GgmlType::Q4_0 => (2..18, 0xFF),
-            GgmlType::Q4_1 => (4..20, 0xFF),
-            GgmlType::Q5_0 => (2..22, 0xFF),
-            GgmlType::Q8_0 => (2..34, 0x80),
-            GgmlType::Q4_K => (16..144, 0xFF),
-            _ => (0..192, 0xFF),
-        };
-        for block in w.chunks_exact_mut(t.block_bytes()) {
-            block[codes.clone()].fill(fill);
-        }
-        // Tokens: all +1; all −1; and both again with one element a little larger in magnitude and of
-        // the other sign (Q8_K scales by the signed extreme, so this is what gives it +127 codes).
-        let x: Vec<f32> = (0..n)
-            .flat_map(|k| {
-                let sign = if k % 2 == 0 { 1.0 } else { -1.0 };
-                (0..cols).map(move |i| if k >= 2 && i % 32 == 0 { -1.001 * sign } else { sign })
-            })
-            .collect();
-        let act = t.dot_activation_type();
-        let ab = act.row_bytes(cols).unwrap();
-        let mut xq = vec![0u8; n * ab];
-        for (row, q) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(ab)) {
-            quantize_row_ggml_x86(act, row, q);
-        }
+        let (w, xq) = saturated(t, rows, cols, n);
         tiles_equal_the_reference(t, rows, cols, n, &w, &xq);
     }
+}
+
+/// Weights of `rows` × `cols` with every code at its largest (Q8_0: −128), and `n` tokens whose
+/// activations quantize to ±127 throughout: all +1; all −1; and both again with one element a little
+/// larger in magnitude and of the other sign (Q8_K scales by the signed extreme, so this is what gives
+/// it +127 codes).
+fn saturated(t: GgmlType, rows: usize, cols: usize, n: usize) -> (Vec<u8>, Vec<u8>) {
+    let (mut w, _, _) = case(t, rows, cols, 0, 9);
+    let (codes, fill) = match t {
+        GgmlType::Q4_0 => (2..18, 0xFF),
+        GgmlType::Q4_1 => (4..20, 0xFF),
+        GgmlType::Q5_0 => (2..22, 0xFF),
+        GgmlType::Q8_0 => (2..34, 0x80),
+        GgmlType::Q4_K => (16..144, 0xFF),
+        _ => (0..192, 0xFF),
+    };
+    for block in w.chunks_exact_mut(t.block_bytes()) {
+        block[codes.clone()].fill(fill);
+    }
+    let x: Vec<f32> = (0..n)
+        .flat_map(|k| {
+            let sign = if k % 2 == 0 { 1.0 } else { -1.0 };
+            (0..cols).map(move |i| if k % 4 >= 2 && i % 32 == 0 { -1.001 * sign } else { sign })
+        })
+        .collect();
+    let act = t.dot_activation_type();
+    let ab = act.row_bytes(cols).unwrap();
+    let mut xq = vec![0u8; n * ab];
+    for (row, q) in x.chunks_exact(cols).zip(xq.chunks_exact_mut(ab)) {
+        quantize_row_ggml_x86(act, row, q);
+    }
+    (w, xq)
 }
 
 /// Runs every tile size over `n` tokens and checks each (row, token) against `reference::dot`.
@@ -134,6 +141,52 @@ fn tiles_equal_the_reference(t: GgmlType, rows: usize, cols: usize, n: usize, w:
             for r in 0..rows {
                 let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
                 assert_eq!(out[tok * rows + r].to_bits(), want.to_bits(), "{t} tile {nt}: token {tok} row {r}: {} vs {want}", out[tok * rows + r]);
+            }
+        }
+    }
+}
+
+/// AVX2's unpacked path (`tiles_unpacked`, every type but Q8_0) over every token range of up to 12
+/// tokens, starting at 0 and at 1, gives `reference::dot`'s bits: tiles of 4 and every remainder,
+/// partial halves, random codes and every code at its largest.
+#[test]
+fn unpacked_tiles_equal_the_reference_bit_for_bit() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if crate::kernels::cpu::SimdLevel::detected() < crate::kernels::ggml::SimdLevel::Avx2 {
+            eprintln!("note: no AVX2 here; the unpacked tiles are not tested");
+            return;
+        }
+        let (cols, n) = (768, 12);
+        for t in TYPES.into_iter().filter(|&t| t != GgmlType::Q8_0) {
+            for (rows, saturate) in [(37, false), (45, false), (21, true)] {
+                let (w, xq) = if saturate {
+                    saturated(t, rows, cols, n)
+                } else {
+                    let (w, xq, _) = case(t, rows, cols, n, 7);
+                    (w, xq)
+                };
+                let m = pack(t, rows, cols, &w);
+                let ab = t.dot_activation_type().row_bytes(cols).unwrap();
+                let side = side_of(t, cols, n, &xq);
+                let input = PackedInput { xq: &xq, row_bytes: ab, side: &side };
+                let wb = t.row_bytes(cols).unwrap();
+                for start in [0, 1] {
+                    for len in 1..=n - start {
+                        let mut out = vec![f32::NAN; n * rows];
+                        for g in 0..m.groups {
+                            // SAFETY: AVX2 present; out is [n, rows], each (token, row) of the range written once.
+                            unsafe { avx2::tiles_unpacked(&m, g, &input, start, start + len, out.as_mut_ptr(), rows) };
+                        }
+                        for tok in start..start + len {
+                            for r in 0..rows {
+                                let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
+                                let got = out[tok * rows + r];
+                                assert_eq!(got.to_bits(), want.to_bits(), "{t} rows {rows} tokens {start}..{}: token {tok} row {r}: {got} vs {want}", start + len);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
