@@ -36,25 +36,40 @@ pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: u
     let valid = (m.rows - group * GROUP).min(GROUP);
     let args = Tile { m, group, x, t0, out, out_stride, valid };
     for half in 0..valid.div_ceil(8) {
-        macro_rules! by_nt {
-            ($f:ident $(, $k:expr)?) => {
-                match nt {
-                    1 => $f::<$($k,)? 1>(&args, half),
-                    2 => $f::<$($k,)? 2>(&args, half),
-                    3 => $f::<$($k,)? 3>(&args, half),
-                    _ => $f::<$($k,)? 4>(&args, half),
-                }
-            };
+        if m.dtype == GgmlType::Q8_0 {
+            match nt {
+                1 => legacy_q8_0::<1>(&args, half),
+                2 => legacy_q8_0::<2>(&args, half),
+                3 => legacy_q8_0::<3>(&args, half),
+                _ => legacy_q8_0::<4>(&args, half),
+            }
+        } else {
+            run::<false>(&args, half, nt, std::ptr::null());
         }
-        match m.dtype {
-            GgmlType::Q4_0 => by_nt!(legacy, Q4_0),
-            GgmlType::Q4_1 => by_nt!(legacy, Q4_1),
-            GgmlType::Q5_0 => by_nt!(legacy, Q5_0),
-            GgmlType::Q8_0 => by_nt!(legacy, Q8_0),
-            GgmlType::Q4_K => by_nt!(q4_k),
-            GgmlType::Q6_K => by_nt!(q6_k),
-            other => unreachable!("{other} is not packed"),
-        }
+    }
+}
+
+/// The kernel of `tl`'s type for `nt` tokens and one half: over the packed group-blocks (`U` false; `w`
+/// unused) or over the half's unpacked codes at `w` (`U` true; `tiles_unpacked`).
+#[inline(always)]
+unsafe fn run<const U: bool>(tl: &Tile, half: usize, nt: usize, w: *const __m256i) {
+    macro_rules! by_nt {
+        ($f:ident $(, $k:expr)?) => {
+            match nt {
+                1 => $f::<$($k,)? 1, U>(tl, half, w),
+                2 => $f::<$($k,)? 2, U>(tl, half, w),
+                3 => $f::<$($k,)? 3, U>(tl, half, w),
+                _ => $f::<$($k,)? 4, U>(tl, half, w),
+            }
+        };
+    }
+    match tl.m.dtype {
+        GgmlType::Q4_0 => by_nt!(legacy, Q4_0),
+        GgmlType::Q4_1 => by_nt!(legacy, Q4_1),
+        GgmlType::Q5_0 => by_nt!(legacy, Q5_0),
+        GgmlType::Q4_K => by_nt!(q4_k),
+        GgmlType::Q6_K => by_nt!(q6_k),
+        other => unreachable!("{other} has no such kernel"),
     }
 }
 
@@ -124,70 +139,56 @@ pub(super) unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
 /// Q4_0, Q4_1, Q5_0: the 4-bit (5-bit) codes are at most 15 (31), so up to 8 (4) `vpmaddubsw` results
 /// add up in i16 without overflow (16 products of at most 15 · 128, or 8 of 31 · 128, stay under
 /// 2^15) and one `vpmaddwd` widens them: 8 (4) k-groups cost 8 multiplies and 1 (2) widenings instead of
-/// 8 and 8. The integer is the same, so are the bits.
+/// 8 and 8. The integer is the same, so are the bits. The codes and scales are unpacked here from the
+/// group-block (`U` false) or read from `w` (`U` true, `unpack`'s layout), a k-group at a time: with
+/// one i16 sum live per token rather than two, 4 tokens' sums, i32 sums and accumulators fit in
+/// registers.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
-    if KIND == Q8_0 {
-        return legacy_q8_0::<NT>(tl, half);
-    }
+unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
     let m = tl.m;
     let (act_block, q_off) = if KIND == Q4_1 { (36, 4) } else { (34, 2) };
-    let offset: i32 = match KIND {
-        Q4_0 => 8,
-        Q5_0 => 16,
-        _ => 0,
-    };
-    let d_off = match KIND {
-        Q4_0 => Q4_0_D,
-        Q4_1 => Q4_1_D,
-        _ => Q5_0_D,
-    };
-    let (h, hd) = (32 * half, 16 * half);
-    let nib = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); NT];
     let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
+    let mut acc = [_mm256_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        if half == 0 {
+        let wb = w.wrapping_add(b * UNPACKED_VECTORS);
+        if !U && half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
-        let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + h) as *const __m256i) } else { _mm256_setzero_si256() };
-        // Per token: `lo` k-groups 0..4, `hi` 4..8 (Q4: both in `lo`), i16.
-        let mut lo = [_mm256_setzero_si256(); NT];
-        let mut hi = [_mm256_setzero_si256(); NT];
-        unroll!(4, |v| {
-            let x = _mm256_loadu_si256(p.add(64 * v + h) as *const __m256i);
-            let mut wl = _mm256_and_si256(x, nib);
-            let mut wh = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
-            if KIND == Q5_0 {
-                wl = _mm256_or_si256(wl, fifth_bits(high, v));
-                wh = _mm256_or_si256(wh, fifth_bits(high, v + 4));
+        let high = if KIND == Q5_0 && !U { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
+        // Per token, the i32 sum of the k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
+        let mut s = [_mm256_setzero_si256(); NT];
+        let parts = if KIND == Q5_0 { 2 } else { 1 };
+        for part in 0..parts {
+            let mut s16 = [_mm256_setzero_si256(); NT];
+            for g in 8 / parts * part..8 / parts * (part + 1) {
+                let wg = if U { _mm256_load_si256(wb.add(g)) } else { legacy_code::<KIND>(p, high, g, half) };
+                unroll!(NT, |t| {
+                    s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                });
             }
             unroll!(NT, |t| {
-                let y = q[t].add(b * act_block + 4 * v);
-                let (pl, ph) = (mul16(wl, codes4(y)), mul16(wh, codes4(y.add(16))));
-                if KIND == Q5_0 {
-                    lo[t] = _mm256_add_epi16(lo[t], pl);
-                    hi[t] = _mm256_add_epi16(hi[t], ph);
-                } else {
-                    lo[t] = _mm256_add_epi16(lo[t], _mm256_add_epi16(pl, ph));
-                }
+                s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
             });
-        });
-        let dw = f16x8(p.add(d_off + hd));
-        let mw = if KIND == Q4_1 { f16x8(p.add(Q4_1_M + hd)) } else { _mm256_setzero_ps() };
+        }
+        let dw = if U { _mm256_load_ps(wb.add(8) as *const f32) } else { f16x8(p.add(legacy_d::<KIND>() + 16 * half)) };
+        let mw = match (KIND == Q4_1, U) {
+            (false, _) => _mm256_setzero_ps(),
+            (true, true) => _mm256_load_ps(wb.add(9) as *const f32),
+            (true, false) => f16x8(p.add(Q4_1_M + 16 * half)),
+        };
         unroll!(NT, |t| {
             let side = &*side[t].add(b);
-            let mut s = widen(lo[t]);
-            if KIND == Q5_0 {
-                s = _mm256_add_epi32(s, widen(hi[t]));
-            }
-            if offset != 0 {
-                s = _mm256_add_epi32(s, _mm256_set1_epi32(-offset * side.sum));
+            let mut st = s[t];
+            // −offset·Σy, the offset a power of two.
+            if KIND == Q4_0 {
+                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<3>(_mm256_set1_epi32(side.sum)));
+            } else if KIND == Q5_0 {
+                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<4>(_mm256_set1_epi32(side.sum)));
             }
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(st), acc[t]);
             if KIND == Q4_1 {
                 acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(side.s), acc[t]);
             }
@@ -196,6 +197,31 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile, half: usize) {
     }
     for (t, a) in acc.iter().enumerate() {
         tl.store8(t, half, *a);
+    }
+}
+
+/// Offset of `d` in a Q4_0, Q4_1 or Q5_0 group-block.
+#[inline(always)]
+fn legacy_d<const KIND: u8>() -> usize {
+    match KIND {
+        Q4_0 => Q4_0_D,
+        Q4_1 => Q4_1_D,
+        _ => Q5_0_D,
+    }
+}
+
+/// The half's codes of k-group g in the Q4_0/Q4_1/Q5_0 group-block at `p`, one byte a code: the low
+/// nibbles of vector g (g < 4) or the high ones of vector g − 4, with Q5_0's fifth bits from `high` (the
+/// half's qh vector).
+#[inline(always)]
+unsafe fn legacy_code<const KIND: u8>(p: *const u8, high: __m256i, g: usize, half: usize) -> __m256i {
+    let nib = _mm256_set1_epi8(0x0F);
+    let x = _mm256_loadu_si256(p.add(64 * (g % 4) + 32 * half) as *const __m256i);
+    let w = if g < 4 { _mm256_and_si256(x, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib) };
+    if KIND == Q5_0 {
+        _mm256_or_si256(w, fifth_bits(high, g))
+    } else {
+        w
     }
 }
 
@@ -242,39 +268,38 @@ unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
 
 /// A sub-block's 8 k-groups of 4-bit codes add up in i16 (16 products of at most 15 · 128 per i16,
 /// under 2^15), and one `vpmaddwd` by the scales widens and scales them: per 32 codes and token, 8
-/// multiplies and 1 widening instead of 8 and 8 plus a `vpmulld`. Same integers, same bits.
+/// multiplies and 1 widening instead of 8 and 8 plus a `vpmulld`. Same integers, same bits. Codes,
+/// scales and mins from the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout), a
+/// sub-block at a time (one i16 sum live per token).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
+unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
     let m = tl.m;
-    let (h, hd) = (32 * half, 16 * half);
-    let nib = _mm256_set1_epi8(0x0F);
+    let hd = 16 * half;
     let mut acc = [_mm256_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        if half == 0 {
+        let wb = w.wrapping_add(b * Q4_K_UNPACKED);
+        if !U && half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        for c in 0..4 {
-            let mut lo = [_mm256_setzero_si256(); NT];
-            let mut hi = [_mm256_setzero_si256(); NT];
+        for sb in 0..8 {
+            // Sub-block sb: elements 32sb.., k-group g at 32sb + 4g.
+            let mut part = [_mm256_setzero_si256(); NT];
             for g in 0..8 {
-                let x = _mm256_loadu_si256(p.add(64 * (8 * c + g) + h) as *const __m256i);
-                let (wl, wh) = (_mm256_and_si256(x, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib));
+                let wg = if U { _mm256_load_si256(wb.add(8 * sb + g)) } else { q4_k_code(p, sb, g, half) };
                 unroll!(NT, |t| {
-                    let y = qs[t].add(64 * c + 4 * g);
-                    lo[t] = _mm256_add_epi16(lo[t], mul16(wl, codes4(y)));
-                    hi[t] = _mm256_add_epi16(hi[t], mul16(wh, codes4(y.add(32))));
+                    part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * sb + 4 * g))));
                 });
             }
-            let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
+            let sc = if U { _mm256_load_si256(wb.add(64 + sb)) } else { scales8(p, sb, half) };
             unroll!(NT, |t| {
-                sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc_lo), _mm256_madd_epi16(hi[t], sc_hi)));
+                sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
             });
         }
-        let mins: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + hd) as *const __m128i)));
-        let (dw, dmw) = (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd)));
+        let mins: [__m256i; 4] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(72 + i)) } else { q4_k_mins(p, i, half) });
+        let (dw, dmw) = if U { (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32)) } else { (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd))) };
         unroll!(NT, |t| {
             let side = tl.k_side(t, b);
             let pairs = side.sum32.as_ptr() as *const u8;
@@ -291,6 +316,25 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
     for (t, a) in acc.iter().enumerate() {
         tl.store8(t, half, *a);
     }
+}
+
+/// The half's codes of sub-block sb, k-group g, in the Q4_K group-block at `p`, one byte a code: vector
+/// 8(sb / 2) + g, its low nibbles for an even sb and its high ones for an odd.
+#[inline(always)]
+unsafe fn q4_k_code(p: *const u8, sb: usize, g: usize, half: usize) -> __m256i {
+    let nib = _mm256_set1_epi8(0x0F);
+    let x = _mm256_loadu_si256(p.add(64 * (8 * (sb / 2) + g) + 32 * half) as *const __m256i);
+    if sb % 2 == 0 {
+        _mm256_and_si256(x, nib)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib)
+    }
+}
+
+/// Min pair i (sub-blocks 2i, 2i + 1) of the half's 8 rows as i16.
+#[inline(always)]
+unsafe fn q4_k_mins(p: *const u8, i: usize, half: usize) -> __m256i {
+    _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + 16 * half) as *const __m128i))
 }
 
 /// Q6_K sub-block j's signed scales of the half's 8 rows, each twice as i16 (see `scales8`).
@@ -319,19 +363,27 @@ pub(super) unsafe fn q6_codes(p: *const u8, h: usize, c: usize, s: usize, half: 
     _mm256_or_si256(low, _mm256_and_si256(top, crumb))
 }
 
+/// Q6_K scale pair i (sub-blocks 2i, 2i + 1) of the half's 8 rows, as the i16 pairs `vpmaddwd` takes.
+#[inline(always)]
+unsafe fn q6_scale_pair(p: *const u8, i: usize, half: usize) -> __m256i {
+    let (a, c) = (_mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i) + 8 * half) as *const __m128i), _mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i + 1) + 8 * half) as *const __m128i));
+    _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c))
+}
+
 /// Q6_K: the codes are at most 63, so two k-groups' `vpmaddubsw` results add up in i16 (8 products of
 /// at most 63 · 128 per i16, under 2^15), and `vpmaddwd` by the sub-block's scales widens and scales
 /// them. The codes' offset 32 is applied once per super-block instead of per sub-block: −32 · Σⱼ
 /// scale[j] · Σy[j], from the activation block's own sums of 16 (`vpmaddwd` of scale pairs by sum
-/// pairs). The integer is the one `reference::dot` forms, so the bits are too.
+/// pairs). The integer is the one `reference::dot` forms, so the bits are too. Codes and scales from
+/// the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
+unsafe fn q6_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
     let m = tl.m;
-    let hd = 16 * half;
     let mut acc = [_mm256_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        if half == 0 {
+        let wb = w.wrapping_add(b * Q6_K_UNPACKED);
+        if !U && half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
@@ -343,12 +395,13 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                     for cp in 0..2 {
                         let mut part = [_mm256_setzero_si256(); NT];
                         for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
-                            let w = q6_codes(p, h, c, s, half);
+                            let wv = if U { _mm256_load_si256(wb.add(32 * h + 4 * c + s)) } else { q6_codes(p, h, c, s, half) };
                             unroll!(NT, |t| {
-                                part[t] = _mm256_add_epi16(part[t], mul16(w, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
+                                part[t] = _mm256_add_epi16(part[t], mul16(wv, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
                             });
                         }
-                        let sc = q6_scales_dup(p, 8 * h + 2 * s + cq, half);
+                        let j = 8 * h + 2 * s + cq;
+                        let sc = if U { _mm256_load_si256(wb.add(64 + j)) } else { q6_scales_dup(p, j, half) };
                         unroll!(NT, |t| {
                             sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                         });
@@ -356,12 +409,8 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
                 });
             }
         }
-        // Scale pairs (sub-blocks 2i, 2i + 1) of each row, as the i16 pairs `vpmaddwd` takes.
-        let pairs: [__m256i; 8] = std::array::from_fn(|i| {
-            let (a, c) = (_mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i) + 8 * half) as *const __m128i), _mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i + 1) + 8 * half) as *const __m128i));
-            _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c))
-        });
-        let dw = f16x8(p.add(Q6_K_D + hd));
+        let pairs: [__m256i; 8] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(80 + i)) } else { q6_scale_pair(p, i, half) });
+        let dw = if U { _mm256_load_ps(wb.add(88) as *const f32) } else { f16x8(p.add(Q6_K_D + 16 * half)) };
         unroll!(NT, |t| {
             // The activation block's 16 i16 sums of 16 follow its 256 codes.
             let bsums = qs[t].add(256);
@@ -385,7 +434,8 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
 /// tokens); below it, the unpacking would cost more than it saves.
 const UNPACK_MIN_TOKENS: usize = 8;
 
-/// Whether `tiles_unpacked` takes `tokens` tokens of weights of type `t`.
+/// Whether `tiles_unpacked` takes `tokens` tokens of weights of type `t` (Q8_0's codes are bytes
+/// already).
 pub(super) fn unpacks(t: GgmlType, tokens: usize) -> bool {
     t != GgmlType::Q8_0 && tokens >= UNPACK_MIN_TOKENS
 }
@@ -394,7 +444,7 @@ pub(super) fn unpacks(t: GgmlType, tokens: usize) -> bool {
 /// codes, u8, the `vpmaddubsw` operand):
 /// - Q4_0, Q4_1, Q5_0: the 8 k-groups' codes, `d` as f32, (Q4_1) `m` as f32;
 /// - Q4_K: 64 vectors of codes (`8s + g`: sub-block s, k-group g), the 8 sub-blocks' scales as
-///   `scales8` gives them, the 4 min vectors, `d` and `dmin` as f32;
+///   `scales8` gives them, the 4 min pairs, `d` and `dmin` as f32;
 /// - Q6_K: 64 vectors of codes (`32h + 4c + s`, as `q6_codes(h, c, s)`), the 16 sub-blocks' scales as
 ///   `q6_scales_dup` gives them, the 8 scale pairs of the offset term, `d` as f32.
 fn unpacked_vectors(t: GgmlType) -> usize {
@@ -409,17 +459,17 @@ const Q4_K_UNPACKED: usize = 64 + 8 + 4 + 2;
 const Q6_K_UNPACKED: usize = 64 + 16 + 8 + 1;
 
 thread_local! {
-    /// The current group's unpacked codes, `[half][block][UNPACKED_VECTORS]` (7 KiB a half at 896
-    /// columns: it stays in L1 while the tiles read it).
+    /// The current group's unpacked codes, `[half][block][unpacked_vectors]` (Q5_0 at 896 columns:
+    /// 8.75 KiB a half, so it stays in L1 while the tiles read it).
     static UNPACKED: std::cell::RefCell<Vec<__m256i>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// `tile` for tokens `t0..t1` of group `group` (Q4_0, Q4_1, Q5_0; `unpacks`): each block's codes are
-/// unpacked once, to one byte a code (Q5_0's fifth bit put on), with the scales as f32, and every tile
-/// of 4 tokens reads them from there. Per block and token that leaves the multiplies, their i16 sums,
-/// the widening and the f32 steps: for Q5_0 about 22 instructions instead of 31 (the unpacking of
-/// 8 rows' 32 codes, 35 instructions, was shared by only 4 tokens). The same integers and the same f32
-/// steps as `legacy`, so the same bits.
+/// `tile` for tokens `t0..t1` of group `group` (`unpacks`): the group's codes are unpacked once, to one
+/// byte a code (Q5_0's fifth bit and Q6_K's crumbs put on), with the scales widened and converted, and
+/// every tile of 4 tokens reads them from there. Per block and token that leaves the multiplies, their
+/// i16 sums, the widenings and the f32 steps: for Q5_0 about 22 instructions instead of 31 (unpacking
+/// 8 rows' 32 codes takes 35, and a tile shared them among only 4 tokens). The same kernels, reading
+/// their codes from elsewhere, so the same bits.
 ///
 /// # Safety
 /// As `tile`, for every token of `t0..t1`.
@@ -427,279 +477,70 @@ pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedIn
     UNPACKED.with_borrow_mut(|buf| {
         let per_block = unpacked_vectors(m.dtype);
         buf.resize(2 * m.blocks * per_block, _mm256_setzero_si256());
-        let w = buf.as_mut_ptr();
-        match m.dtype {
-            GgmlType::Q4_0 => unpack::<Q4_0>(m, group, w),
-            GgmlType::Q4_1 => unpack::<Q4_1>(m, group, w),
-            GgmlType::Q5_0 => unpack::<Q5_0>(m, group, w),
-            GgmlType::Q4_K => unpack_q4_k(m, group, w),
-            GgmlType::Q6_K => unpack_q6_k(m, group, w),
-            other => unreachable!("{other} is not unpacked"),
-        }
+        unpack(m, group, buf.as_mut_ptr());
         let valid = (m.rows - group * GROUP).min(GROUP);
         for half in 0..valid.div_ceil(8) {
-            let w = w.add(half * m.blocks * per_block) as *const __m256i;
+            let w = buf.as_ptr().add(half * m.blocks * per_block);
             let mut t = t0;
             while t < t1 {
                 let nt = 4.min(t1 - t);
-                let args = Tile { m, group, x, t0: t, out, out_stride, valid };
-                macro_rules! by_nt {
-                    ($k:expr) => {
-                        match nt {
-                            1 => from_unpacked::<$k, 1>(&args, half, w),
-                            2 => from_unpacked::<$k, 2>(&args, half, w),
-                            3 => from_unpacked::<$k, 3>(&args, half, w),
-                            _ => from_unpacked::<$k, 4>(&args, half, w),
-                        }
-                    };
-                }
-                macro_rules! k_by_nt {
-                    ($f:ident) => {
-                        match nt {
-                            1 => $f::<1>(&args, half, w),
-                            2 => $f::<2>(&args, half, w),
-                            3 => $f::<3>(&args, half, w),
-                            _ => $f::<4>(&args, half, w),
-                        }
-                    };
-                }
-                match m.dtype {
-                    GgmlType::Q4_0 => by_nt!(Q4_0),
-                    GgmlType::Q4_1 => by_nt!(Q4_1),
-                    GgmlType::Q5_0 => by_nt!(Q5_0),
-                    GgmlType::Q4_K => k_by_nt!(q4_k_unpacked),
-                    _ => k_by_nt!(q6_k_unpacked),
-                }
+                run::<true>(&Tile { m, group, x, t0: t, out, out_stride, valid }, half, nt, w);
                 t += nt;
             }
         }
     });
 }
 
-/// Group `group`'s codes and scales into `w` (`UNPACKED`'s layout).
+/// Group `group`'s codes and scales into `w` (`unpacked_vectors`' layout, `[half][block]`), computed by
+/// the same helpers the kernels use on the packed bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack<const KIND: u8>(m: &PackedMatrix, group: usize, w: *mut __m256i) {
-    let d_off = match KIND {
-        Q4_0 => Q4_0_D,
-        Q4_1 => Q4_1_D,
-        _ => Q5_0_D,
-    };
-    let nib = _mm256_set1_epi8(0x0F);
+unsafe fn unpack(m: &PackedMatrix, group: usize, w: *mut __m256i) {
+    let per_block = unpacked_vectors(m.dtype);
     let mut p = m.group_ptr(group);
     for b in 0..m.blocks {
         prefetch_ahead(p, m.block_bytes);
         for half in 0..2 {
-            let (h, hd) = (32 * half, 16 * half);
-            let o = w.add((half * m.blocks + b) * UNPACKED_VECTORS);
-            let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + h) as *const __m256i) } else { _mm256_setzero_si256() };
-            unroll!(4, |v| {
-                let x = _mm256_loadu_si256(p.add(64 * v + h) as *const __m256i);
-                let mut wl = _mm256_and_si256(x, nib);
-                let mut wh = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
-                if KIND == Q5_0 {
-                    wl = _mm256_or_si256(wl, fifth_bits(high, v));
-                    wh = _mm256_or_si256(wh, fifth_bits(high, v + 4));
-                }
-                _mm256_store_si256(o.add(v), wl);
-                _mm256_store_si256(o.add(v + 4), wh);
-            });
-            _mm256_store_ps(o.add(8) as *mut f32, f16x8(p.add(d_off + hd)));
-            if KIND == Q4_1 {
-                _mm256_store_ps(o.add(9) as *mut f32, f16x8(p.add(Q4_1_M + hd)));
-            }
-        }
-        p = p.add(m.block_bytes);
-    }
-}
-
-/// One tile of `NT` tokens and the half's 8 rows over the unpacked codes at `w` (that half's blocks).
-/// Q4_0/Q4_1 sum all 8 k-groups' `vpmaddubsw` results in i16, Q5_0 two sums of 4 (module docs), as
-/// `legacy` does.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn from_unpacked<const KIND: u8, const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
-    let m = tl.m;
-    let act_block = if KIND == Q4_1 { 36 } else { 34 };
-    let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(if KIND == Q4_1 { 4 } else { 2 }));
-    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for b in 0..m.blocks {
-        let wb = w.add(b * UNPACKED_VECTORS);
-        let mut s = [_mm256_setzero_si256(); NT];
-        let parts = if KIND == Q5_0 { 2 } else { 1 };
-        for part in 0..parts {
-            let mut s16 = [_mm256_setzero_si256(); NT];
-            for g in 8 / parts * part..8 / parts * (part + 1) {
-                let wg = _mm256_load_si256(wb.add(g));
-                unroll!(NT, |t| {
-                    s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
-                });
-            }
-            unroll!(NT, |t| {
-                s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
-            });
-        }
-        let dw = _mm256_load_ps(wb.add(8) as *const f32);
-        unroll!(NT, |t| {
-            let side = &*side[t].add(b);
-            let mut st = s[t];
-            // −offset·Σy, the offset a power of two: a broadcast load and a shift.
-            if KIND == Q4_0 {
-                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<3>(_mm256_set1_epi32(side.sum)));
-            } else if KIND == Q5_0 {
-                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<4>(_mm256_set1_epi32(side.sum)));
-            }
-            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(st), acc[t]);
-            if KIND == Q4_1 {
-                acc[t] = _mm256_fmadd_ps(_mm256_load_ps(wb.add(9) as *const f32), _mm256_set1_ps(side.s), acc[t]);
-            }
-        });
-    }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
-    }
-}
-
-/// Group `group`'s Q4_K codes, scales and mins into `w` (`unpacked_vectors`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_q4_k(m: &PackedMatrix, group: usize, w: *mut __m256i) {
-    let nib = _mm256_set1_epi8(0x0F);
-    let mut p = m.group_ptr(group);
-    for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
-        for half in 0..2 {
-            let (h, hd) = (32 * half, 16 * half);
-            let o = w.add((half * m.blocks + b) * Q4_K_UNPACKED);
-            for c in 0..4 {
-                for g in 0..8 {
-                    let x = _mm256_loadu_si256(p.add(64 * (8 * c + g) + h) as *const __m256i);
-                    _mm256_store_si256(o.add(8 * (2 * c) + g), _mm256_and_si256(x, nib));
-                    _mm256_store_si256(o.add(8 * (2 * c + 1) + g), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib));
-                }
-            }
-            for j in 0..8 {
-                _mm256_store_si256(o.add(64 + j), scales8(p, j, half));
-            }
-            for i in 0..4 {
-                _mm256_store_si256(o.add(72 + i), _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(Q4_K_M + 32 * i + hd) as *const __m128i)));
-            }
-            _mm256_store_ps(o.add(76) as *mut f32, f16x8(p.add(Q4_K_D + hd)));
-            _mm256_store_ps(o.add(77) as *mut f32, f16x8(p.add(Q4_K_DMIN + hd)));
-        }
-        p = p.add(m.block_bytes);
-    }
-}
-
-/// `q4_k` over the unpacked codes at `w` (that half's blocks): the same integers and f32 steps.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_unpacked<const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
-    let m = tl.m;
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for b in 0..m.blocks {
-        let wb = w.add(b * Q4_K_UNPACKED);
-        let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        for s in 0..8 {
-            // Sub-block s: elements 32s.., k-group g at 32s + 4g.
-            let mut part = [_mm256_setzero_si256(); NT];
-            for g in 0..8 {
-                let wg = _mm256_load_si256(wb.add(8 * s + g));
-                unroll!(NT, |t| {
-                    part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * s + 4 * g))));
-                });
-            }
-            let sc = _mm256_load_si256(wb.add(64 + s));
-            unroll!(NT, |t| {
-                sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
-            });
-        }
-        let (dw, dmw) = (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32));
-        unroll!(NT, |t| {
-            let side = tl.k_side(t, b);
-            let pairs = side.sum32.as_ptr() as *const u8;
-            let mut mm = _mm256_setzero_si256();
-            for i in 0..4 {
-                mm = _mm256_add_epi32(mm, _mm256_madd_epi16(_mm256_load_si256(wb.add(72 + i)), codes4(pairs.add(4 * i))));
-            }
-            let dy = _mm256_set1_ps(side.d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, dy), _mm256_cvtepi32_ps(mm), acc[t]);
-        });
-    }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
-    }
-}
-
-/// Group `group`'s Q6_K codes and scales into `w` (`unpacked_vectors`).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_q6_k(m: &PackedMatrix, group: usize, w: *mut __m256i) {
-    let mut p = m.group_ptr(group);
-    for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
-        for half in 0..2 {
-            let o = w.add((half * m.blocks + b) * Q6_K_UNPACKED);
-            for h in 0..2 {
-                for c in 0..8 {
-                    unroll!(4, |s| {
-                        _mm256_store_si256(o.add(32 * h + 4 * c + s), q6_codes(p, h, c, s, half));
-                    });
-                }
-            }
-            for j in 0..16 {
-                _mm256_store_si256(o.add(64 + j), q6_scales_dup(p, j, half));
-            }
-            for i in 0..8 {
-                let (a, c) = (_mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i) + 8 * half) as *const __m128i), _mm_loadl_epi64(p.add(Q6_K_SC + 16 * (2 * i + 1) + 8 * half) as *const __m128i));
-                _mm256_store_si256(o.add(80 + i), _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, c)));
-            }
-            _mm256_store_ps(o.add(88) as *mut f32, f16x8(p.add(Q6_K_D + 16 * half)));
-        }
-        p = p.add(m.block_bytes);
-    }
-}
-
-/// `q6_k` over the unpacked codes at `w` (that half's blocks): the same integers and f32 steps.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_unpacked<const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
-    let m = tl.m;
-    let mut acc = [_mm256_setzero_ps(); NT];
-    for b in 0..m.blocks {
-        let wb = w.add(b * Q6_K_UNPACKED);
-        let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        for h in 0..2 {
-            for cq in 0..2 {
-                unroll!(4, |s| {
-                    for cp in 0..2 {
-                        let mut part = [_mm256_setzero_si256(); NT];
-                        for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
-                            let wv = _mm256_load_si256(wb.add(32 * h + 4 * c + s));
-                            unroll!(NT, |t| {
-                                part[t] = _mm256_add_epi16(part[t], mul16(wv, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
-                            });
-                        }
-                        let sc = _mm256_load_si256(wb.add(64 + 8 * h + 2 * s + cq));
-                        unroll!(NT, |t| {
-                            sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
-                        });
+            let o = w.add((half * m.blocks + b) * per_block);
+            let put = |i: usize, v: __m256i| _mm256_store_si256(o.add(i), v);
+            let put_f32 = |i: usize, v: __m256| _mm256_store_ps(o.add(i) as *mut f32, v);
+            match m.dtype {
+                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => {
+                    let high = if m.dtype == GgmlType::Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
+                    for g in 0..8 {
+                        put(g, if m.dtype == GgmlType::Q5_0 { legacy_code::<Q5_0>(p, high, g, half) } else { legacy_code::<Q4_0>(p, high, g, half) });
                     }
-                });
+                    let d = match m.dtype {
+                        GgmlType::Q4_0 => legacy_d::<Q4_0>(),
+                        GgmlType::Q4_1 => legacy_d::<Q4_1>(),
+                        _ => legacy_d::<Q5_0>(),
+                    };
+                    put_f32(8, f16x8(p.add(d + 16 * half)));
+                    if m.dtype == GgmlType::Q4_1 {
+                        put_f32(9, f16x8(p.add(Q4_1_M + 16 * half)));
+                    }
+                }
+                GgmlType::Q4_K => {
+                    for sb in 0..8 {
+                        (0..8).for_each(|g| put(8 * sb + g, q4_k_code(p, sb, g, half)));
+                    }
+                    (0..8).for_each(|j| put(64 + j, scales8(p, j, half)));
+                    (0..4).for_each(|i| put(72 + i, q4_k_mins(p, i, half)));
+                    put_f32(76, f16x8(p.add(Q4_K_D + 16 * half)));
+                    put_f32(77, f16x8(p.add(Q4_K_DMIN + 16 * half)));
+                }
+                GgmlType::Q6_K => {
+                    for h in 0..2 {
+                        for c in 0..8 {
+                            (0..4).for_each(|s| put(32 * h + 4 * c + s, q6_codes(p, h, c, s, half)));
+                        }
+                    }
+                    (0..16).for_each(|j| put(64 + j, q6_scales_dup(p, j, half)));
+                    (0..8).for_each(|i| put(80 + i, q6_scale_pair(p, i, half)));
+                    put_f32(88, f16x8(p.add(Q6_K_D + 16 * half)));
+                }
+                other => unreachable!("{other} is not unpacked"),
             }
         }
-        let dw = _mm256_load_ps(wb.add(88) as *const f32);
-        unroll!(NT, |t| {
-            let bsums = qs[t].add(256);
-            let mut off = _mm256_setzero_si256();
-            for i in 0..8 {
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(wb.add(80 + i)), codes4(bsums.add(4 * i))));
-            }
-            let s = _mm256_sub_epi32(sums[t], _mm256_slli_epi32::<5>(off));
-            let dy = _mm256_set1_ps(tl.k_side(t, b).d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(s), acc[t]);
-        });
-    }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
+        p = p.add(m.block_bytes);
     }
 }
