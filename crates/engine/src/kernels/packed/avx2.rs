@@ -140,9 +140,7 @@ pub(super) unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
 /// add up in i16 without overflow (16 products of at most 15 · 128, or 8 of 31 · 128, stay under
 /// 2^15) and one `vpmaddwd` widens them: 8 (4) k-groups cost 8 multiplies and 1 (2) widenings instead of
 /// 8 and 8. The integer is the same, so are the bits. The codes and scales are unpacked here from the
-/// group-block (`U` false) or read from `w` (`U` true, `unpack`'s layout), a k-group at a time: with
-/// one i16 sum live per token rather than two, 4 tokens' sums, i32 sums and accumulators fit in
-/// registers.
+/// group-block (`U` false) or read from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
     let m = tl.m;
@@ -156,20 +154,47 @@ unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, half
         if !U && half == 0 {
             prefetch_ahead(p, m.block_bytes);
         }
-        let high = if KIND == Q5_0 && !U { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
-        // Per token, the i32 sum of the k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
+        // Per token, the i32 sum of the 8 k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
         let mut s = [_mm256_setzero_si256(); NT];
-        let parts = if KIND == Q5_0 { 2 } else { 1 };
-        for part in 0..parts {
-            let mut s16 = [_mm256_setzero_si256(); NT];
-            for g in 8 / parts * part..8 / parts * (part + 1) {
-                let wg = if U { _mm256_load_si256(wb.add(g)) } else { legacy_code::<KIND>(p, high, g, half) };
+        if U {
+            // A k-group at a time: one i16 sum live per token, so 4 tokens' sums and accumulators stay
+            // in registers.
+            let parts = if KIND == Q5_0 { 2 } else { 1 };
+            for part in 0..parts {
+                let mut s16 = [_mm256_setzero_si256(); NT];
+                for g in 8 / parts * part..8 / parts * (part + 1) {
+                    let wg = _mm256_load_si256(wb.add(g));
+                    unroll!(NT, |t| {
+                        s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                    });
+                }
                 unroll!(NT, |t| {
-                    s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                    s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
                 });
             }
+        } else {
+            // A packed vector at a time (k-groups v and v + 4 from one load): two chains of adds.
+            let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
+            let mut lo = [_mm256_setzero_si256(); NT];
+            let mut hi = [_mm256_setzero_si256(); NT];
+            unroll!(4, |v| {
+                let (wl, wh) = legacy_codes::<KIND>(p, high, v, half);
+                unroll!(NT, |t| {
+                    let y = q[t].add(b * act_block + 4 * v);
+                    let (pl, ph) = (mul16(wl, codes4(y)), mul16(wh, codes4(y.add(16))));
+                    if KIND == Q5_0 {
+                        lo[t] = _mm256_add_epi16(lo[t], pl);
+                        hi[t] = _mm256_add_epi16(hi[t], ph);
+                    } else {
+                        lo[t] = _mm256_add_epi16(lo[t], _mm256_add_epi16(pl, ph));
+                    }
+                });
+            });
             unroll!(NT, |t| {
-                s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
+                s[t] = widen(lo[t]);
+                if KIND == Q5_0 {
+                    s[t] = _mm256_add_epi32(s[t], widen(hi[t]));
+                }
             });
         }
         let dw = if U { _mm256_load_ps(wb.add(8) as *const f32) } else { f16x8(p.add(legacy_d::<KIND>() + 16 * half)) };
@@ -210,19 +235,19 @@ fn legacy_d<const KIND: u8>() -> usize {
     }
 }
 
-/// The half's codes of k-group g in the Q4_0/Q4_1/Q5_0 group-block at `p`, one byte a code: the low
-/// nibbles of vector g (g < 4) or the high ones of vector g − 4, with Q5_0's fifth bits from `high` (the
-/// half's qh vector).
+/// The half's codes of k-groups v (low nibbles) and v + 4 (high) in the Q4_0/Q4_1/Q5_0 group-block at
+/// `p`, one byte a code; Q5_0's fifth bits come from `high` (the half's qh vector).
 #[inline(always)]
-unsafe fn legacy_code<const KIND: u8>(p: *const u8, high: __m256i, g: usize, half: usize) -> __m256i {
+unsafe fn legacy_codes<const KIND: u8>(p: *const u8, high: __m256i, v: usize, half: usize) -> (__m256i, __m256i) {
     let nib = _mm256_set1_epi8(0x0F);
-    let x = _mm256_loadu_si256(p.add(64 * (g % 4) + 32 * half) as *const __m256i);
-    let w = if g < 4 { _mm256_and_si256(x, nib) } else { _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib) };
+    let x = _mm256_loadu_si256(p.add(64 * v + 32 * half) as *const __m256i);
+    let mut wl = _mm256_and_si256(x, nib);
+    let mut wh = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib);
     if KIND == Q5_0 {
-        _mm256_or_si256(w, fifth_bits(high, g))
-    } else {
-        w
+        wl = _mm256_or_si256(wl, fifth_bits(high, v));
+        wh = _mm256_or_si256(wh, fifth_bits(high, v + 4));
     }
+    (wl, wh)
 }
 
 /// Q8_0: signed weights up to 128 in magnitude, so no two `vpmaddubsw` results may add in i16; each
@@ -269,8 +294,7 @@ unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
 /// A sub-block's 8 k-groups of 4-bit codes add up in i16 (16 products of at most 15 · 128 per i16,
 /// under 2^15), and one `vpmaddwd` by the scales widens and scales them: per 32 codes and token, 8
 /// multiplies and 1 widening instead of 8 and 8 plus a `vpmulld`. Same integers, same bits. Codes,
-/// scales and mins from the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout), a
-/// sub-block at a time (one i16 sum live per token).
+/// scales and mins from the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
     let m = tl.m;
@@ -284,19 +308,39 @@ unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        for sb in 0..8 {
-            // Sub-block sb: elements 32sb.., k-group g at 32sb + 4g.
-            let mut part = [_mm256_setzero_si256(); NT];
-            for g in 0..8 {
-                let wg = if U { _mm256_load_si256(wb.add(8 * sb + g)) } else { q4_k_code(p, sb, g, half) };
+        if U {
+            // A sub-block at a time: one i16 sum live per token.
+            for sb in 0..8 {
+                let mut part = [_mm256_setzero_si256(); NT];
+                for g in 0..8 {
+                    let wg = _mm256_load_si256(wb.add(8 * sb + g));
+                    unroll!(NT, |t| {
+                        part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * sb + 4 * g))));
+                    });
+                }
+                let sc = _mm256_load_si256(wb.add(64 + sb));
                 unroll!(NT, |t| {
-                    part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * sb + 4 * g))));
+                    sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                 });
             }
-            let sc = if U { _mm256_load_si256(wb.add(64 + sb)) } else { scales8(p, sb, half) };
-            unroll!(NT, |t| {
-                sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
-            });
+        } else {
+            // A packed vector at a time: sub-blocks 2c (low nibbles) and 2c + 1 (high) together.
+            for c in 0..4 {
+                let mut lo = [_mm256_setzero_si256(); NT];
+                let mut hi = [_mm256_setzero_si256(); NT];
+                for g in 0..8 {
+                    let (wl, wh) = q4_k_codes(p, c, g, half);
+                    unroll!(NT, |t| {
+                        let y = qs[t].add(64 * c + 4 * g);
+                        lo[t] = _mm256_add_epi16(lo[t], mul16(wl, codes4(y)));
+                        hi[t] = _mm256_add_epi16(hi[t], mul16(wh, codes4(y.add(32))));
+                    });
+                }
+                let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
+                unroll!(NT, |t| {
+                    sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc_lo), _mm256_madd_epi16(hi[t], sc_hi)));
+                });
+            }
         }
         let mins: [__m256i; 4] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(72 + i)) } else { q4_k_mins(p, i, half) });
         let (dw, dmw) = if U { (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32)) } else { (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd))) };
@@ -318,17 +362,13 @@ unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const
     }
 }
 
-/// The half's codes of sub-block sb, k-group g, in the Q4_K group-block at `p`, one byte a code: vector
-/// 8(sb / 2) + g, its low nibbles for an even sb and its high ones for an odd.
+/// The half's codes of vector 8c + g of the Q4_K group-block at `p`: sub-block 2c (low nibbles) and
+/// 2c + 1 (high), k-group g, one byte a code.
 #[inline(always)]
-unsafe fn q4_k_code(p: *const u8, sb: usize, g: usize, half: usize) -> __m256i {
+unsafe fn q4_k_codes(p: *const u8, c: usize, g: usize, half: usize) -> (__m256i, __m256i) {
     let nib = _mm256_set1_epi8(0x0F);
-    let x = _mm256_loadu_si256(p.add(64 * (8 * (sb / 2) + g) + 32 * half) as *const __m256i);
-    if sb % 2 == 0 {
-        _mm256_and_si256(x, nib)
-    } else {
-        _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib)
-    }
+    let x = _mm256_loadu_si256(p.add(64 * (8 * c + g) + 32 * half) as *const __m256i);
+    (_mm256_and_si256(x, nib), _mm256_and_si256(_mm256_srli_epi16::<4>(x), nib))
 }
 
 /// Min pair i (sub-blocks 2i, 2i + 1) of the half's 8 rows as i16.
@@ -437,7 +477,13 @@ const UNPACK_MIN_TOKENS: usize = 8;
 /// Whether `tiles_unpacked` takes `tokens` tokens of weights of type `t` (Q8_0's codes are bytes
 /// already).
 pub(super) fn unpacks(t: GgmlType, tokens: usize) -> bool {
-    t != GgmlType::Q8_0 && tokens >= UNPACK_MIN_TOKENS
+    match t {
+        GgmlType::Q8_0 => false,
+        // A 4-bit code costs a tile one or two instructions to unpack, so the buffer's stores and loads
+        // pay for themselves over more tokens.
+        GgmlType::Q4_0 | GgmlType::Q4_1 => tokens >= 2 * UNPACK_MIN_TOKENS,
+        _ => tokens >= UNPACK_MIN_TOKENS,
+    }
 }
 
 /// 256-bit vectors per group-block and half in the unpacked buffer (each vector of codes is 8 rows × 4
@@ -506,8 +552,10 @@ unsafe fn unpack(m: &PackedMatrix, group: usize, w: *mut __m256i) {
             match m.dtype {
                 GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 => {
                     let high = if m.dtype == GgmlType::Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
-                    for g in 0..8 {
-                        put(g, if m.dtype == GgmlType::Q5_0 { legacy_code::<Q5_0>(p, high, g, half) } else { legacy_code::<Q4_0>(p, high, g, half) });
+                    for v in 0..4 {
+                        let (wl, wh) = if m.dtype == GgmlType::Q5_0 { legacy_codes::<Q5_0>(p, high, v, half) } else { legacy_codes::<Q4_0>(p, high, v, half) };
+                        put(v, wl);
+                        put(v + 4, wh);
                     }
                     let d = match m.dtype {
                         GgmlType::Q4_0 => legacy_d::<Q4_0>(),
@@ -520,8 +568,12 @@ unsafe fn unpack(m: &PackedMatrix, group: usize, w: *mut __m256i) {
                     }
                 }
                 GgmlType::Q4_K => {
-                    for sb in 0..8 {
-                        (0..8).for_each(|g| put(8 * sb + g, q4_k_code(p, sb, g, half)));
+                    for c in 0..4 {
+                        for g in 0..8 {
+                            let (wl, wh) = q4_k_codes(p, c, g, half);
+                            put(8 * (2 * c) + g, wl);
+                            put(8 * (2 * c + 1) + g, wh);
+                        }
                     }
                     (0..8).for_each(|j| put(64 + j, scales8(p, j, half)));
                     (0..4).for_each(|i| put(72 + i, q4_k_mins(p, i, half)));
