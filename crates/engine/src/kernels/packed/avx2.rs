@@ -500,7 +500,7 @@ fn unpacked_vectors(t: GgmlType) -> usize {
         _ => UNPACKED_VECTORS,
     }
 }
-const UNPACKED_VECTORS: usize = 10;
+pub(super) const UNPACKED_VECTORS: usize = 10;
 const Q4_K_UNPACKED: usize = 64 + 8 + 4 + 2;
 const Q6_K_UNPACKED: usize = 64 + 16 + 8 + 1;
 
@@ -520,6 +520,18 @@ thread_local! {
 /// # Safety
 /// As `tile`, for every token of `t0..t1`.
 pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize) {
+    tiles_unpacked_by(m, group, x, t0, t1, out, out_stride, run::<true>)
+}
+
+/// A kernel over unpacked codes: `(tile, half, tokens, the half's codes)`.
+pub(super) type UnpackedKernel = unsafe fn(&Tile, usize, usize, *const __m256i);
+
+/// `tiles_unpacked` with another instruction set's `kernel` over the same buffer (`avxvnni`).
+///
+/// # Safety
+/// As `tile`, for every token of `t0..t1`; `kernel` runs on this CPU.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tiles_unpacked_by(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize, kernel: UnpackedKernel) {
     UNPACKED.with_borrow_mut(|buf| {
         let per_block = unpacked_vectors(m.dtype);
         buf.resize(2 * m.blocks * per_block, _mm256_setzero_si256());
@@ -530,7 +542,7 @@ pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedIn
             let mut t = t0;
             while t < t1 {
                 let nt = 4.min(t1 - t);
-                run::<true>(&Tile { m, group, x, t0: t, out, out_stride, valid }, half, nt, w);
+                kernel(&Tile { m, group, x, t0: t, out, out_stride, valid }, half, nt, w);
                 t += nt;
             }
         }

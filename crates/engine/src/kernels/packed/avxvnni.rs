@@ -248,3 +248,79 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
         tl.store8(t, half, *a);
     }
 }
+
+/// Whether `tiles_unpacked` takes `tokens` tokens of weights of type `t`: the legacy 4- and 5-bit types,
+/// from as many tokens as on AVX2. The K-quants keep `tile`: with `vpdpbusd` a tile's share of their
+/// unpacking is smaller than the i16 sums and widenings the AVX2 kernels over unpacked codes need.
+pub(super) fn unpacks(t: GgmlType, tokens: usize) -> bool {
+    matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0) && super::avx2::unpacks(t, tokens)
+}
+
+/// `tile` for tokens `t0..t1` of group `group` (`unpacks`) over the group's codes unpacked once, in the
+/// AVX2 kernels' buffer (`avx2::tiles_unpacked`): per block and token 8 `vpdpbusd` and the f32 steps,
+/// where a tile unpacked 8 rows' 32 codes (Q5_0: 35 instructions) for its 4 tokens. Same integers,
+/// same bits.
+///
+/// # Safety
+/// As `tile`, for every token of `t0..t1`.
+pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize) {
+    super::avx2::tiles_unpacked_by(m, group, x, t0, t1, out, out_stride, legacy_unpacked_any)
+}
+
+/// `legacy_unpacked` for the tile's type and `nt` tokens.
+unsafe fn legacy_unpacked_any(tl: &Tile, half: usize, nt: usize, w: *const __m256i) {
+    macro_rules! by_nt {
+        ($k:expr) => {
+            match nt {
+                1 => legacy_unpacked::<$k, 1>(tl, half, w),
+                2 => legacy_unpacked::<$k, 2>(tl, half, w),
+                3 => legacy_unpacked::<$k, 3>(tl, half, w),
+                _ => legacy_unpacked::<$k, 4>(tl, half, w),
+            }
+        };
+    }
+    match tl.m.dtype {
+        GgmlType::Q4_0 => by_nt!(Q4_0),
+        GgmlType::Q4_1 => by_nt!(Q4_1),
+        GgmlType::Q5_0 => by_nt!(Q5_0),
+        other => unreachable!("{other} is not unpacked on AVX-VNNI"),
+    }
+}
+
+/// Q4_0, Q4_1, Q5_0 over the half's unpacked codes at `w` (`avx2::unpacked_vectors`' layout: 8
+/// k-groups of codes, `d`, Q4_1's `m`): each token's sum starts at −offset·Σy, as in `legacy`.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn legacy_unpacked<const KIND: u8, const NT: usize>(tl: &Tile, half: usize, w: *const __m256i) {
+    let m = tl.m;
+    let (act_block, q_off) = if KIND == Q4_1 { (36, 4) } else { (34, 2) };
+    let offset: i32 = match KIND {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        _ => 0,
+    };
+    let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
+    let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for b in 0..m.blocks {
+        let wb = w.add(b * super::avx2::UNPACKED_VECTORS);
+        let mut s: [__m256i; NT] = std::array::from_fn(|t| if offset == 0 { _mm256_setzero_si256() } else { _mm256_set1_epi32(-offset * (*side[t].add(b)).sum) });
+        unroll!(8, |g| {
+            let wg = _mm256_load_si256(wb.add(g));
+            unroll!(NT, |t| {
+                s[t] = dp(s[t], wg, codes4(q[t].add(b * act_block + 4 * g)));
+            });
+        });
+        let dw = _mm256_load_ps(wb.add(8) as *const f32);
+        unroll!(NT, |t| {
+            let side = &*side[t].add(b);
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
+            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s[t]), acc[t]);
+            if KIND == Q4_1 {
+                acc[t] = _mm256_fmadd_ps(_mm256_load_ps(wb.add(9) as *const f32), _mm256_set1_ps(side.s), acc[t]);
+            }
+        });
+    }
+    for (t, a) in acc.iter().enumerate() {
+        tl.store8(t, half, *a);
+    }
+}

@@ -133,15 +133,17 @@ pub unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, n
 }
 
 /// `tile` over tokens `t0..t1` (as many as there are) of group `group`, in tiles of `tile_tokens`;
-/// where many tokens share a group, the AVX2 kernels unpack its 4- and 5-bit codes once for all of
-/// them (`avx2::tiles_unpacked`). The same bits either way.
+/// where many tokens share a group, the AVX2 and AVX-VNNI kernels unpack its codes once for all of them
+/// (`avx2::tiles_unpacked`, `avxvnni::tiles_unpacked`). The same bits either way.
 ///
 /// # Safety
 /// As `tile`, for every token of `t0..t1`.
 pub unsafe fn tiles(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::ggml::simd_level() == crate::kernels::ggml::SimdLevel::Avx2 && avx2::unpacks(m.dtype, t1 - t0) {
-        return avx2::tiles_unpacked(m, group, x, t0, t1, out, out_stride);
+    match crate::kernels::ggml::simd_level() {
+        crate::kernels::ggml::SimdLevel::Avx2 if avx2::unpacks(m.dtype, t1 - t0) => return avx2::tiles_unpacked(m, group, x, t0, t1, out, out_stride),
+        crate::kernels::ggml::SimdLevel::AvxVnni if avxvnni::unpacks(m.dtype, t1 - t0) => return avxvnni::tiles_unpacked(m, group, x, t0, t1, out, out_stride),
+        _ => {}
     }
     let n = tile_tokens(m.dtype);
     let mut t = t0;

@@ -146,9 +146,10 @@ fn tiles_equal_the_reference(t: GgmlType, rows: usize, cols: usize, n: usize, w:
     }
 }
 
-/// AVX2's unpacked path (`tiles_unpacked`, every type but Q8_0) over every token range of up to 12
-/// tokens, starting at 0 and at 1, gives `reference::dot`'s bits: tiles of 4 and every remainder,
-/// partial halves, random codes and every code at its largest.
+/// The unpacked paths (`tiles_unpacked`: AVX2's for every type but Q8_0, AVX-VNNI's for the legacy 4-
+/// and 5-bit types where the CPU has it) over every token range of up to 12 tokens, starting at 0 and
+/// at 1, give `reference::dot`'s bits: tiles of 4 and every remainder, partial halves, random codes
+/// and every code at its largest.
 #[test]
 fn unpacked_tiles_equal_the_reference_bit_for_bit() {
     #[cfg(target_arch = "x86_64")]
@@ -173,16 +174,26 @@ fn unpacked_tiles_equal_the_reference_bit_for_bit() {
                 let wb = t.row_bytes(cols).unwrap();
                 for start in [0, 1] {
                     for len in 1..=n - start {
-                        let mut out = vec![f32::NAN; n * rows];
-                        for g in 0..m.groups {
-                            // SAFETY: AVX2 present; out is [n, rows], each (token, row) of the range written once.
-                            unsafe { avx2::tiles_unpacked(&m, g, &input, start, start + len, out.as_mut_ptr(), rows) };
-                        }
-                        for tok in start..start + len {
-                            for r in 0..rows {
-                                let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
-                                let got = out[tok * rows + r];
-                                assert_eq!(got.to_bits(), want.to_bits(), "{t} rows {rows} tokens {start}..{}: token {tok} row {r}: {got} vs {want}", start + len);
+                        let vnni = crate::kernels::cpu::SimdLevel::AvxVnni.is_available() && matches!(t, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0);
+                        for level in if vnni { &["avx2", "avxvnni"][..] } else { &["avx2"][..] } {
+                            let mut out = vec![f32::NAN; n * rows];
+                            for g in 0..m.groups {
+                                // SAFETY: the level's CPU features are present; out is [n, rows], each (token, row)
+                                // of the range written once.
+                                unsafe {
+                                    if *level == "avx2" {
+                                        avx2::tiles_unpacked(&m, g, &input, start, start + len, out.as_mut_ptr(), rows)
+                                    } else {
+                                        avxvnni::tiles_unpacked(&m, g, &input, start, start + len, out.as_mut_ptr(), rows)
+                                    }
+                                };
+                            }
+                            for tok in start..start + len {
+                                for r in 0..rows {
+                                    let want = reference::dot(t, cols, &w[r * wb..(r + 1) * wb], &xq[tok * ab..(tok + 1) * ab]);
+                                    let got = out[tok * rows + r];
+                                    assert_eq!(got.to_bits(), want.to_bits(), "{level} {t} rows {rows} tokens {start}..{}: token {tok} row {r}: {got} vs {want}", start + len);
+                                }
                             }
                         }
                     }
