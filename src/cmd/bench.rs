@@ -39,7 +39,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let path = model_path(&args.model.model)?;
     let model = std::sync::Arc::new(args.model.load_model(&path)?);
     let kv_dtypes = args.model.kv_dtypes(&model.config, reckon_lab::bench::BLOCK_SIZE)?;
-    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()?, speculation: args.model.spec()? };
+    let spec = BenchSpec { n_prompt: args.n_prompt, n_gen: args.n_gen, n_depth: args.n_depth, reps: args.reps, threads, chunk: args.chunk, kv_dtypes, bandwidth: args.bandwidth, kv_window: args.model.kv_window()?, sparse_attention: args.model.sparse_attention()?, speculation: args.model.spec()? };
     anyhow::ensure!(args.model.draft_model_name()?.is_none(), "reckon bench measures one model: a draft model is measured by `reckon lab spec --draft MODEL`");
     let name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
     let results = run_bench(model, &name, &spec)?;

@@ -53,6 +53,19 @@ pub struct ModelArgs {
     /// to whole blocks).
     #[arg(long, default_value_t = 4, requires = "kv_window")]
     pub kv_sinks: usize,
+    /// Block-sparse attention over the history (after Quest): a query at depth reads its first
+    /// --sparse-sinks and last --sparse-local positions, and of the blocks between them the N positions'
+    /// worth whose keys can score highest against it (an upper bound from each block's per-dimension key
+    /// range). Saves attention time at depth, not memory; output differs from full attention
+    /// (docs/kv-lab.md). f16 KV only; not with --kv-window.
+    #[arg(long, value_name = "N", conflicts_with = "kv_window")]
+    pub sparse_attention: Option<usize>,
+    /// With --sparse-attention: recent positions every query reads (whole blocks: N to N + block size - 1).
+    #[arg(long, value_name = "N", default_value_t = 512, requires = "sparse_attention")]
+    pub sparse_local: usize,
+    /// With --sparse-attention: leading positions every query reads (rounded up to whole blocks).
+    #[arg(long, value_name = "N", default_value_t = 16, requires = "sparse_attention")]
+    pub sparse_sinks: usize,
     /// Keep every position's keys in sliding-window layers too (Gemma-3's 512-token layers). By default
     /// those layers get block tables of their own that release what leaves their window (vLLM's hybrid
     /// KV allocator); --kv-window and --prefix-cache-dir imply this flag.
@@ -186,7 +199,10 @@ impl ModelArgs {
     /// The KV choices for `model` with blocks of `block_size` (`disk_tier`: a prefix-cache directory is
     /// in use).
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
-        Ok(KvChoice { spec: self.spec()?, spec_prefill: self.spec_prefill()?, dtypes: self.kv_dtypes(cfg, block_size)?, window: self.kv_window()?, hybrid: !self.no_hybrid_kv, disk_tier })
+        let dtypes = self.kv_dtypes(cfg, block_size)?;
+        let sparse = self.sparse_attention()?;
+        anyhow::ensure!(sparse.is_none() || !dtypes.is_quantized(), "--sparse-attention reads f16 keys: not with --kv-dtype {}", self.kv_dtype);
+        Ok(KvChoice { spec: self.spec()?, spec_prefill: self.spec_prefill()?, dtypes, window: self.kv_window()?, sparse, hybrid: !self.no_hybrid_kv, disk_tier })
     }
 
     /// `--spec-prefill-keep` and its settings, or none.
@@ -231,6 +247,13 @@ impl ModelArgs {
         let Some(window) = self.kv_window else { return Ok(None) };
         anyhow::ensure!(window > 0, "--kv-window must be at least 1");
         Ok(Some(KvWindow { window, sinks: self.kv_sinks }))
+    }
+
+    /// `--sparse-attention` and its settings, or none.
+    pub fn sparse_attention(&self) -> Result<Option<reckon_engine::kv::SparseAttention>> {
+        let Some(budget) = self.sparse_attention else { return Ok(None) };
+        anyhow::ensure!(budget > 0 && self.sparse_local > 0, "--sparse-attention and --sparse-local must be at least 1");
+        Ok(Some(reckon_engine::kv::SparseAttention { budget, local: self.sparse_local, sinks: self.sparse_sinks }))
     }
 
     /// The options a model is loaded with.
@@ -359,6 +382,7 @@ pub struct KvChoice {
     pub spec: Option<reckon_engine::engine::spec::SpecConfig>,
     pub dtypes: KvDtypes,
     pub window: Option<KvWindow>,
+    pub sparse: Option<reckon_engine::kv::SparseAttention>,
     pub hybrid: bool,
     pub disk_tier: bool,
 }
@@ -417,6 +441,7 @@ impl KvArgs {
             prefix_caching,
             rest_pool_between_steps: !self.no_pool_rest,
             kv_window: kv.window,
+            sparse_attention: kv.sparse,
             hybrid_kv: kv.hybrid,
             spec: kv.spec.clone(),
             spec_prefill: kv.spec_prefill,
@@ -424,7 +449,9 @@ impl KvArgs {
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));
-        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes)?;
+        // sparse attention's key bounds: 2 × kv_dim f32 per block and layer, counted per token
+        let bounds_bytes = if kv.sparse.is_some() { reckon_engine::kv::KvStorage::key_bounds_bytes_per_block(layout.slots(), cfg.kv_dim()).div_ceil(self.block_size.max(1)) } else { 0 };
+        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes + bounds_bytes)?;
         Ok(config)
     }
 }

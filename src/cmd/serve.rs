@@ -128,6 +128,9 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let num_blocks = config.num_blocks;
     let layout = config.kv_layout(&loaded.model, kv.disk_tier);
     let mut window = config.kv_window.map_or(String::new(), |w| format!(", window {} + {} sinks", w.window, w.sinks));
+    if let Some(s) = config.sparse_attention {
+        window += &format!(", sparse attention: {} history + {} local + {} sink positions", s.budget, s.local, s.sinks);
+    }
     if layout.is_hybrid() {
         window += &format!(", {} layer groups of {} layers", layout.num_groups(), layout.slots());
     }

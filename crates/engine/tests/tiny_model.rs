@@ -237,6 +237,55 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
     }
 }
 
+/// Sparse attention over the history (`kv::sparse`): what a query reads depends on its own q and the
+/// keys before it only, so a prompt prefilled whole, token by token, or beside another sequence gives
+/// the same bits; with a budget that covers the history it is full attention; with a small one it is not.
+#[test]
+fn sparse_attention_is_the_same_however_the_prompt_is_chunked_or_batched() {
+    use reckon_engine::kv::SparseAttention;
+    let sparse = SparseAttention { budget: 8, local: 8, sinks: 2 };
+    let (bs, n) = (4, 64);
+    for spec in all_archs() {
+        for model in load_each(&spec, 9) {
+            let vocab = spec.vocab;
+            let (a, b) = (tokens(5, n, vocab), tokens(6, n, vocab));
+            let (ta, tb): (Vec<u32>, Vec<u32>) = ((0..16).rev().collect(), (16..32).collect());
+            let mut s = Scratch::default();
+            let run = |toks: &[u32], table: &Vec<u32>, chunk: usize, sparse: Option<SparseAttention>, s: &mut Scratch| -> Vec<f32> {
+                let mut kv = model.new_kv(bs, 32);
+                let mut out = Vec::new();
+                for (i, part) in toks.chunks(chunk).enumerate() {
+                    let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: std::slice::from_ref(table), logits: LogitsWanted::All };
+                    out.extend_from_slice(model.forward_at(&[input], &[], None, sparse, &mut kv, s));
+                }
+                out
+            };
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let whole = run(&a, &ta, n, Some(sparse), &mut s);
+            for chunk in [1, 5, 16] {
+                assert!(bits(&whole) == bits(&run(&a, &ta, chunk, Some(sparse), &mut s)), "{:?} {}: chunks of {chunk} changed the result", spec.arch, model.numerics().name());
+            }
+            // beside another sequence, in one step
+            let mut kv = model.new_kv(bs, 32);
+            let inputs = [
+                SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&tb), logits: LogitsWanted::All },
+                SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&ta), logits: LogitsWanted::All },
+            ];
+            let both = model.forward_at(&inputs, &[], None, Some(sparse), &mut kv, &mut s).to_vec();
+            assert!(bits(&both[n * vocab..]) == bits(&whole), "{:?} {}: a batch changed the result", spec.arch, model.numerics().name());
+            assert!(bits(&both[..n * vocab]) == bits(&run(&b, &tb, n, Some(sparse), &mut s)));
+            // a budget that covers the history is full attention; a small one is not
+            let dense = run(&a, &ta, n, None, &mut s);
+            assert!(bits(&run(&a, &ta, 7, Some(SparseAttention { budget: n, ..sparse }), &mut s)) == bits(&dense));
+            let first = (0..n).find(|&p| !sparse.candidates(p, bs).is_empty()).unwrap();
+            assert!(bits(&whole[..first * vocab]) == bits(&dense[..first * vocab]));
+            if model.config.n_layers > (0..model.config.n_layers).filter(|&l| model.config.layer_window(l).is_some()).count() {
+                assert!(whole[first * vocab..] != dense[first * vocab..], "{:?}: sparse attention changed nothing", spec.arch);
+            }
+        }
+    }
+}
+
 /// Sparse prefill (`Model::forward_at`, issue 21): kept tokens in consecutive cells, each rotated for its
 /// place in the full prompt. Layer 0's keys and values depend on a token and its position only, so a kept
 /// token's cells hold the very bits the full prefill wrote at its position (its RoPE position is its index
@@ -252,7 +301,7 @@ fn a_sparse_prefill_keeps_each_token_at_its_position() {
             let mut s = Scratch::default();
             let run = |tokens: &[u32], positions: Option<&[usize]>, kv: &mut reckon_engine::kv::KvStorage, s: &mut Scratch| {
                 let seq = SeqInput { tokens, start_pos: 0, block_tables: tables, logits: LogitsWanted::Last };
-                model.forward_at(&[seq], &[positions], None, kv, s).to_vec()
+                model.forward_at(&[seq], &[positions], None, None, kv, s).to_vec()
             };
             let mut full = model.new_kv(4, 16);
             let full_logits = run(&prompt, None, &mut full, &mut s);

@@ -38,6 +38,8 @@ pub struct BenchSpec {
     pub bandwidth: bool,
     /// A StreamingLLM window over the cache (`--kv-window`).
     pub kv_window: Option<KvWindow>,
+    /// Block-sparse attention over the history (`--sparse-attention`).
+    pub sparse_attention: Option<reckon_engine::kv::SparseAttention>,
     /// Speculative decoding (`--spec`): on random tokens the n-gram proposer rarely finds anything, so
     /// this measures its overhead; `reckon lab spec` measures what it buys.
     pub speculation: Option<reckon_engine::engine::spec::SpecConfig>,
@@ -146,6 +148,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         prefix_caching: true,
         kv_dtypes: spec.kv_dtypes,
         kv_window: spec.kv_window,
+        sparse_attention: spec.sparse_attention,
         spec: spec.speculation.clone(),
         ..EngineConfig::default()
     };

@@ -32,7 +32,7 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use validate::{validate, Field, GenerateParams, HeldBlocks, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
 use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -65,6 +65,9 @@ pub struct EngineConfig {
     /// A StreamingLLM window (`--kv-window`, `--kv-sinks`): every sequence keeps its sinks and its last
     /// positions only (`kv::window`).
     pub kv_window: Option<KvWindow>,
+    /// Block-sparse attention over each query's history (`--sparse-attention`, `kv::sparse`); f16 KV,
+    /// no window.
+    pub sparse_attention: Option<SparseAttention>,
     /// Sliding-window layers (Gemma-3's) in layer groups of their own, which keep their window's blocks
     /// only (`kv::layout`). In effect only without `kv_window` and without a disk tier
     /// (`EngineConfig::kv_layout`).
@@ -106,6 +109,7 @@ impl Default for EngineConfig {
             rest_pool_between_steps: true,
             kv_dtypes: KvDtypes::F16,
             kv_window: None,
+            sparse_attention: None,
             hybrid_kv: false,
             spec: None,
             spec_prefill: None,
@@ -196,6 +200,12 @@ impl Engine {
         if config.has_draft_model() && config.kv_window.is_some() {
             return Err(invalid("a draft model is not combined with a KV window".into()));
         }
+        if config.sparse_attention.is_some() && config.kv_window.is_some() {
+            return Err(invalid("sparse attention is not combined with a KV window".into()));
+        }
+        if config.sparse_attention.is_some() && config.kv_dtypes.is_quantized() {
+            return Err(invalid("sparse attention reads f16 keys (--kv-dtype f16)".into()));
+        }
         let drafter = match draft {
             Some(d) if d.config.vocab_size != model.config.vocab_size => {
                 return Err(invalid(format!("the draft model's vocabulary has {} tokens, the model's {}", d.config.vocab_size, model.config.vocab_size)));
@@ -217,7 +227,9 @@ impl Engine {
                     kv_dim: kv.shape.kv_dim as u32,
                     block_size: config.block_size as u32,
                     dtype: config.kv_dtypes.code(),
-                    version: kv_numerics_version(model.numerics()),
+                    // KV computed under sparse attention is another KV: its files are never served to
+                    // dense attention or another configuration
+                    version: kv_numerics_version(model.numerics()) ^ config.sparse_attention.map_or(0, |s| s.code() << 8),
                 };
                 Some(DiskOffload::open(&d, format, config.kv_window)?)
             }
@@ -634,7 +646,7 @@ impl Engine {
             })
             .collect();
         let positions: Vec<Option<&[usize]>> = positions.iter().map(|p| p.as_deref()).collect();
-        let logits = self.model.forward_at(&inputs, &positions, self.config.kv_window, &mut self.kv, &mut self.scratch);
+        let logits = self.model.forward_at(&inputs, &positions, self.config.kv_window, self.config.sparse_attention, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on

@@ -8,6 +8,7 @@
 //! - `layout`: layer groups sharing one pool of pages, a table each (sliding-window layers keep their
 //!   window only).
 //! - `window`: a StreamingLLM window (sinks and recent positions), whose dead blocks are released.
+//! - `sparse`: block-sparse attention over a sequence's history (which blocks a query reads; ids only).
 //! - `disk_tier` (+ `offload`): blocks evicted from memory kept as files, and read back for a later hit.
 
 mod block_pool;
@@ -18,6 +19,7 @@ mod manager;
 pub mod offload;
 pub mod quant;
 mod storage;
+pub mod sparse;
 pub mod window;
 
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
@@ -26,4 +28,5 @@ pub use layout::KvLayout;
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};
 pub use quant::{KvDtype, KvDtypes};
 pub use storage::{by_dim_index, key_group, KeyLayout, KvShape, KvStorage, LayerWriter, QuantLayer};
+pub use sparse::SparseAttention;
 pub use window::{KvWindow, NULL_BLOCK};

@@ -17,6 +17,7 @@ use super::quant::{KvDtype, KvDtypes, Region};
 use crate::huge_buf::HugeBuf;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 // Blocks are saved to disk as the bytes in memory: f16 little-endian.
 #[cfg(not(target_endian = "little"))]
@@ -99,6 +100,18 @@ pub struct KvStorage {
     /// Bytes of one layer's keys, and of its values.
     k_bytes: usize,
     v_bytes: usize,
+    /// Per-dimension key bounds of each (layer, block), for sparse attention (`kv::sparse`); only once
+    /// `keep_key_bounds` asked for them.
+    bounds: Option<KeyBounds>,
+}
+
+/// `vals`: `[layer][block][2][kv_dim]` f32, the minimum then the maximum of each key dimension over the
+/// block's cells (exact: they are f16 values; -0 is stored as +0). `fresh[layer * num_blocks + block]`:
+/// whether `vals` holds the block's current keys; every write to a block's cells clears it, and
+/// `refresh_key_bounds` computes what is stale when a reader needs it.
+struct KeyBounds {
+    vals: Vec<f32>,
+    fresh: Vec<AtomicBool>,
 }
 
 impl KvStorage {
@@ -115,7 +128,68 @@ impl KvStorage {
         let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, bounds: None }
+    }
+
+    /// Keeps per-block key bounds from now on (`key_bounds`): 2 × kv_dim f32 per (layer, block), 2 / bs of
+    /// the f16 keys and values. f16 keys only.
+    pub fn keep_key_bounds(&mut self) {
+        assert!(!self.shape.dtypes.is_quantized(), "key bounds are kept for f16 keys");
+        if self.bounds.is_none() {
+            let n = self.shape.num_layers * self.shape.num_blocks;
+            self.bounds = Some(KeyBounds { vals: vec![0.0; n * 2 * self.shape.kv_dim], fresh: (0..n).map(|_| AtomicBool::new(false)).collect() });
+        }
+    }
+
+    /// Bytes `keep_key_bounds` adds per block (all layers).
+    pub fn key_bounds_bytes_per_block(num_layers: usize, kv_dim: usize) -> usize {
+        num_layers * 2 * kv_dim * 4
+    }
+
+    /// Computes the key bounds of those of `blocks` (ids) in `layer` whose keys changed since, in
+    /// parallel. The blocks must be full: a later write to one of them makes it stale again.
+    pub fn refresh_key_bounds(&mut self, layer: usize, blocks: &[u32]) {
+        let (kv_dim, hd, bs, nb) = (self.shape.kv_dim, self.shape.head_dim, self.shape.block_size, self.shape.num_blocks);
+        let by_dim = self.shape.keys_by_dim();
+        let rk = self.layer_ranges(layer).0;
+        let keys: &[f16] = &self.data[rk.start / 2..rk.end / 2];
+        let bounds = self.bounds.as_mut().expect("keep_key_bounds first");
+        let stale: Vec<u32> = blocks.iter().copied().filter(|&b| !bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed)).collect();
+        if stale.is_empty() {
+            return;
+        }
+        let out = crate::kernels::ops::SharedRows::new(&mut bounds.vals[layer * nb * 2 * kv_dim..(layer + 1) * nb * 2 * kv_dim], 2 * kv_dim);
+        let parts = stale.len().min(4 * crate::pool::current().threads());
+        crate::pool::current().run(parts, &|p| {
+            let mut cells = vec![0f32; bs * kv_dim];
+            for &b in &stale[p * stale.len() / parts..(p + 1) * stale.len() / parts] {
+                let b = b as usize;
+                // SAFETY: each block id appears once in `stale` (a block table holds an id once), so its
+                // row goes to one part.
+                let row = unsafe { out.rows(b, b + 1) };
+                block_key_bounds(&keys[b * bs * kv_dim..(b + 1) * bs * kv_dim], by_dim, kv_dim, hd, bs, &mut cells, row);
+            }
+        });
+        for &b in &stale {
+            bounds.fresh[layer * nb + b as usize].store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Block `b`'s key bounds in `layer`: `[2][kv_dim]`, minimums then maximums (`refresh_key_bounds`
+    /// first).
+    pub fn key_bounds(&self, layer: usize, b: u32) -> &[f32] {
+        let (kv_dim, nb) = (self.shape.kv_dim, self.shape.num_blocks);
+        let bounds = self.bounds.as_ref().expect("keep_key_bounds first");
+        debug_assert!(bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed), "refreshed");
+        let at = (layer * nb + b as usize) * 2 * kv_dim;
+        &bounds.vals[at..at + 2 * kv_dim]
+    }
+
+    fn clear_key_bounds(&mut self, b: u32) {
+        let nb = self.shape.num_blocks;
+        if let Some(bounds) = &self.bounds {
+            (0..self.shape.num_layers).for_each(|l| bounds.fresh[l * nb + b as usize].store(false, Ordering::Relaxed));
+        }
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -164,7 +238,9 @@ impl KvStorage {
         // SAFETY: both ranges are inside the buffer.
         let (keys, values) = unsafe { (base.add(rk.start), base.add(rv.start)) };
         let keys_by_dim = self.shape.keys_by_dim();
-        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, head_dim: self.shape.head_dim, keys_by_dim, k, v, _storage: std::marker::PhantomData }
+        let nb = self.shape.num_blocks;
+        let fresh = self.bounds.as_ref().map(|b| &b.fresh[layer * nb..(layer + 1) * nb]);
+        LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, head_dim: self.shape.head_dim, keys_by_dim, k, v, fresh, _storage: std::marker::PhantomData }
     }
 
     pub fn write(&mut self, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
@@ -203,6 +279,7 @@ impl KvStorage {
     /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
+        self.clear_key_bounds(b);
         let ranges: Vec<std::ops::Range<usize>> = self.block_ranges(b).collect();
         let mut at = 0;
         for r in ranges {
@@ -253,6 +330,26 @@ impl KvStorage {
     }
 }
 
+/// Per-dimension minimums and maximums (`out`: `[2][kv_dim]`) of one block's f16 keys (`keys`: the
+/// block's part of a layer, by dimension or in rows); `cells`: a buffer of `bs * kv_dim`.
+fn block_key_bounds(keys: &[f16], by_dim: bool, kv_dim: usize, hd: usize, bs: usize, cells: &mut [f32], out: &mut [f32]) {
+    keys.convert_to_f32_slice(cells);
+    let (lo, hi) = out.split_at_mut(kv_dim);
+    lo.fill(f32::INFINITY);
+    hi.fill(f32::NEG_INFINITY);
+    let g = key_group(bs);
+    for c in 0..bs {
+        for i in 0..kv_dim {
+            // by dimension: `[kv_head][bs / g][hd][g]`; rows: `[bs][kv_dim]`
+            let x = if by_dim { cells[((i / hd) * bs + c / g * g) * hd + (i % hd) * g + c % g] } else { cells[c * kv_dim + i] };
+            lo[i] = lo[i].min(x);
+            hi[i] = hi[i].max(x);
+        }
+    }
+    // (-0 and +0 compare equal, so which one min/max returns is unspecified; the scores must not depend on it)
+    lo.iter_mut().chain(hi.iter_mut()).for_each(|x| *x += 0.0);
+}
+
 /// One layer's keys and values, written cell by cell from several threads (`KvStorage::layer_writer`).
 pub struct LayerWriter<'a> {
     keys: *mut u8,
@@ -266,6 +363,8 @@ pub struct LayerWriter<'a> {
     keys_by_dim: bool,
     k: Region,
     v: Region,
+    /// The layer's `KeyBounds::fresh` flags, cleared by each write to a block.
+    fresh: Option<&'a [AtomicBool]>,
     _storage: std::marker::PhantomData<&'a mut KvStorage>,
 }
 
@@ -287,6 +386,9 @@ impl LayerWriter<'_> {
     pub unsafe fn write(&self, slot: usize, k: &[f32], v: &[f32]) {
         let d = self.kv_dim;
         assert!(k.len() == d && v.len() == d, "a KV cell is [kv_dim]");
+        if let Some(fresh) = self.fresh {
+            fresh[slot / self.block_size].store(false, Ordering::Relaxed);
+        }
         for (base, len, r, x, keys) in [(self.keys, self.len_k, &self.k, k, true), (self.values, self.len_v, &self.v, v, false)] {
             if r.dtype == KvDtype::F16 && keys && self.keys_by_dim {
                 let (hd, bs) = (self.head_dim, self.block_size);

@@ -45,6 +45,8 @@ pub(super) struct LayerCtx<'a> {
     /// it reads, which a KV window renumbers (`kv::window`).
     pub positions: &'a [usize],
     pub numerics: crate::kernels::packed::Numerics,
+    /// Sparse attention over each query's history (`kv::sparse`), in this layer.
+    pub sparse: Option<crate::kv::SparseAttention>,
     pub tracer: Option<&'a dyn Tracer>,
 }
 
@@ -237,7 +239,15 @@ pub(super) fn attention(ctx: &LayerCtx, w: &AttentionWeights, input: &NormedInpu
         values_in_key_order: ctx.numerics == crate::kernels::packed::Numerics::Packed,
     };
     super::resize(&mut s.attn, n * q_dim);
-    attend(&shape, kv, ctx.kv_layer, ctx.queries, &s.q, &mut s.attn);
+    match ctx.sparse {
+        Some(sparse) => {
+            // each query at depth through its own view (sinks, picked history blocks, recent blocks)
+            let views = crate::kernels::attention::sparse::select(&sparse, c.n_heads, kv, ctx.kv_layer, ctx.queries, &s.q);
+            let queries: Vec<QueryPos> = ctx.queries.iter().zip(&views).map(|(qp, v)| v.as_ref().map_or(*qp, |(table, pos)| QueryPos { block_table: table, pos: *pos })).collect();
+            attend(&shape, kv, ctx.kv_layer, &queries, &s.q, &mut s.attn);
+        }
+        None => attend(&shape, kv, ctx.kv_layer, ctx.queries, &s.q, &mut s.attn),
+    }
     ctx.trace("kqv_out", &s.attn);
     super::resize(&mut s.proj, n * c.d_model);
     w.wo.view(ctx.file).matmul(&s.attn, &mut s.act_q, &mut s.proj);

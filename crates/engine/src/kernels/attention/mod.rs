@@ -14,6 +14,7 @@ mod by_dim;
 #[cfg(target_arch = "x86_64")]
 mod key_order;
 mod quant;
+pub mod sparse;
 #[cfg(target_arch = "x86_64")]
 mod quant_x86;
 

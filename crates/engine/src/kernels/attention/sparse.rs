@@ -1,0 +1,295 @@
+//! Which history blocks each query of a step reads under sparse attention (`kv::sparse`): Quest's
+//! upper bound of q·k over a block, from the per-dimension minimum and maximum of its keys
+//! (`KvStorage::key_bounds`): `Σ_d max(q_d · min_d, q_d · max_d)`, one per query head (`head_bound`).
+//!
+//! A block's score is its best head's bound less that head's best bound over the candidates (the
+//! log of the largest share of the head's softmax the block could take, before the scale), so a head
+//! with small logits still gets the blocks it needs. The sum runs in 16 lanes over the dimensions (lane
+//! `d % 16`), added by a fixed tree, the same bits on every ISA, so the picks (and the output) are too.
+
+use super::QueryPos;
+use crate::kv::{KvStorage, SparseAttention};
+use crate::pool;
+use crate::kernels::cpu::SimdLevel;
+use std::sync::OnceLock;
+
+/// A query's view under sparse attention (`SparseAttention::view`), or none where it reads its table.
+pub type SparseView = Option<(Vec<u32>, usize)>;
+
+/// The views of `queries` (their rotated q: `[n, n_heads * head_dim]`) in `layer`, one per query. The
+/// history blocks of their candidates get their key bounds refreshed first.
+pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, layer: usize, queries: &[QueryPos], q: &[f32]) -> Vec<SparseView> {
+    let bs = kv.shape.block_size;
+    let candidates: Vec<std::ops::Range<usize>> = queries.iter().map(|qp| sparse.candidates(qp.pos, bs)).collect();
+    if candidates.iter().all(|c| c.is_empty()) {
+        return vec![None; queries.len()];
+    }
+    // Each sequence's history blocks up to its last candidate; a sequence's tokens share its table.
+    let mut seqs: Vec<(&[u32], usize)> = Vec::new();
+    for (qp, c) in queries.iter().zip(&candidates).filter(|(_, c)| !c.is_empty()) {
+        match seqs.iter_mut().find(|(t, _)| std::ptr::eq(*t, qp.block_table)) {
+            Some((_, end)) => *end = (*end).max(c.end),
+            None => seqs.push((qp.block_table, c.end)),
+        }
+    }
+    let lo = sparse.sink_blocks(bs);
+    let mut blocks: Vec<u32> = seqs.iter().flat_map(|&(t, end)| t[lo..end].iter().copied()).collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    kv.refresh_key_bounds(layer, &blocks);
+    let kv: &KvStorage = kv;
+    let (hd, kv_dim) = (kv.shape.head_dim, kv.shape.kv_dim);
+    let q_dim = n_heads * hd;
+    let group = n_heads / (kv_dim / hd);
+    let out: Vec<OnceLock<SparseView>> = (0..queries.len()).map(|_| OnceLock::new()).collect();
+    let work: Vec<usize> = (0..queries.len()).filter(|&t| !candidates[t].is_empty()).collect();
+    let parts = work.len().min(4 * pool::current().threads());
+    let level = crate::kernels::cpu::simd_level();
+    pool::current().run(parts, &|p| {
+        let (mut bound, mut scores, mut qq) = (Vec::new(), Vec::new(), vec![0f32; 2 * q_dim]);
+        for &t in &work[p * work.len() / parts..(p + 1) * work.len() / parts] {
+            let (qp, c) = (&queries[t], candidates[t].clone());
+            // each head's q split by sign, `[n_heads][2][hd]`: positive parts meet the maximums, negative
+            // parts the minimums
+            for (h, qh) in q[t * q_dim..(t + 1) * q_dim].chunks_exact(hd).enumerate() {
+                let (pos, neg) = qq[2 * h * hd..2 * (h + 1) * hd].split_at_mut(hd);
+                qh.iter().zip(pos.iter_mut().zip(neg.iter_mut())).for_each(|(&x, (p, n))| (*p, *n) = (x.max(0.0), x.min(0.0)));
+            }
+            // bound[h][i]: head h's bound over candidate i
+            bound.clear();
+            bound.resize(n_heads * c.len(), 0.0);
+            let job = Bounds { kv, layer, blocks: &qp.block_table[c.clone()], qq: &qq, n_heads, group, hd };
+            match level {
+                // SAFETY: the CPU has the level's features (`simd_level`); hd is a multiple of 16.
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx512 if hd % 16 == 0 => unsafe { bounds_avx512(&job, &mut bound) },
+                #[cfg(target_arch = "x86_64")]
+                SimdLevel::Avx2 | SimdLevel::AvxVnni if hd % 16 == 0 => unsafe { bounds_avx2(&job, &mut bound) },
+                _ => job.run(&mut bound, head_bound),
+            }
+            scores.clear();
+            scores.resize(c.len(), f32::NEG_INFINITY);
+            for row in bound.chunks_exact(c.len()) {
+                let best = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+                scores.iter_mut().zip(row).for_each(|(s, &x)| *s = s.max(x - best));
+            }
+            let picked = sparse.pick(c, &scores, bs);
+            let _ = out[t].set(Some(sparse.view(qp.block_table, &picked, qp.pos, bs)));
+        }
+    });
+    out.into_iter().map(|v| v.into_inner().flatten()).collect()
+}
+
+/// One query's bounds over its candidate blocks (`run`), compiled once per SIMD level: plain additions
+/// and products in a fixed order, so each level gives the same bits.
+struct Bounds<'a> {
+    kv: &'a KvStorage,
+    layer: usize,
+    /// The candidates' block ids.
+    blocks: &'a [u32],
+    /// `[n_heads][2][hd]`: each head's q, positive parts then negative parts.
+    qq: &'a [f32],
+    n_heads: usize,
+    group: usize,
+    hd: usize,
+}
+
+impl Bounds<'_> {
+    /// `bound[h * blocks + i]`: head `h`'s bound over block `i`, by `head_bound` or a vector form of it.
+    #[inline(always)]
+    fn run(&self, bound: &mut [f32], head_bound: impl Fn(&[f32], &[f32], &[f32], &[f32]) -> f32) {
+        let (hd, n) = (self.hd, self.blocks.len());
+        let kv_dim = self.kv.shape.kv_dim;
+        for (i, &b) in self.blocks.iter().enumerate() {
+            let (lo, hi) = self.kv.key_bounds(self.layer, b).split_at(kv_dim);
+            for h in 0..self.n_heads {
+                let g = (h / self.group) * hd;
+                let (pos, neg) = self.qq[2 * h * hd..2 * (h + 1) * hd].split_at(hd);
+                bound[h * n + i] = head_bound(pos, neg, &lo[g..g + hd], &hi[g..g + hd]);
+            }
+        }
+    }
+}
+
+/// `head_bound` with AVX-512 (head sizes a multiple of 16): the 16 lanes in one register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn bounds_avx512(job: &Bounds, bound: &mut [f32]) {
+    use std::arch::x86_64::*;
+    job.run(bound, |pos, neg, lo, hi| {
+        // SAFETY: every slice holds hd values, a multiple of 16 (checked by the caller); AVX-512F is enabled.
+        unsafe {
+            let mut acc = _mm512_setzero_ps();
+            for d in (0..pos.len()).step_by(16) {
+                let ph = _mm512_mul_ps(_mm512_loadu_ps(pos.as_ptr().add(d)), _mm512_loadu_ps(hi.as_ptr().add(d)));
+                let nl = _mm512_mul_ps(_mm512_loadu_ps(neg.as_ptr().add(d)), _mm512_loadu_ps(lo.as_ptr().add(d)));
+                acc = _mm512_add_ps(acc, _mm512_add_ps(ph, nl));
+            }
+            let a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+            halves_8(a8)
+        }
+    })
+}
+
+/// `head_bound` with AVX2 (head sizes a multiple of 16): lanes 0-7 and 8-15 in two registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn bounds_avx2(job: &Bounds, bound: &mut [f32]) {
+    use std::arch::x86_64::*;
+    job.run(bound, |pos, neg, lo, hi| {
+        // SAFETY: as in `bounds_avx512`; AVX2 is enabled.
+        unsafe {
+            let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for d in (0..pos.len()).step_by(16) {
+                for (acc, d) in [(&mut a, d), (&mut b, d + 8)] {
+                    let ph = _mm256_mul_ps(_mm256_loadu_ps(pos.as_ptr().add(d)), _mm256_loadu_ps(hi.as_ptr().add(d)));
+                    let nl = _mm256_mul_ps(_mm256_loadu_ps(neg.as_ptr().add(d)), _mm256_loadu_ps(lo.as_ptr().add(d)));
+                    *acc = _mm256_add_ps(*acc, _mm256_add_ps(ph, nl));
+                }
+            }
+            halves_8(_mm256_add_ps(a, b))
+        }
+    })
+}
+
+/// The last three steps of `head_bound`'s tree: lanes `l + 4`, then `l + 2`, then `l + 1` added into
+/// lane `l`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn halves_8(a8: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    let a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
+    let a1 = _mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1));
+    _mm_cvtss_f32(a1)
+}
+
+/// `Σ_d pos_d · hi_d + neg_d · lo_d` over the head's dimensions, with `pos = max(q, 0)` and `neg =
+/// min(q, 0)`, which is `Σ_d max(q_d · lo_d, q_d · hi_d)`: lane `d % 16` sums its dimensions in order,
+/// then the lanes are added by halves (8, 4, 2, 1).
+#[inline(always)]
+fn head_bound(pos: &[f32], neg: &[f32], lo: &[f32], hi: &[f32]) -> f32 {
+    let mut acc = [0f32; 16];
+    let (pc, nc, lc, hc) = (pos.chunks_exact(16), neg.chunks_exact(16), lo.chunks_exact(16), hi.chunks_exact(16));
+    let rest = pc.remainder().iter().zip(nc.remainder()).zip(lc.remainder().iter().zip(hc.remainder()));
+    for ((p, n), (lo, hi)) in pc.zip(nc).zip(lc.zip(hc)) {
+        for l in 0..16 {
+            acc[l] += p[l] * hi[l] + n[l] * lo[l];
+        }
+    }
+    for (l, ((p, n), (lo, hi))) in rest.enumerate() {
+        acc[l] += p * hi + n * lo;
+    }
+    for w in [8, 4, 2, 1] {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KeyLayout, KvDtypes, KvShape};
+
+    fn storage(key_layout: KeyLayout, blocks: usize) -> KvStorage {
+        let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 64, head_dim: 32, block_size: 16, num_blocks: blocks, dtypes: KvDtypes::F16, key_layout });
+        kv.keep_key_bounds();
+        kv
+    }
+
+    /// The bound is never below a real score, in either key layout; a write makes the block's bounds stale.
+    #[test]
+    fn bounds_hold_every_key_of_the_block_and_follow_writes() {
+        for key_layout in [KeyLayout::Rows, KeyLayout::ByDim] {
+            let mut kv = storage(key_layout, 4);
+            let key = |slot: usize, i: usize| ((slot * 64 + i) as f32 * 0.37).sin() * (1.0 + (i % 5) as f32);
+            for slot in 0..64 {
+                let k: Vec<f32> = (0..64).map(|i| key(slot, i)).collect();
+                kv.write(1, slot, &k, &k);
+            }
+            kv.refresh_key_bounds(1, &[2, 0]);
+            let q: Vec<f32> = (0..32).map(|d| (d as f32 * 1.3).cos()).collect();
+            for slot in (0..16).chain(32..48) {
+                let b = (slot / 16) as u32;
+                let (lo, hi) = kv.key_bounds(1, b).split_at(64);
+                for i in 0..64 {
+                    let x = half::f16::from_f32(key(slot, i)).to_f32();
+                    assert!(lo[i] <= x && x <= hi[i], "{key_layout:?}: slot {slot} dim {i}");
+                }
+                for h in 0..2 {
+                    let k = kv.key_row(1, slot);
+                    let score: f32 = (0..32).map(|d| q[d] * k[h * 32 + d].to_f32()).sum();
+                    let (pos, neg): (Vec<f32>, Vec<f32>) = q.iter().map(|&x| (x.max(0.0), x.min(0.0))).unzip();
+                    assert!(head_bound(&pos, &neg, &lo[h * 32..h * 32 + 32], &hi[h * 32..h * 32 + 32]) >= score - 1e-4);
+                }
+            }
+            // a new key far outside block 2's range: stale until refreshed, then held
+            kv.write(1, 33, &[100.0; 64], &[0.0; 64]);
+            kv.refresh_key_bounds(1, &[2]);
+            assert_eq!(kv.key_bounds(1, 2)[64..].iter().copied().fold(f32::NEG_INFINITY, f32::max), 100.0);
+        }
+    }
+
+    /// The vector forms of the bound give the scalar definition's bits.
+    #[test]
+    fn vector_bounds_equal_the_scalar_ones_bit_for_bit() {
+        let mut kv = storage(KeyLayout::ByDim, 6);
+        for slot in 0..96 {
+            let k: Vec<f32> = (0..64).map(|i| ((slot * 131 + i * 17) as f32 * 0.61).sin() * 3.0).collect();
+            kv.write(0, slot, &k, &k);
+        }
+        let blocks = [5u32, 0, 3, 1];
+        kv.refresh_key_bounds(0, &blocks);
+        let qq: Vec<f32> = (0..4 * 2 * 32).map(|i| ((i * 7) as f32 * 0.37).cos() * 2.0).map(|x| if (x * 10.0) as i32 % 3 == 0 { 0.0 } else { x }).collect();
+        let job = Bounds { kv: &kv, layer: 0, blocks: &blocks, qq: &qq, n_heads: 4, group: 2, hd: 32 };
+        let mut want = vec![0.0; 16];
+        job.run(&mut want, head_bound);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if crate::kernels::cpu::SimdLevel::Avx2.is_available() {
+                let mut got = vec![0.0; 16];
+                // SAFETY: AVX2 is available; hd 32.
+                unsafe { bounds_avx2(&job, &mut got) };
+                assert_eq!(bits(&got), bits(&want), "avx2");
+            }
+            if crate::kernels::cpu::SimdLevel::Avx512.is_available() {
+                let mut got = vec![0.0; 16];
+                // SAFETY: AVX-512 is available; hd 32.
+                unsafe { bounds_avx512(&job, &mut got) };
+                assert_eq!(bits(&got), bits(&want), "avx512");
+            }
+        }
+    }
+
+    /// A query whose q matches one history block's keys picks it; the view runs sinks, picks, local.
+    #[test]
+    fn a_query_picks_the_block_that_matches_it() {
+        let sparse = SparseAttention { budget: 16, local: 16, sinks: 16 };
+        let mut kv = storage(KeyLayout::ByDim, 8);
+        // 6 blocks of small keys, but block 3 (table entry 3 → id 5) holds a large one along dim 7 of
+        // each KV head, where each head's q points
+        let table: Vec<u32> = vec![2, 3, 4, 5, 6, 7];
+        for pos in 0..90 {
+            let mut k = vec![0.01 * ((pos % 7) as f32 - 3.0); 64];
+            if pos == 50 {
+                (k[7], k[39]) = (8.0, 8.0);
+            }
+            kv.write(0, kv.slot(&table, pos), &k, &k);
+        }
+        let mut qv = vec![0.0f32; 2 * 32];
+        (qv[7], qv[39]) = (1.0, 1.0);
+        let queries = [QueryPos { block_table: &table, pos: 89 }];
+        let views = select(&sparse, 2, &mut kv, 0, &queries, &qv);
+        // candidates: blocks 1..4 (89 + 1 - 16 = 74 is in block 4); budget one block: block 3
+        assert_eq!(sparse.candidates(89, 16), 1..4);
+        let (view, vpos) = views[0].clone().expect("a sparse query");
+        assert_eq!(view, vec![2, 5, 6, 7]);
+        assert_eq!(vpos, 2 * 16 + 89 - 64);
+        // a short query reads its table
+        let short = [QueryPos { block_table: &table, pos: 40 }];
+        assert_eq!(select(&sparse, 2, &mut kv, 0, &short, &qv), vec![None]);
+    }
+}
