@@ -3,13 +3,14 @@
 //! greedy flips vLLM and SGLang users report must not happen here). A model that has not been fetched is
 //! skipped with a note, unless RECKON_REQUIRE_MODELS=1 (CI). The same holds with quantized KV cells
 //! (`--kv-dtype q8_0`), under a KV window (`--kv-window`), where a hit takes the sink blocks and the
-//! window before it, and with Gemma-3's sliding layers keeping their window only (`kv::layout`).
+//! window before it, with Gemma-3's sliding layers keeping their window only (`kv::layout`), and under
+//! sparse attention (`--sparse-attention`).
 
 mod common;
 
 use common::{open_real_model as open, parity_fixture};
 use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
-use reckon_engine::kv::{KvDtypes, KvWindow};
+use reckon_engine::kv::{KvDtypes, KvWindow, SparseAttention};
 use reckon_engine::model::Model;
 use reckon_engine::tokenizer::Tokenizer;
 use std::sync::Arc;
@@ -35,12 +36,12 @@ fn check_model(name: &str, kv: &str) {
 }
 
 fn check_model_with(name: &str, kv: &str, kv_window: Option<KvWindow>, want_cached: &[usize]) {
-    check_prompts(name, kv, kv_window, false, 403, want_cached);
+    check_prompts(name, kv, kv_window, None, false, 403, want_cached);
 }
 
 /// `prefix_len` tokens shared (403: 25 blocks and 3 tokens), three continuations, and exact repeats; the
 /// reference is a cold prefill with one KV group.
-fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: bool, prefix_len: usize, want_cached: &[usize]) {
+fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, sparse_attention: Option<SparseAttention>, hybrid_kv: bool, prefix_len: usize, want_cached: &[usize]) {
     let Some(file) = open(name) else { return };
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
@@ -55,7 +56,7 @@ fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: b
     ];
     // (a hybrid layout's blocks are pages of fewer layers: more of them)
     let num_blocks = if hybrid_kv { 1024 } else { 128 };
-    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, hybrid_kv, spec: None, spec_prefill: None, slow_state: Default::default() };
+    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, sparse_attention, hybrid_kv, spec: None, spec_prefill: None, slow_state: Default::default() };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, hybrid_kv: false, num_blocks: 128, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
@@ -73,7 +74,7 @@ fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, hybrid_kv: b
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(got, reference, "{name} {kv}: concurrent requests with shared blocks");
-    eprintln!("{name} ({kv} KV, window {kv_window:?}): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
+    eprintln!("{name} ({kv} KV, window {kv_window:?}, sparse {sparse_attention:?}): {} prompts identical cold and cached; cached tokens {cached:?}", prompts.len());
 }
 
 /// Under a 128-token window with 4 sinks the blocks behind the window are released as the first prompt
@@ -95,12 +96,27 @@ fn windowed_cache_hits_match_cold_prefill_qwen2_q8_0() {
 /// hit needs their last 512 positions only. Same tokens as a cold prefill with every block kept.
 #[test]
 fn hybrid_kv_cache_hits_match_cold_prefill_gemma3() {
-    check_prompts("gemma3-270m", "f16", None, true, 1003, &[0, 992, 992, 1024, 992]);
+    check_prompts("gemma3-270m", "f16", None, None, true, 1003, &[0, 992, 992, 1024, 992]);
 }
 
 #[test]
 fn hybrid_kv_cache_hits_match_cold_prefill_gemma3_q8_0() {
-    check_prompts("gemma3-270m", "q8_0", None, true, 1003, &[0, 992, 992, 1024, 992]);
+    check_prompts("gemma3-270m", "q8_0", None, None, true, 1003, &[0, 992, 992, 1024, 992]);
+}
+
+/// Sparse attention over the history (`kv::sparse`), with a budget of 4 blocks, so most of each prompt
+/// reads a picked part of its history: a hit, a cold prefill and chunks of 48 tokens beside other
+/// requests give the same tokens.
+#[test]
+fn sparse_attention_cache_hits_match_cold_prefill_smollm2() {
+    let sparse = SparseAttention { budget: 64, local: 64, sinks: 16 };
+    check_prompts("smollm2-135m", "f16", None, Some(sparse), false, 403, &[0, 400, 400, 432, 400]);
+}
+
+#[test]
+fn sparse_attention_cache_hits_match_cold_prefill_qwen2() {
+    let sparse = SparseAttention { budget: 64, local: 64, sinks: 16 };
+    check_prompts("qwen2.5-coder-0.5b", "f16", None, Some(sparse), false, 403, &[0, 400, 400, 432, 400]);
 }
 
 #[test]
@@ -148,7 +164,7 @@ fn sparse_prefill_caches_only_a_true_prefix_and_recovery_restores_it_smollm2() {
     let model = Arc::new(Model::load(file).unwrap());
     let prompt = text_tokens(name)[..1500].to_vec();
     let sparse = SparsePrefillConfig { keep: 0.3, min_tokens: 512, layers: 4, ..SparsePrefillConfig::default() };
-    let config = EngineConfig { block_size: 16, num_blocks: 512, max_batch_tokens: 512, max_running: 4, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse("f16").unwrap(), kv_window: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default() };
+    let config = EngineConfig { block_size: 16, num_blocks: 512, max_batch_tokens: 512, max_running: 4, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse("f16").unwrap(), kv_window: None, sparse_attention: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default() };
     let full = run(&spawn(model.clone(), tokenizer.clone(), config), &prompt).0;
     let kept = plan(&model, &prompt, 0, &sparse).expect("thinned");
     let genuine = SparsePrompt::new(kept.clone(), prompt.len()).unwrap().genuine_prefix();

@@ -45,6 +45,7 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
         rest_pool_between_steps: true,
         kv_dtypes: Default::default(),
         kv_window: None,
+        sparse_attention: None,
         hybrid_kv: false,
         spec: None,
         spec_prefill: None,
