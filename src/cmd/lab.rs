@@ -29,7 +29,7 @@ pub enum LabCommand {
     KvTax(KvQuantArgs),
     /// What a rotating KV window (--kv-window, --kv-sinks) saves and loses: needle recall against prompt
     /// length for full KV and each window, the KV memory each holds, and perplexity past the window
-    /// with and without the sinks.
+    /// with and without the sinks; with --sparse-attention N, sparse attention is one more arm.
     Eviction(EvictionArgs),
     /// What a sparse prefill (--spec-prefill-keep) saves in time to first token and loses in needle
     /// recall, per haystack length and keep ratio, against a full prefill in the same passes.
@@ -417,12 +417,18 @@ fn run_eviction(args: EvictionArgs) -> Result<()> {
     let longest = lengths.iter().copied().max().unwrap_or(0);
     anyhow::ensure!(longest + 256 + args.max_tokens < cfg.context_length, "--lengths: {longest} tokens leave no room in the model's {}-token context", cfg.context_length);
     let out = out_dir(&args.out, "eviction")?;
-    let spec = eviction::EvictionSpec { lengths, windows, sinks: args.sinks, needles: args.needles, seed: args.seed, max_tokens: args.max_tokens, kv_dtypes };
+    let sparse = args.model.sparse_attention()?;
+    anyhow::ensure!(sparse.is_none() || !kv_dtypes.is_quantized(), "--sparse-attention reads f16 keys: not with --kv-dtype {}", args.model.kv_dtype);
+    let spec = eviction::EvictionSpec { lengths, windows, sinks: args.sinks, needles: args.needles, seed: args.seed, max_tokens: args.max_tokens, kv_dtypes, sparse };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("recall.jsonl"))?;
     let records = eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
         let _ = writeln!(raw, "{}", serde_json::to_string(r).unwrap_or_default());
-        let arm = r.window.map_or("full".to_string(), |w| format!("window {w}"));
+        let arm = match (r.window, r.sparse) {
+            (Some(w), _) => format!("window {w}"),
+            (None, Some(b)) => format!("sparse {b}"),
+            (None, None) => "full".to_string(),
+        };
         eprintln!("{:>5} tokens {:>12} needle {} ({:>5} from the end): {} '{}' ({:.0} ms)", r.prompt_tokens, arm, r.needle, r.distance_from_end, if r.correct { "ok  " } else { "MISS" }, r.reply, r.prefill_ms);
     })?;
     let mut fluency = Vec::new();
@@ -430,8 +436,8 @@ fn run_eviction(args: EvictionArgs) -> Result<()> {
         let text = std::fs::read_to_string(&args.text).with_context(|| format!("--text {}", args.text.display()))?;
         let mut tokens = tokenizer.encode(&text, true, false)?;
         tokens.truncate(args.fluency_tokens.min(cfg.context_length));
-        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), 1 + spec.windows.len() * if spec.sinks > 0 { 2 } else { 1 });
-        fluency = eviction::fluency(&model, &tokens, &spec.windows, spec.sinks);
+        eprintln!("teacher forcing {} tokens of {} through {} arms", tokens.len(), args.text.display(), 1 + spec.windows.len() * if spec.sinks > 0 { 2 } else { 1 } + usize::from(spec.sparse.is_some()));
+        fluency = eviction::fluency(&model, &tokens, &spec.windows, spec.sinks, spec.sparse);
         let mut f = std::fs::File::create(out.join("fluency.jsonl"))?;
         for r in &fluency {
             writeln!(f, "{}", serde_json::to_string(r)?)?;
@@ -636,7 +642,7 @@ fn run_kv_quant(args: KvQuantArgs, tax: bool) -> Result<()> {
         anyhow::ensure!(needle_tokens + 300 < cfg.context_length, "--needle-tokens {needle_tokens} leaves no room in the model's {}-token context", cfg.context_length);
         let mut f = std::fs::File::create(out.join("recall.jsonl"))?;
         for &d in &dtypes {
-            let spec = reckon_lab::eviction::EvictionSpec { lengths: vec![needle_tokens], windows: Vec::new(), sinks: 0, needles: 5, seed: 1, max_tokens: 12, kv_dtypes: d };
+            let spec = reckon_lab::eviction::EvictionSpec { lengths: vec![needle_tokens], windows: Vec::new(), sinks: 0, needles: 5, seed: 1, max_tokens: 12, kv_dtypes: d, sparse: None };
             eprintln!("needle recall, {} KV, {needle_tokens} tokens", d.name());
             recall.extend(reckon_lab::eviction::recall(&model, &tokenizer, &loaded.template, &spec, |r| {
                 let _ = writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default());

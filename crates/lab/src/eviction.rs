@@ -4,7 +4,8 @@
 //! Recall: a haystack of seeded filler sentences holds `needles` facts ("The secret number for Alice is
 //! 40213.") at evenly spaced depths; each is asked for in its own request (the haystack, then the
 //! question), greedy, and counts when the reply contains the number. Every (length, arm) sees the same
-//! haystack and questions; an arm is full KV or one window (with its sinks).
+//! haystack and questions; an arm is full KV, one window (with its sinks), or sparse attention over the
+//! history (`kv::sparse`, which keeps every block but reads a picked part of them).
 //!
 //! Fluency: a text teacher-forced through each arm, and through each window without sinks (the case
 //! StreamingLLM's sinks exist for): mean negative log-likelihood and perplexity over the positions past
@@ -14,7 +15,7 @@
 
 use crate::LabError;
 use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
-use reckon_engine::kv::{KvDtypes, KvWindow};
+use reckon_engine::kv::{KvDtypes, KvWindow, SparseAttention};
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
@@ -37,6 +38,24 @@ pub struct EvictionSpec {
     /// Reply tokens at most.
     pub max_tokens: usize,
     pub kv_dtypes: KvDtypes,
+    /// An arm of sparse attention (`--sparse-attention`), after the windows.
+    pub sparse: Option<SparseAttention>,
+}
+
+/// What one arm keeps and reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    Full,
+    Window(usize),
+    /// Sparse attention with this history budget (`EvictionSpec::sparse`).
+    Sparse(usize),
+}
+
+impl EvictionSpec {
+    /// Full KV, each window, then sparse attention.
+    pub fn arms(&self) -> Vec<Arm> {
+        std::iter::once(Arm::Full).chain(self.windows.iter().map(|&w| Arm::Window(w))).chain(self.sparse.map(|s| Arm::Sparse(s.budget))).collect()
+    }
 }
 
 /// One needle asked for at one length under one arm.
@@ -44,8 +63,10 @@ pub struct EvictionSpec {
 pub struct RecallRecord {
     pub kv_dtype: String,
     pub length: usize,
-    /// `None`: full KV.
+    /// `None`: full KV (or sparse attention).
     pub window: Option<usize>,
+    /// Sparse attention's history budget (`None`: full KV or a window).
+    pub sparse: Option<usize>,
     pub sinks: usize,
     pub needle: usize,
     pub prompt_tokens: usize,
@@ -62,6 +83,8 @@ pub struct RecallRecord {
 #[derive(Clone, Debug, Serialize)]
 pub struct FluencyRecord {
     pub window: Option<usize>,
+    /// Sparse attention's history budget.
+    pub sparse: Option<usize>,
     pub sinks: usize,
     /// Positions scored: `from..tokens`.
     pub from: usize,
@@ -129,7 +152,7 @@ fn question(name: &str) -> String {
 /// Runs every arm over every length; `on_record` sees each answer.
 pub fn recall(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate, spec: &EvictionSpec, mut on_record: impl FnMut(&RecallRecord)) -> Result<Vec<RecallRecord>, LabError> {
     let longest = spec.lengths.iter().copied().max().unwrap_or(0) + 256 + spec.max_tokens;
-    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
+    let arms = spec.arms();
     let mut out = Vec::new();
     for &length in &spec.lengths {
         let (hay, placed) = haystack(tok, length, spec.needles, spec.seed)?;
@@ -143,7 +166,8 @@ pub fn recall(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate,
                 max_model_len: longest,
                 prefix_caching: true,
                 kv_dtypes: spec.kv_dtypes,
-                kv_window: arm.map(|window| KvWindow { window, sinks: spec.sinks }),
+                kv_window: arm.window().map(|window| KvWindow { window, sinks: spec.sinks }),
+                sparse_attention: spec.sparse.filter(|_| matches!(arm, Arm::Sparse(_))),
                 ..EngineConfig::default()
             };
             let engine = spawn(model.clone(), tok.clone(), config);
@@ -158,8 +182,13 @@ pub fn recall(model: &Arc<Model>, tok: &Arc<Tokenizer>, template: &ChatTemplate,
                 let r = RecallRecord {
                     kv_dtype: spec.kv_dtypes.name(),
                     length,
-                    window: arm,
-                    sinks: if arm.is_some() { spec.sinks } else { 0 },
+                    window: arm.window(),
+                    sparse: arm.sparse(),
+                    sinks: match arm {
+                        Arm::Full => 0,
+                        Arm::Window(_) => spec.sinks,
+                        Arm::Sparse(_) => spec.sparse.map_or(0, |s| s.sinks),
+                    },
                     needle: i,
                     prompt_tokens: prompt.len(),
                     needle_pos,
@@ -186,19 +215,22 @@ fn template_head(tok: &Tokenizer, template: &ChatTemplate) -> reckon_engine::Res
 
 /// Teacher-forces `tokens` through full KV and each window, with its sinks and without; scores the
 /// positions past the largest window (and its sink blocks).
-pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize) -> Vec<FluencyRecord> {
+pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize, sparse: Option<SparseAttention>) -> Vec<FluencyRecord> {
     let from = windows.iter().map(|&w| KvWindow { window: w, sinks }.sink_end(BLOCK_SIZE) + w + BLOCK_SIZE).max().unwrap_or(0).min(tokens.len().saturating_sub(1));
-    let mut arms: Vec<Option<KvWindow>> = vec![None];
+    let mut arms: Vec<(Option<KvWindow>, Option<SparseAttention>)> = vec![(None, None)];
     for &w in windows {
-        arms.push(Some(KvWindow { window: w, sinks }));
+        arms.push((Some(KvWindow { window: w, sinks }), None));
         if sinks > 0 {
-            arms.push(Some(KvWindow { window: w, sinks: 0 }));
+            arms.push((Some(KvWindow { window: w, sinks: 0 }), None));
         }
     }
+    if sparse.is_some() {
+        arms.push((None, sparse));
+    }
     arms.into_iter()
-        .map(|arm| {
+        .map(|(window, sparse)| {
             let (mut sum, mut n, mut pos) = (0f64, 0usize, 0usize);
-            model.for_each_logits_windowed(tokens, 512, arm, |row| {
+            model.for_each_logits_with(tokens, 512, window, sparse, |row| {
                 if pos >= from && pos + 1 < tokens.len() {
                     sum += crate::kv::log_sum_exp(row) - row[tokens[pos + 1] as usize] as f64;
                     n += 1;
@@ -206,15 +238,41 @@ pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize) -
                 pos += 1;
             });
             let mean = sum / n.max(1) as f64;
-            FluencyRecord { window: arm.map(|w| w.window), sinks: arm.map_or(0, |w| w.sinks), from, tokens: tokens.len(), mean_nll: mean, perplexity: mean.exp() }
+            let sinks = window.map(|w| w.sinks).or(sparse.map(|s| s.sinks)).unwrap_or(0);
+            FluencyRecord { window: window.map(|w| w.window), sparse: sparse.map(|s| s.budget), sinks, from, tokens: tokens.len(), mean_nll: mean, perplexity: mean.exp() }
         })
         .collect()
 }
 
-fn arm_name(window: Option<usize>, sinks: usize) -> String {
-    match window {
-        None => "full KV".into(),
-        Some(w) => format!("window {w} + {sinks} sinks"),
+impl Arm {
+    fn window(self) -> Option<usize> {
+        match self {
+            Arm::Window(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    fn sparse(self) -> Option<usize> {
+        match self {
+            Arm::Sparse(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    fn of(window: Option<usize>, sparse: Option<usize>) -> Arm {
+        match (window, sparse) {
+            (Some(w), _) => Arm::Window(w),
+            (None, Some(b)) => Arm::Sparse(b),
+            (None, None) => Arm::Full,
+        }
+    }
+}
+
+fn arm_name(arm: Arm, sinks: usize, sparse: Option<SparseAttention>) -> String {
+    match arm {
+        Arm::Full => "full KV".into(),
+        Arm::Window(w) => format!("window {w} + {sinks} sinks"),
+        Arm::Sparse(b) => format!("sparse {b} + {} local + {} sinks", sparse.map_or(0, |s| s.local), sparse.map_or(0, |s| s.sinks)),
     }
 }
 
@@ -222,9 +280,9 @@ fn arm_name(window: Option<usize>, sinks: usize) -> String {
 /// recall collapses, and the fluency table.
 pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fluency: &[FluencyRecord]) -> String {
     let mut out = String::new();
-    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
+    let arms = spec.arms();
     let bpt = spec.kv_dtypes.bytes_per_token(model.config.n_layers, model.config.kv_dim());
-    let recalled = |arm: Option<usize>, length: usize| records.iter().filter(|r| r.window == arm && r.length == length && r.correct).count();
+    let recalled = |arm: Arm, length: usize| records.iter().filter(|r| Arm::of(r.window, r.sparse) == arm && r.length == length && r.correct).count();
     let prompt_len = |length: usize| records.iter().find(|r| r.length == length).map_or(length, |r| r.prompt_tokens);
     let _ = writeln!(out, "Needle recall: {} needles per haystack, greedy, exact number in the reply; KV memory one sequence holds at the end of its prompt ({}).\n", spec.needles, spec.kv_dtypes.name());
     let _ = write!(out, "| arm |");
@@ -237,12 +295,13 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
     }
     out.push('\n');
     for &arm in &arms {
-        let _ = write!(out, "| {} |", arm_name(arm, spec.sinks));
+        let _ = write!(out, "| {} |", arm_name(arm, spec.sinks, spec.sparse));
         for &l in &spec.lengths {
             let len = prompt_len(l);
+            // (sparse attention keeps every block, and its key bounds besides: not counted here)
             let held = match arm {
-                None => len.div_ceil(BLOCK_SIZE),
-                Some(w) => KvWindow { window: w, sinks: spec.sinks }.held_blocks(len, BLOCK_SIZE),
+                Arm::Full | Arm::Sparse(_) => len.div_ceil(BLOCK_SIZE),
+                Arm::Window(w) => KvWindow { window: w, sinks: spec.sinks }.held_blocks(len, BLOCK_SIZE),
             } * BLOCK_SIZE;
             let _ = write!(out, " {}/{} ({:.1} MiB) |", recalled(arm, l), spec.needles, (held * bpt) as f64 / (1 << 20) as f64);
         }
@@ -250,15 +309,15 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
     }
     out.push('\n');
     for &w in &spec.windows {
-        let full_ok = |l: usize| recalled(None, l);
-        match spec.lengths.iter().find(|&&l| recalled(Some(w), l) < full_ok(l)) {
+        let full_ok = |l: usize| recalled(Arm::Full, l);
+        match spec.lengths.iter().find(|&&l| recalled(Arm::Window(w), l) < full_ok(l)) {
             Some(&l) => {
                 let _ = writeln!(
                     out,
                     "- window {w}: recall falls below full KV's at {} prompt tokens ({:.1}x the window): {}/{} against {}/{}; the needles recalled are those within the last {w} positions.",
                     prompt_len(l),
                     prompt_len(l) as f64 / w as f64,
-                    recalled(Some(w), l),
+                    recalled(Arm::Window(w), l),
                     spec.needles,
                     full_ok(l),
                     spec.needles
@@ -268,6 +327,12 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
                 let _ = writeln!(out, "- window {w}: recall equals full KV's at every length measured.");
             }
         }
+    }
+    if let Some(sp) = spec.sparse {
+        let arm = Arm::Sparse(sp.budget);
+        let (got, full) = spec.lengths.iter().map(|&l| (recalled(arm, l), recalled(Arm::Full, l))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let most = sp.sinks.div_ceil(BLOCK_SIZE) * BLOCK_SIZE + sp.budget.div_ceil(BLOCK_SIZE) * BLOCK_SIZE + sp.local + BLOCK_SIZE - 1;
+        let _ = writeln!(out, "- {}: {got} needles recalled over all lengths, full KV {full}; a query reads at most {most} positions.", arm_name(arm, 0, spec.sparse));
     }
     let within = records.iter().filter(|r| r.window.is_some_and(|w| r.distance_from_end + 8 <= w)).collect::<Vec<_>>();
     let outside = records.iter().filter(|r| r.window.is_some_and(|w| r.distance_from_end > w + BLOCK_SIZE)).collect::<Vec<_>>();
@@ -284,7 +349,7 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
         let _ = writeln!(out, "\nFluency past the window: teacher-forced text of {} tokens, positions {}..{} scored (every window has dropped tokens there).\n", f.tokens, f.from, f.tokens);
         let _ = writeln!(out, "| arm | mean NLL | perplexity |\n|---|---|---|");
         for f in fluency {
-            let _ = writeln!(out, "| {} | {:.4} | {:.3} |", arm_name(f.window, f.sinks), f.mean_nll, f.perplexity);
+            let _ = writeln!(out, "| {} | {:.4} | {:.3} |", arm_name(Arm::of(f.window, f.sparse), f.sinks, spec.sparse), f.mean_nll, f.perplexity);
         }
     }
     out
@@ -306,20 +371,19 @@ pub fn plot(spec: &EvictionSpec, records: &[RecallRecord], title: &str, path: &s
         .map_err(|e| err(&e))?;
     chart.configure_mesh().x_desc("prompt tokens").y_desc("needles recalled").draw().map_err(|e| err(&e))?;
     let colors = [BLACK, RED, BLUE, GREEN, MAGENTA, CYAN];
-    let arms: Vec<Option<usize>> = std::iter::once(None).chain(spec.windows.iter().map(|&w| Some(w))).collect();
-    for (i, &arm) in arms.iter().enumerate() {
+    for (i, arm) in spec.arms().into_iter().enumerate() {
         let color = colors[i % colors.len()];
         let pts: Vec<(f64, f64)> = spec
             .lengths
             .iter()
             .filter_map(|&l| {
-                let sel: Vec<&RecallRecord> = records.iter().filter(|r| r.window == arm && r.length == l).collect();
+                let sel: Vec<&RecallRecord> = records.iter().filter(|r| Arm::of(r.window, r.sparse) == arm && r.length == l).collect();
                 (!sel.is_empty()).then(|| (sel[0].prompt_tokens as f64, sel.iter().filter(|r| r.correct).count() as f64))
             })
             .collect();
-        chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2))).map_err(|e| err(&e))?.label(arm_name(arm, spec.sinks)).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2))).map_err(|e| err(&e))?.label(arm_name(arm, spec.sinks, spec.sparse)).legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
         chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| err(&e))?;
-        if let Some(w) = arm {
+        if let Arm::Window(w) = arm {
             chart.draw_series(DashedLineSeries::new([(w as f64, 0.0), (w as f64, spec.needles as f64 + 0.5)], 4, 4, color.stroke_width(1))).map_err(|e| err(&e))?;
         }
     }

@@ -65,7 +65,7 @@ pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, laye
                 SimdLevel::Avx512 if hd % 16 == 0 => unsafe { bounds_avx512(&job, &mut bound) },
                 #[cfg(target_arch = "x86_64")]
                 SimdLevel::Avx2 | SimdLevel::AvxVnni if hd % 16 == 0 => unsafe { bounds_avx2(&job, &mut bound) },
-                _ => job.run(&mut bound, head_bound),
+                _ => job.run(&mut bound),
             }
             scores.clear();
             scores.resize(c.len(), f32::NEG_INFINITY);
@@ -80,8 +80,9 @@ pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, laye
     out.into_iter().map(|v| v.into_inner().flatten()).collect()
 }
 
-/// One query's bounds over its candidate blocks (`run`), compiled once per SIMD level: plain additions
-/// and products in a fixed order, so each level gives the same bits.
+/// One query's bounds over its candidate blocks, computed once per SIMD level (`run`,
+/// `bounds_avx512`, `bounds_avx2`): the same fused multiply-adds in the same order, so each level gives
+/// the same bits.
 struct Bounds<'a> {
     kv: &'a KvStorage,
     layer: usize,
@@ -95,90 +96,125 @@ struct Bounds<'a> {
 }
 
 impl Bounds<'_> {
-    /// `bound[h * blocks + i]`: head `h`'s bound over block `i`, by `head_bound` or a vector form of it.
+    /// `(pos, neg)` of head `h`, and the offset of its KV head's dimensions in a block's bounds.
     #[inline(always)]
-    fn run(&self, bound: &mut [f32], head_bound: impl Fn(&[f32], &[f32], &[f32], &[f32]) -> f32) {
-        let (hd, n) = (self.hd, self.blocks.len());
-        let kv_dim = self.kv.shape.kv_dim;
-        for (i, &b) in self.blocks.iter().enumerate() {
-            let (lo, hi) = self.kv.key_bounds(self.layer, b).split_at(kv_dim);
+    fn head(&self, h: usize) -> (&[f32], &[f32], usize) {
+        let (pos, neg) = self.qq[2 * h * self.hd..2 * (h + 1) * self.hd].split_at(self.hd);
+        (pos, neg, (h / self.group) * self.hd)
+    }
+
+    /// Block `i`'s bounds: minimums and maximums, `[kv_dim]` each.
+    #[inline(always)]
+    fn block(&self, i: usize) -> (&[f32], &[f32]) {
+        self.kv.key_bounds(self.layer, self.blocks[i]).split_at(self.kv.shape.kv_dim)
+    }
+
+    /// `bound[h * blocks + i]`: head `h`'s bound over block `i` (`head_bound`).
+    fn run(&self, bound: &mut [f32]) {
+        let n = self.blocks.len();
+        for i in 0..n {
+            let (lo, hi) = self.block(i);
             for h in 0..self.n_heads {
-                let g = (h / self.group) * hd;
-                let (pos, neg) = self.qq[2 * h * hd..2 * (h + 1) * hd].split_at(hd);
-                bound[h * n + i] = head_bound(pos, neg, &lo[g..g + hd], &hi[g..g + hd]);
+                let (pos, neg, g) = self.head(h);
+                bound[h * n + i] = head_bound(pos, neg, &lo[g..g + self.hd], &hi[g..g + self.hd]);
             }
         }
     }
 }
 
-/// `head_bound` with AVX-512 (head sizes a multiple of 16): the 16 lanes in one register.
+/// `Bounds::run` with AVX-512 (head sizes a multiple of 16): the 16 lanes in one register; blocks by
+/// fours, whose four sums share one reduction.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn bounds_avx512(job: &Bounds, bound: &mut [f32]) {
     use std::arch::x86_64::*;
-    job.run(bound, |pos, neg, lo, hi| {
-        // SAFETY: every slice holds hd values, a multiple of 16 (checked by the caller); AVX-512F is enabled.
-        unsafe {
-            let mut acc = _mm512_setzero_ps();
-            for d in (0..pos.len()).step_by(16) {
-                let ph = _mm512_mul_ps(_mm512_loadu_ps(pos.as_ptr().add(d)), _mm512_loadu_ps(hi.as_ptr().add(d)));
-                let nl = _mm512_mul_ps(_mm512_loadu_ps(neg.as_ptr().add(d)), _mm512_loadu_ps(lo.as_ptr().add(d)));
-                acc = _mm512_add_ps(acc, _mm512_add_ps(ph, nl));
-            }
-            let a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-            halves_8(a8)
-        }
-    })
-}
-
-/// `head_bound` with AVX2 (head sizes a multiple of 16): lanes 0-7 and 8-15 in two registers.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn bounds_avx2(job: &Bounds, bound: &mut [f32]) {
-    use std::arch::x86_64::*;
-    job.run(bound, |pos, neg, lo, hi| {
-        // SAFETY: as in `bounds_avx512`; AVX2 is enabled.
-        unsafe {
-            let (mut a, mut b) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for d in (0..pos.len()).step_by(16) {
-                for (acc, d) in [(&mut a, d), (&mut b, d + 8)] {
-                    let ph = _mm256_mul_ps(_mm256_loadu_ps(pos.as_ptr().add(d)), _mm256_loadu_ps(hi.as_ptr().add(d)));
-                    let nl = _mm256_mul_ps(_mm256_loadu_ps(neg.as_ptr().add(d)), _mm256_loadu_ps(lo.as_ptr().add(d)));
-                    *acc = _mm256_add_ps(*acc, _mm256_add_ps(ph, nl));
+    let (n, hd) = (job.blocks.len(), job.hd);
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(4);
+        let blocks: [(&[f32], &[f32]); 4] = std::array::from_fn(|j| job.block(i + j.min(k - 1)));
+        for h in 0..job.n_heads {
+            let (pos, neg, g) = job.head(h);
+            // SAFETY: every slice holds at least hd values from `g`, hd a multiple of 16 (checked by the
+            // caller); AVX-512F is enabled.
+            unsafe {
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for d in (0..hd).step_by(16) {
+                    let (p, q) = (_mm512_loadu_ps(pos.as_ptr().add(d)), _mm512_loadu_ps(neg.as_ptr().add(d)));
+                    for (acc, (lo, hi)) in acc.iter_mut().zip(&blocks) {
+                        let up = _mm512_fmadd_ps(p, _mm512_loadu_ps(hi.as_ptr().add(g + d)), *acc);
+                        *acc = _mm512_fmadd_ps(q, _mm512_loadu_ps(lo.as_ptr().add(g + d)), up);
+                    }
+                }
+                // lanes l + 8 (two blocks a register), then l + 4 (four blocks a register), l + 2, l + 1
+                let halves = |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+                let (ab, cd) = (halves(acc[0], acc[1]), halves(acc[2], acc[3]));
+                let x4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+                let x2 = _mm512_add_ps(x4, _mm512_permute_ps(x4, 0xEE));
+                let x1 = _mm512_add_ps(x2, _mm512_permute_ps(x2, 0x55));
+                let mut out = [0f32; 16];
+                _mm512_storeu_ps(out.as_mut_ptr(), x1);
+                for j in 0..k {
+                    bound[h * n + i + j] = out[4 * j];
                 }
             }
-            halves_8(_mm256_add_ps(a, b))
         }
-    })
+        i += k;
+    }
 }
 
-/// The last three steps of `head_bound`'s tree: lanes `l + 4`, then `l + 2`, then `l + 1` added into
-/// lane `l`.
+/// `Bounds::run` with AVX2 and FMA (head sizes a multiple of 16): lanes 0-7 and 8-15 in two registers;
+/// blocks by fours, reduced in pairs.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn halves_8(a8: std::arch::x86_64::__m256) -> f32 {
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bounds_avx2(job: &Bounds, bound: &mut [f32]) {
     use std::arch::x86_64::*;
-    let a4 = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-    let a2 = _mm_add_ps(a4, _mm_movehl_ps(a4, a4));
-    let a1 = _mm_add_ss(a2, _mm_shuffle_ps(a2, a2, 1));
-    _mm_cvtss_f32(a1)
+    let (n, hd) = (job.blocks.len(), job.hd);
+    let mut i = 0;
+    while i < n {
+        let k = (n - i).min(4);
+        let blocks: [(&[f32], &[f32]); 4] = std::array::from_fn(|j| job.block(i + j.min(k - 1)));
+        for h in 0..job.n_heads {
+            let (pos, neg, g) = job.head(h);
+            // SAFETY: as in `bounds_avx512`; AVX2 and FMA are enabled.
+            unsafe {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                for d in (0..hd).step_by(16) {
+                    for half in 0..2 {
+                        let at = d + 8 * half;
+                        let (p, q) = (_mm256_loadu_ps(pos.as_ptr().add(at)), _mm256_loadu_ps(neg.as_ptr().add(at)));
+                        for (acc, (lo, hi)) in acc.iter_mut().zip(&blocks) {
+                            let up = _mm256_fmadd_ps(p, _mm256_loadu_ps(hi.as_ptr().add(g + at)), acc[half]);
+                            acc[half] = _mm256_fmadd_ps(q, _mm256_loadu_ps(lo.as_ptr().add(g + at)), up);
+                        }
+                    }
+                }
+                // lanes l + 8, then l + 4 (two blocks a register), l + 2, l + 1
+                let x8 = acc.map(|a| _mm256_add_ps(a[0], a[1]));
+                let pair = |a: __m256, b: __m256| {
+                    let x4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+                    let x2 = _mm256_add_ps(x4, _mm256_permute_ps(x4, 0xEE));
+                    _mm256_add_ps(x2, _mm256_permute_ps(x2, 0x55))
+                };
+                let mut out = [0f32; 16];
+                _mm256_storeu_ps(out.as_mut_ptr(), pair(x8[0], x8[1]));
+                _mm256_storeu_ps(out.as_mut_ptr().add(8), pair(x8[2], x8[3]));
+                for j in 0..k {
+                    bound[h * n + i + j] = out[4 * j];
+                }
+            }
+        }
+        i += k;
+    }
 }
 
-/// `Σ_d pos_d · hi_d + neg_d · lo_d` over the head's dimensions, with `pos = max(q, 0)` and `neg =
-/// min(q, 0)`, which is `Σ_d max(q_d · lo_d, q_d · hi_d)`: lane `d % 16` sums its dimensions in order,
-/// then the lanes are added by halves (8, 4, 2, 1).
-#[inline(always)]
+/// `Σ_d max(q_d · lo_d, q_d · hi_d)` over the head's dimensions, as `pos_d · hi_d + neg_d · lo_d` with
+/// `pos = max(q, 0)` and `neg = min(q, 0)`: lane `d % 16` runs `acc = fma(neg_d, lo_d, fma(pos_d,
+/// hi_d, acc))` over its dimensions in order, then the lanes are added by halves (8, 4, 2, 1).
 fn head_bound(pos: &[f32], neg: &[f32], lo: &[f32], hi: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
-    let (pc, nc, lc, hc) = (pos.chunks_exact(16), neg.chunks_exact(16), lo.chunks_exact(16), hi.chunks_exact(16));
-    let rest = pc.remainder().iter().zip(nc.remainder()).zip(lc.remainder().iter().zip(hc.remainder()));
-    for ((p, n), (lo, hi)) in pc.zip(nc).zip(lc.zip(hc)) {
-        for l in 0..16 {
-            acc[l] += p[l] * hi[l] + n[l] * lo[l];
-        }
-    }
-    for (l, ((p, n), (lo, hi))) in rest.enumerate() {
-        acc[l] += p * hi + n * lo;
+    for (d, (((&p, &n), &lo), &hi)) in pos.iter().zip(neg).zip(lo).zip(hi).enumerate() {
+        acc[d % 16] = n.mul_add(lo, p.mul_add(hi, acc[d % 16]));
     }
     for w in [8, 4, 2, 1] {
         for l in 0..w {
@@ -240,23 +276,23 @@ mod tests {
             let k: Vec<f32> = (0..64).map(|i| ((slot * 131 + i * 17) as f32 * 0.61).sin() * 3.0).collect();
             kv.write(0, slot, &k, &k);
         }
-        let blocks = [5u32, 0, 3, 1];
+        let blocks = [5u32, 0, 3, 1, 2, 4];
         kv.refresh_key_bounds(0, &blocks);
         let qq: Vec<f32> = (0..4 * 2 * 32).map(|i| ((i * 7) as f32 * 0.37).cos() * 2.0).map(|x| if (x * 10.0) as i32 % 3 == 0 { 0.0 } else { x }).collect();
         let job = Bounds { kv: &kv, layer: 0, blocks: &blocks, qq: &qq, n_heads: 4, group: 2, hd: 32 };
-        let mut want = vec![0.0; 16];
-        job.run(&mut want, head_bound);
+        let mut want = vec![0.0; 24];
+        job.run(&mut want);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         #[cfg(target_arch = "x86_64")]
         {
             if crate::kernels::cpu::SimdLevel::Avx2.is_available() {
-                let mut got = vec![0.0; 16];
+                let mut got = vec![0.0; 24];
                 // SAFETY: AVX2 is available; hd 32.
                 unsafe { bounds_avx2(&job, &mut got) };
                 assert_eq!(bits(&got), bits(&want), "avx2");
             }
             if crate::kernels::cpu::SimdLevel::Avx512.is_available() {
-                let mut got = vec![0.0; 16];
+                let mut got = vec![0.0; 24];
                 // SAFETY: AVX-512 is available; hd 32.
                 unsafe { bounds_avx512(&job, &mut got) };
                 assert_eq!(bits(&got), bits(&want), "avx512");
