@@ -122,90 +122,85 @@ impl Bounds<'_> {
     }
 }
 
-/// `Bounds::run` with AVX-512 (head sizes a multiple of 16): the 16 lanes in one register; blocks by
-/// fours, whose four sums share one reduction.
+impl Bounds<'_> {
+    /// `run` by the vector forms: blocks by fours, whose four bounds `four` computes for one head (its
+    /// `pos`, `neg` and KV head offset) with one shared reduction. A last group of fewer than four
+    /// repeats its last block.
+    #[inline(always)]
+    fn by_fours(&self, bound: &mut [f32], four: impl Fn(&[f32], &[f32], usize, &[(&[f32], &[f32]); 4]) -> [f32; 4]) {
+        let n = self.blocks.len();
+        for i in (0..n).step_by(4) {
+            let k = (n - i).min(4);
+            let blocks: [(&[f32], &[f32]); 4] = std::array::from_fn(|j| self.block(i + j.min(k - 1)));
+            for h in 0..self.n_heads {
+                let (pos, neg, g) = self.head(h);
+                let out = four(pos, neg, g, &blocks);
+                bound[h * n + i..h * n + i + k].copy_from_slice(&out[..k]);
+            }
+        }
+    }
+}
+
+/// `Bounds::run` with AVX-512 (head sizes a multiple of 16): the 16 lanes in one register.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn bounds_avx512(job: &Bounds, bound: &mut [f32]) {
     use std::arch::x86_64::*;
-    let (n, hd) = (job.blocks.len(), job.hd);
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(4);
-        let blocks: [(&[f32], &[f32]); 4] = std::array::from_fn(|j| job.block(i + j.min(k - 1)));
-        for h in 0..job.n_heads {
-            let (pos, neg, g) = job.head(h);
-            // SAFETY: every slice holds at least hd values from `g`, hd a multiple of 16 (checked by the
-            // caller); AVX-512F is enabled.
-            unsafe {
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for d in (0..hd).step_by(16) {
-                    let (p, q) = (_mm512_loadu_ps(pos.as_ptr().add(d)), _mm512_loadu_ps(neg.as_ptr().add(d)));
-                    for (acc, (lo, hi)) in acc.iter_mut().zip(&blocks) {
-                        let up = _mm512_fmadd_ps(p, _mm512_loadu_ps(hi.as_ptr().add(g + d)), *acc);
-                        *acc = _mm512_fmadd_ps(q, _mm512_loadu_ps(lo.as_ptr().add(g + d)), up);
-                    }
-                }
-                // lanes l + 8 (two blocks a register), then l + 4 (four blocks a register), l + 2, l + 1
-                let halves = |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-                let (ab, cd) = (halves(acc[0], acc[1]), halves(acc[2], acc[3]));
-                let x4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-                let x2 = _mm512_add_ps(x4, _mm512_permute_ps(x4, 0xEE));
-                let x1 = _mm512_add_ps(x2, _mm512_permute_ps(x2, 0x55));
-                let mut out = [0f32; 16];
-                _mm512_storeu_ps(out.as_mut_ptr(), x1);
-                for j in 0..k {
-                    bound[h * n + i + j] = out[4 * j];
+    job.by_fours(bound, |pos, neg, g, blocks| {
+        // SAFETY: every slice holds at least hd values from `g`, hd a multiple of 16 (checked by the
+        // caller); AVX-512F is enabled.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for d in (0..pos.len()).step_by(16) {
+                let (p, q) = (_mm512_loadu_ps(pos.as_ptr().add(d)), _mm512_loadu_ps(neg.as_ptr().add(d)));
+                for (acc, (lo, hi)) in acc.iter_mut().zip(blocks) {
+                    let up = _mm512_fmadd_ps(p, _mm512_loadu_ps(hi.as_ptr().add(g + d)), *acc);
+                    *acc = _mm512_fmadd_ps(q, _mm512_loadu_ps(lo.as_ptr().add(g + d)), up);
                 }
             }
+            // lanes l + 8 (two blocks a register), then l + 4 (four blocks a register), l + 2, l + 1
+            let halves = |a: __m512, b: __m512| _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+            let (ab, cd) = (halves(acc[0], acc[1]), halves(acc[2], acc[3]));
+            let x4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+            let x2 = _mm512_add_ps(x4, _mm512_permute_ps(x4, 0xEE));
+            let x1 = _mm512_add_ps(x2, _mm512_permute_ps(x2, 0x55));
+            let mut out = [0f32; 16];
+            _mm512_storeu_ps(out.as_mut_ptr(), x1);
+            [out[0], out[4], out[8], out[12]]
         }
-        i += k;
-    }
+    })
 }
 
-/// `Bounds::run` with AVX2 and FMA (head sizes a multiple of 16): lanes 0-7 and 8-15 in two registers;
-/// blocks by fours, reduced in pairs.
+/// `Bounds::run` with AVX2 and FMA (head sizes a multiple of 16): lanes 0-7 and 8-15 in two registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn bounds_avx2(job: &Bounds, bound: &mut [f32]) {
     use std::arch::x86_64::*;
-    let (n, hd) = (job.blocks.len(), job.hd);
-    let mut i = 0;
-    while i < n {
-        let k = (n - i).min(4);
-        let blocks: [(&[f32], &[f32]); 4] = std::array::from_fn(|j| job.block(i + j.min(k - 1)));
-        for h in 0..job.n_heads {
-            let (pos, neg, g) = job.head(h);
-            // SAFETY: as in `bounds_avx512`; AVX2 and FMA are enabled.
-            unsafe {
-                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                for d in (0..hd).step_by(16) {
-                    for half in 0..2 {
-                        let at = d + 8 * half;
-                        let (p, q) = (_mm256_loadu_ps(pos.as_ptr().add(at)), _mm256_loadu_ps(neg.as_ptr().add(at)));
-                        for (acc, (lo, hi)) in acc.iter_mut().zip(&blocks) {
-                            let up = _mm256_fmadd_ps(p, _mm256_loadu_ps(hi.as_ptr().add(g + at)), acc[half]);
-                            acc[half] = _mm256_fmadd_ps(q, _mm256_loadu_ps(lo.as_ptr().add(g + at)), up);
-                        }
-                    }
-                }
-                // lanes l + 8, then l + 4 (two blocks a register), l + 2, l + 1
-                let x8 = acc.map(|a| _mm256_add_ps(a[0], a[1]));
-                let pair = |a: __m256, b: __m256| {
-                    let x4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-                    let x2 = _mm256_add_ps(x4, _mm256_permute_ps(x4, 0xEE));
-                    _mm256_add_ps(x2, _mm256_permute_ps(x2, 0x55))
-                };
-                let mut out = [0f32; 16];
-                _mm256_storeu_ps(out.as_mut_ptr(), pair(x8[0], x8[1]));
-                _mm256_storeu_ps(out.as_mut_ptr().add(8), pair(x8[2], x8[3]));
-                for j in 0..k {
-                    bound[h * n + i + j] = out[4 * j];
+    job.by_fours(bound, |pos, neg, g, blocks| {
+        // SAFETY: as in `bounds_avx512`; AVX2 and FMA are enabled.
+        unsafe {
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            for at in (0..pos.len()).step_by(8) {
+                let half = (at / 8) % 2;
+                let (p, q) = (_mm256_loadu_ps(pos.as_ptr().add(at)), _mm256_loadu_ps(neg.as_ptr().add(at)));
+                for (acc, (lo, hi)) in acc.iter_mut().zip(blocks) {
+                    let up = _mm256_fmadd_ps(p, _mm256_loadu_ps(hi.as_ptr().add(g + at)), acc[half]);
+                    acc[half] = _mm256_fmadd_ps(q, _mm256_loadu_ps(lo.as_ptr().add(g + at)), up);
                 }
             }
+            // lanes l + 8, then l + 4 (two blocks a register), l + 2, l + 1
+            let x8 = acc.map(|a| _mm256_add_ps(a[0], a[1]));
+            let pair = |a: __m256, b: __m256| {
+                let x4 = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+                let x2 = _mm256_add_ps(x4, _mm256_permute_ps(x4, 0xEE));
+                _mm256_add_ps(x2, _mm256_permute_ps(x2, 0x55))
+            };
+            let mut out = [0f32; 16];
+            _mm256_storeu_ps(out.as_mut_ptr(), pair(x8[0], x8[1]));
+            _mm256_storeu_ps(out.as_mut_ptr().add(8), pair(x8[2], x8[3]));
+            [out[0], out[4], out[8], out[12]]
         }
-        i += k;
-    }
+    })
 }
 
 /// `Σ_d max(q_d · lo_d, q_d · hi_d)` over the head's dimensions, as `pos_d · hi_d + neg_d · lo_d` with
