@@ -449,8 +449,10 @@ impl KvArgs {
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));
-        // sparse attention's key bounds: 2 × kv_dim f32 per block and layer, counted per token
-        let bounds_bytes = if kv.sparse.is_some() { reckon_engine::kv::KvStorage::key_bounds_bytes_per_block(layout.slots(), cfg.kv_dim()).div_ceil(self.block_size.max(1)) } else { 0 };
+        // sparse attention's key bounds (2 × kv_dim f32) and picks (a u32 per budget block) per block and
+        // layer, counted per token
+        let bs = self.block_size.max(1);
+        let bounds_bytes = kv.sparse.map_or(0, |s| reckon_engine::kv::KvStorage::sparse_state_bytes_per_block(layout.slots(), cfg.kv_dim(), s.budget_blocks(bs)).div_ceil(bs));
         config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes + bounds_bytes)?;
         Ok(config)
     }

@@ -101,9 +101,24 @@ pub struct KvStorage {
     k_bytes: usize,
     v_bytes: usize,
     /// Per-dimension key bounds of each (layer, block), for sparse attention (`kv::sparse`); only once
-    /// `keep_key_bounds` asked for them.
+    /// `keep_sparse_state` asked for them.
     bounds: Option<KeyBounds>,
+    /// Sparse attention's picks of each (layer, block), kept with the bounds.
+    picks: Option<Picks>,
 }
+
+/// The history blocks (indices into the owning sequence's block table) the queries of a block read
+/// under sparse attention, picked at the block's first position (`kv::sparse`): `len[layer *
+/// num_blocks + block]` of the `per` entries at `idx[(layer * num_blocks + block) * per..]`, or
+/// `NO_PICK`. Writing a block's first position picks anew; a block restored from the disk tier holds
+/// none. Indices stay valid while the block is shared: a block is shared with its whole prefix.
+struct Picks {
+    per: usize,
+    idx: Vec<u32>,
+    len: Vec<u32>,
+}
+
+const NO_PICK: u32 = u32::MAX;
 
 /// `vals`: `[layer][block][2][kv_dim]` f32, the minimum then the maximum of each key dimension over the
 /// block's cells (exact: they are f16 values; -0 is stored as +0). `fresh[layer * num_blocks + block]`:
@@ -128,22 +143,44 @@ impl KvStorage {
         let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, bounds: None }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, bounds: None, picks: None }
     }
 
-    /// Keeps per-block key bounds from now on (`key_bounds`): 2 × kv_dim f32 per (layer, block), 2 / bs of
-    /// the f16 keys and values. f16 keys only.
-    pub fn keep_key_bounds(&mut self) {
+    /// Keeps sparse attention's state from now on: per-block key bounds (`key_bounds`), 2 × kv_dim f32
+    /// per (layer, block), 2 / bs of the f16 keys and values; and the picks of `pick_blocks` blocks at
+    /// most a block's queries read (`sparse_pick`). f16 keys only.
+    pub fn keep_sparse_state(&mut self, pick_blocks: usize) {
         assert!(!self.shape.dtypes.is_quantized(), "key bounds are kept for f16 keys");
+        let n = self.shape.num_layers * self.shape.num_blocks;
         if self.bounds.is_none() {
-            let n = self.shape.num_layers * self.shape.num_blocks;
             self.bounds = Some(KeyBounds { vals: vec![0.0; n * 2 * self.shape.kv_dim], fresh: (0..n).map(|_| AtomicBool::new(false)).collect() });
+        }
+        if self.picks.as_ref().is_none_or(|p| p.per != pick_blocks) {
+            self.picks = Some(Picks { per: pick_blocks, idx: vec![0; n * pick_blocks], len: vec![NO_PICK; n] });
         }
     }
 
-    /// Bytes `keep_key_bounds` adds per block (all layers).
-    pub fn key_bounds_bytes_per_block(num_layers: usize, kv_dim: usize) -> usize {
-        num_layers * 2 * kv_dim * 4
+    /// Bytes `keep_sparse_state` adds per block (all layers).
+    pub fn sparse_state_bytes_per_block(num_layers: usize, kv_dim: usize, pick_blocks: usize) -> usize {
+        num_layers * (2 * kv_dim * 4 + pick_blocks * 4 + 4)
+    }
+
+    /// The picks kept for the queries of block `b` in `layer` (`set_sparse_pick`), if any.
+    pub fn sparse_pick(&self, layer: usize, b: u32) -> Option<&[u32]> {
+        let picks = self.picks.as_ref().expect("keep_sparse_state first");
+        let at = layer * self.shape.num_blocks + b as usize;
+        let len = picks.len[at];
+        (len != NO_PICK).then(|| &picks.idx[at * picks.per..at * picks.per + len as usize])
+    }
+
+    /// Keeps `picked` (indices into the block table of `b`'s sequence) for the queries of block `b` in
+    /// `layer`.
+    pub fn set_sparse_pick(&mut self, layer: usize, b: u32, picked: &[usize]) {
+        let picks = self.picks.as_mut().expect("keep_sparse_state first");
+        assert!(picked.len() <= picks.per, "at most the budget's blocks");
+        let at = layer * self.shape.num_blocks + b as usize;
+        picks.idx[at * picks.per..][..picked.len()].iter_mut().zip(picked).for_each(|(d, &i)| *d = i as u32);
+        picks.len[at] = picked.len() as u32;
     }
 
     /// Computes the key bounds of those of `blocks` (ids) in `layer` whose keys changed since, in
@@ -153,7 +190,7 @@ impl KvStorage {
         let by_dim = self.shape.keys_by_dim();
         let rk = self.layer_ranges(layer).0;
         let keys: &[f16] = &self.data[rk.start / 2..rk.end / 2];
-        let bounds = self.bounds.as_mut().expect("keep_key_bounds first");
+        let bounds = self.bounds.as_mut().expect("keep_sparse_state first");
         let stale: Vec<u32> = blocks.iter().copied().filter(|&b| !bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed)).collect();
         if stale.is_empty() {
             return;
@@ -179,16 +216,20 @@ impl KvStorage {
     /// first).
     pub fn key_bounds(&self, layer: usize, b: u32) -> &[f32] {
         let (kv_dim, nb) = (self.shape.kv_dim, self.shape.num_blocks);
-        let bounds = self.bounds.as_ref().expect("keep_key_bounds first");
+        let bounds = self.bounds.as_ref().expect("keep_sparse_state first");
         debug_assert!(bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed), "refreshed");
         let at = (layer * nb + b as usize) * 2 * kv_dim;
         &bounds.vals[at..at + 2 * kv_dim]
     }
 
-    fn clear_key_bounds(&mut self, b: u32) {
+    /// Forgets block `b`'s sparse state (its keys are replaced).
+    fn clear_sparse_state(&mut self, b: u32) {
         let nb = self.shape.num_blocks;
         if let Some(bounds) = &self.bounds {
             (0..self.shape.num_layers).for_each(|l| bounds.fresh[l * nb + b as usize].store(false, Ordering::Relaxed));
+        }
+        if let Some(picks) = &mut self.picks {
+            (0..self.shape.num_layers).for_each(|l| picks.len[l * nb + b as usize] = NO_PICK);
         }
     }
 
@@ -279,7 +320,7 @@ impl KvStorage {
     /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
-        self.clear_key_bounds(b);
+        self.clear_sparse_state(b);
         let ranges: Vec<std::ops::Range<usize>> = self.block_ranges(b).collect();
         let mut at = 0;
         for r in ranges {

@@ -241,10 +241,9 @@ pub(super) fn attention(ctx: &LayerCtx, w: &AttentionWeights, input: &NormedInpu
     super::resize(&mut s.attn, n * q_dim);
     match ctx.sparse {
         Some(sparse) => {
-            // each query at depth through its own view (sinks, picked history blocks, recent blocks)
+            // each block of queries at depth through its view (sinks, picked history blocks, recent blocks)
             let views = crate::kernels::attention::sparse::select(&sparse, c.n_heads, kv, ctx.kv_layer, ctx.queries, &s.q);
-            let queries: Vec<QueryPos> = ctx.queries.iter().zip(&views).map(|(qp, v)| v.as_ref().map_or(*qp, |(table, pos)| QueryPos { block_table: table, pos: *pos })).collect();
-            attend(&shape, kv, ctx.kv_layer, &queries, &s.q, &mut s.attn);
+            attend(&shape, kv, ctx.kv_layer, &views.apply(ctx.queries), &s.q, &mut s.attn);
         }
         None => attend(&shape, kv, ctx.kv_layer, ctx.queries, &s.q, &mut s.attn),
     }

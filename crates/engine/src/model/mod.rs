@@ -229,8 +229,8 @@ impl Model {
         let layout = kv.layout().clone();
         assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
         assert!(window.is_none() || sparse.is_none(), "sparse attention is not combined with a KV window");
-        if sparse.is_some() {
-            kv.keep_key_bounds();
+        if let Some(sparse) = sparse {
+            kv.keep_sparse_state(sparse.budget_blocks(kv.shape.block_size));
         }
         let mut views = Vec::new();
         let positions: Vec<usize> = seqs

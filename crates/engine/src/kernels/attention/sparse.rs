@@ -13,42 +13,109 @@ use crate::pool;
 use crate::kernels::cpu::SimdLevel;
 use std::sync::OnceLock;
 
-/// A query's view under sparse attention (`SparseAttention::view`), or none where it reads its table.
-pub type SparseView = Option<(Vec<u32>, usize)>;
+/// The tables the queries of a step read through under sparse attention: one per block of queries (of
+/// one sequence) at depth, shared by its queries, so the attention kernels tile them together.
+#[derive(Debug, Default)]
+pub struct SparseViews {
+    tables: Vec<Vec<u32>>,
+    /// Per query: its table in `tables` and its position in it, or none where it reads its own table.
+    at: Vec<Option<(usize, usize)>>,
+}
 
-/// The views of `queries` (their rotated q: `[n, n_heads * head_dim]`) in `layer`, one per query. The
-/// history blocks of their candidates get their key bounds refreshed first.
-pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, layer: usize, queries: &[QueryPos], q: &[f32]) -> Vec<SparseView> {
+impl SparseViews {
+    /// `queries` as the attention kernels read them: through their views, where they have one.
+    pub fn apply<'a>(&'a self, queries: &[QueryPos<'a>]) -> Vec<QueryPos<'a>> {
+        queries.iter().zip(&self.at).map(|(qp, at)| at.map_or(*qp, |(v, pos)| QueryPos { block_table: &self.tables[v], pos })).collect()
+    }
+
+    /// Query `t`'s view and its position in it, if it has one.
+    pub fn view(&self, t: usize) -> Option<(&[u32], usize)> {
+        self.at[t].map(|(v, pos)| (self.tables[v].as_slice(), pos))
+    }
+}
+
+/// One block of queries at depth in a step: a sequence's table, the block index `j`, its candidates,
+/// the step's queries in it (ascending), and which of them picks (the leader, at `j * bs`; else the
+/// first, when no pick is kept for the block).
+struct Group<'a> {
+    table: &'a [u32],
+    j: usize,
+    candidates: std::ops::Range<usize>,
+    queries: Vec<usize>,
+    picker: Option<usize>,
+}
+
+/// The views of `queries` (their rotated q: `[n, n_heads * head_dim]`) in `layer`. The queries of a
+/// block share its leader's picks: computed here when the leader is in the step (and kept,
+/// `KvStorage::set_sparse_pick`), else read back. The candidates of those that pick get their key
+/// bounds refreshed first.
+pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, layer: usize, queries: &[QueryPos], q: &[f32]) -> SparseViews {
     let bs = kv.shape.block_size;
-    let candidates: Vec<std::ops::Range<usize>> = queries.iter().map(|qp| sparse.candidates(qp.pos, bs)).collect();
-    if candidates.iter().all(|c| c.is_empty()) {
-        return vec![None; queries.len()];
-    }
-    // Each sequence's history blocks up to its last candidate; a sequence's tokens share its table.
-    let mut seqs: Vec<(&[u32], usize)> = Vec::new();
-    for (qp, c) in queries.iter().zip(&candidates).filter(|(_, c)| !c.is_empty()) {
-        match seqs.iter_mut().find(|(t, _)| std::ptr::eq(*t, qp.block_table)) {
-            Some((_, end)) => *end = (*end).max(c.end),
-            None => seqs.push((qp.block_table, c.end)),
+    let mut groups: Vec<Group> = Vec::new();
+    for (t, qp) in queries.iter().enumerate() {
+        let candidates = sparse.candidates(qp.pos, bs);
+        if candidates.is_empty() {
+            continue;
         }
+        let j = qp.pos / bs;
+        let g = match groups.iter().position(|g| g.j == j && std::ptr::eq(g.table, qp.block_table)) {
+            Some(g) => g,
+            None => {
+                groups.push(Group { table: qp.block_table, j, candidates, queries: Vec::new(), picker: None });
+                groups.len() - 1
+            }
+        };
+        groups[g].queries.push(t);
     }
-    let lo = sparse.sink_blocks(bs);
-    let mut blocks: Vec<u32> = seqs.iter().flat_map(|&(t, end)| t[lo..end].iter().copied()).collect();
+    if groups.is_empty() {
+        return SparseViews { tables: Vec::new(), at: vec![None; queries.len()] };
+    }
+    // who picks: the leader if it is here; else nobody, where its picks are kept; else (a block whose
+    // leader ran before its picks were kept, which a request's steps do not produce) the first query
+    for g in groups.iter_mut() {
+        let leader = g.queries.iter().copied().find(|&t| queries[t].pos == g.j * bs);
+        g.picker = leader.or_else(|| kv.sparse_pick(layer, g.table[g.j]).is_none().then_some(g.queries[0]));
+    }
+    let mut blocks: Vec<u32> = groups.iter().filter(|g| g.picker.is_some()).flat_map(|g| g.table[g.candidates.clone()].iter().copied()).collect();
     blocks.sort_unstable();
     blocks.dedup();
     kv.refresh_key_bounds(layer, &blocks);
-    let kv: &KvStorage = kv;
+    let picks = pick_groups(sparse, n_heads, kv, layer, queries, q, &groups);
+    let mut views = SparseViews { tables: Vec::with_capacity(groups.len()), at: vec![None; queries.len()] };
+    for (g, picked) in groups.iter().zip(picks) {
+        let picked: Vec<usize> = match picked {
+            Some(p) => {
+                if g.picker.is_some_and(|t| queries[t].pos == g.j * bs) {
+                    kv.set_sparse_pick(layer, g.table[g.j], &p);
+                }
+                p
+            }
+            None => kv.sparse_pick(layer, g.table[g.j]).expect("a kept pick").iter().map(|&i| i as usize).collect(),
+        };
+        let (table, leader_pos) = sparse.view(g.table, &picked, g.j * bs, bs);
+        for &t in &g.queries {
+            views.at[t] = Some((views.tables.len(), leader_pos + queries[t].pos - g.j * bs));
+        }
+        views.tables.push(table);
+    }
+    views
+}
+
+/// The picks of the groups that pick (`Group::picker`), in parallel; none for the others.
+fn pick_groups(sparse: &SparseAttention, n_heads: usize, kv: &KvStorage, layer: usize, queries: &[QueryPos], q: &[f32], groups: &[Group]) -> Vec<Option<Vec<usize>>> {
+    let bs = kv.shape.block_size;
     let (hd, kv_dim) = (kv.shape.head_dim, kv.shape.kv_dim);
     let q_dim = n_heads * hd;
     let group = n_heads / (kv_dim / hd);
-    let out: Vec<OnceLock<SparseView>> = (0..queries.len()).map(|_| OnceLock::new()).collect();
-    let work: Vec<usize> = (0..queries.len()).filter(|&t| !candidates[t].is_empty()).collect();
+    let out: Vec<OnceLock<Vec<usize>>> = (0..groups.len()).map(|_| OnceLock::new()).collect();
+    let work: Vec<usize> = (0..groups.len()).filter(|&g| groups[g].picker.is_some()).collect();
     let parts = work.len().min(4 * pool::current().threads());
     let level = crate::kernels::cpu::simd_level();
     pool::current().run(parts, &|p| {
         let (mut bound, mut scores, mut qq) = (Vec::new(), Vec::new(), vec![0f32; 2 * q_dim]);
-        for &t in &work[p * work.len() / parts..(p + 1) * work.len() / parts] {
-            let (qp, c) = (&queries[t], candidates[t].clone());
+        for &gi in &work[p * work.len() / parts..(p + 1) * work.len() / parts] {
+            let (g, c) = (&groups[gi], groups[gi].candidates.clone());
+            let t = g.picker.expect("a picking group");
             // each head's q split by sign, `[n_heads][2][hd]`: positive parts meet the maximums, negative
             // parts the minimums
             for (h, qh) in q[t * q_dim..(t + 1) * q_dim].chunks_exact(hd).enumerate() {
@@ -58,7 +125,7 @@ pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, laye
             // bound[h][i]: head h's bound over candidate i
             bound.clear();
             bound.resize(n_heads * c.len(), 0.0);
-            let job = Bounds { kv, layer, blocks: &qp.block_table[c.clone()], qq: &qq, n_heads, group, hd };
+            let job = Bounds { kv, layer, blocks: &queries[t].block_table[c.clone()], qq: &qq, n_heads, group, hd };
             match level {
                 // SAFETY: the CPU has the level's features (`simd_level`); hd is a multiple of 16.
                 #[cfg(target_arch = "x86_64")]
@@ -73,11 +140,10 @@ pub fn select(sparse: &SparseAttention, n_heads: usize, kv: &mut KvStorage, laye
                 let best = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
                 scores.iter_mut().zip(row).for_each(|(s, &x)| *s = s.max(x - best));
             }
-            let picked = sparse.pick(c, &scores, bs);
-            let _ = out[t].set(Some(sparse.view(qp.block_table, &picked, qp.pos, bs)));
+            let _ = out[gi].set(sparse.pick(c, &scores, bs));
         }
     });
-    out.into_iter().map(|v| v.into_inner().flatten()).collect()
+    out.into_iter().map(|v| v.into_inner()).collect()
 }
 
 /// One query's bounds over its candidate blocks, computed once per SIMD level (`run`,
@@ -226,7 +292,7 @@ mod tests {
 
     fn storage(key_layout: KeyLayout, blocks: usize) -> KvStorage {
         let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 64, head_dim: 32, block_size: 16, num_blocks: blocks, dtypes: KvDtypes::F16, key_layout });
-        kv.keep_key_bounds();
+        kv.keep_sparse_state(1);
         kv
     }
 
@@ -295,32 +361,52 @@ mod tests {
         }
     }
 
-    /// A query whose q matches one history block's keys picks it; the view runs sinks, picks, local.
+    /// A block's leader whose q matches one history block's keys picks it; the view runs sinks, picks,
+    /// local; the block's later queries read the leader's picks, in its step or a later one.
     #[test]
-    fn a_query_picks_the_block_that_matches_it() {
+    fn a_leader_picks_the_block_that_matches_it_for_its_whole_block() {
         let sparse = SparseAttention { budget: 16, local: 16, sinks: 16 };
         let mut kv = storage(KeyLayout::ByDim, 8);
         // 6 blocks of small keys, but block 3 (table entry 3 → id 5) holds a large one along dim 7 of
         // each KV head, where each head's q points
         let table: Vec<u32> = vec![2, 3, 4, 5, 6, 7];
-        for pos in 0..90 {
+        for pos in 0..96 {
             let mut k = vec![0.01 * ((pos % 7) as f32 - 3.0); 64];
             if pos == 50 {
                 (k[7], k[39]) = (8.0, 8.0);
+            }
+            // and block 1 (id 3) one along dim 8
+            if pos == 20 {
+                (k[8], k[40]) = (8.0, 8.0);
             }
             kv.write(0, kv.slot(&table, pos), &k, &k);
         }
         let mut qv = vec![0.0f32; 2 * 32];
         (qv[7], qv[39]) = (1.0, 1.0);
-        let queries = [QueryPos { block_table: &table, pos: 89 }];
-        let views = select(&sparse, 2, &mut kv, 0, &queries, &qv);
-        // candidates: blocks 1..4 (89 + 1 - 16 = 74 is in block 4); budget one block: block 3
-        assert_eq!(sparse.candidates(89, 16), 1..4);
-        let (view, vpos) = views[0].clone().expect("a sparse query");
-        assert_eq!(view, vec![2, 5, 6, 7]);
-        assert_eq!(vpos, 2 * 16 + 89 - 64);
+        // block 5's leader (80) and a later query: candidates 1..4 (local: block 4); budget one block
+        assert_eq!(sparse.candidates(80, 16), 1..4);
+        let queries = [QueryPos { block_table: &table, pos: 80 }, QueryPos { block_table: &table, pos: 81 }];
+        let q2: Vec<f32> = qv.iter().chain(&vec![0.0; 64]).copied().collect();
+        let views = select(&sparse, 2, &mut kv, 0, &queries, &q2);
+        assert_eq!(views.view(0), Some((&[2, 5, 6, 7][..], 2 * 16 + 80 - 64)));
+        assert_eq!(views.view(1), Some((&[2, 5, 6, 7][..], 2 * 16 + 81 - 64)));
+        // one table for both, so the kernels tile them together
+        let read = views.apply(&queries);
+        assert!(std::ptr::eq(read[0].block_table, read[1].block_table));
+        // a later step's query of the block reads the leader's picks, whatever its own q (here along
+        // dim 8: on its own it would pick block 1)
+        let later = [QueryPos { block_table: &table, pos: 89 }];
+        let mut other = vec![0.0f32; 64];
+        (other[8], other[40]) = (1.0, 1.0);
+        assert_eq!(select(&sparse, 2, &mut kv, 0, &later, &other).view(0), Some((&[2, 5, 6, 7][..], 2 * 16 + 89 - 64)));
+        // the kept picks go with the block's keys (a restore from the disk tier replaces them); then the
+        // block's first query in the step picks
+        let bytes = kv.read_block(7);
+        kv.write_block(7, &bytes);
+        assert_eq!(kv.sparse_pick(0, 7), None);
+        assert_eq!(select(&sparse, 2, &mut kv, 0, &later, &other).view(0), Some((&[2, 3, 6, 7][..], 2 * 16 + 89 - 64)));
         // a short query reads its table
         let short = [QueryPos { block_table: &table, pos: 40 }];
-        assert_eq!(select(&sparse, 2, &mut kv, 0, &short, &qv), vec![None]);
+        assert_eq!(select(&sparse, 2, &mut kv, 0, &short, &qv).view(0), None);
     }
 }
