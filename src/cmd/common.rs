@@ -57,7 +57,7 @@ pub struct ModelArgs {
     /// --sparse-sinks and last --sparse-local positions, and of the blocks between them the N positions'
     /// worth whose keys can score highest against it (an upper bound from each block's per-dimension key
     /// range). Saves attention time at depth, not memory; output differs from full attention
-    /// (docs/kv-lab.md). f16 KV only; not with --kv-window.
+    /// (docs/kv-lab.md). Any --kv-dtype (bounds from the keys as stored); not with --kv-window.
     #[arg(long, value_name = "N", conflicts_with = "kv_window")]
     pub sparse_attention: Option<usize>,
     /// With --sparse-attention: recent positions every query reads (whole blocks: N to N + block size - 1).
@@ -201,7 +201,6 @@ impl ModelArgs {
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
         let dtypes = self.kv_dtypes(cfg, block_size)?;
         let sparse = self.sparse_attention()?;
-        anyhow::ensure!(sparse.is_none() || !dtypes.is_quantized(), "--sparse-attention reads f16 keys: not with --kv-dtype {}", self.kv_dtype);
         Ok(KvChoice { spec: self.spec()?, spec_prefill: self.spec_prefill()?, dtypes, window: self.kv_window()?, sparse, hybrid: !self.no_hybrid_kv, disk_tier })
     }
 

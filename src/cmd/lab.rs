@@ -418,7 +418,6 @@ fn run_eviction(args: EvictionArgs) -> Result<()> {
     anyhow::ensure!(longest + 256 + args.max_tokens < cfg.context_length, "--lengths: {longest} tokens leave no room in the model's {}-token context", cfg.context_length);
     let out = out_dir(&args.out, "eviction")?;
     let sparse = args.model.sparse_attention()?;
-    anyhow::ensure!(sparse.is_none() || !kv_dtypes.is_quantized(), "--sparse-attention reads f16 keys: not with --kv-dtype {}", args.model.kv_dtype);
     let spec = eviction::EvictionSpec { lengths, windows, sinks: args.sinks, needles: args.needles, seed: args.seed, max_tokens: args.max_tokens, kv_dtypes, sparse };
     let (model, tokenizer) = (Arc::new(loaded.model), Arc::new(loaded.tokenizer));
     let mut raw = std::fs::File::create(out.join("recall.jsonl"))?;

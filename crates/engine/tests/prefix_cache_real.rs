@@ -119,6 +119,13 @@ fn sparse_attention_cache_hits_match_cold_prefill_qwen2() {
     check_prompts("qwen2.5-coder-0.5b", "f16", None, Some(sparse), false, 403, &[0, 400, 400, 432, 400]);
 }
 
+/// The same over q8_0 keys and q4_0 values: the bounds come from the quantized keys.
+#[test]
+fn sparse_attention_cache_hits_match_cold_prefill_qwen2_quantized() {
+    let sparse = SparseAttention { budget: 64, local: 64, sinks: 16 };
+    check_prompts("qwen2.5-coder-0.5b", "q8_0,q4_0", None, Some(sparse), false, 403, &[0, 400, 400, 432, 400]);
+}
+
 #[test]
 fn cache_hits_match_cold_prefill_smollm2() {
     check_model("smollm2-135m", "f16");

@@ -203,9 +203,6 @@ impl Engine {
         if config.sparse_attention.is_some() && config.kv_window.is_some() {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
-        if config.sparse_attention.is_some() && config.kv_dtypes.is_quantized() {
-            return Err(invalid("sparse attention reads f16 keys (--kv-dtype f16)".into()));
-        }
         let drafter = match draft {
             Some(d) if d.config.vocab_size != model.config.vocab_size => {
                 return Err(invalid(format!("the draft model's vocabulary has {} tokens, the model's {}", d.config.vocab_size, model.config.vocab_size)));

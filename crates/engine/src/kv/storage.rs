@@ -121,7 +121,7 @@ struct Picks {
 const NO_PICK: u32 = u32::MAX;
 
 /// `vals`: `[layer][block][2][kv_dim]` f32, the minimum then the maximum of each key dimension over the
-/// block's cells (exact: they are f16 values; -0 is stored as +0). `fresh[layer * num_blocks + block]`:
+/// block's cells (exact: the f16 keys, or a quantized key's `q · d`, are f32 values; -0 is stored as +0). `fresh[layer * num_blocks + block]`:
 /// whether `vals` holds the block's current keys; every write to a block's cells clears it, and
 /// `refresh_key_bounds` computes what is stale when a reader needs it.
 struct KeyBounds {
@@ -148,9 +148,8 @@ impl KvStorage {
 
     /// Keeps sparse attention's state from now on: per-block key bounds (`key_bounds`), 2 × kv_dim f32
     /// per (layer, block), 2 / bs of the f16 keys and values; and the picks of `pick_blocks` blocks at
-    /// most a block's queries read (`sparse_pick`). f16 keys only.
+    /// most a block's queries read (`sparse_pick`).
     pub fn keep_sparse_state(&mut self, pick_blocks: usize) {
-        assert!(!self.shape.dtypes.is_quantized(), "key bounds are kept for f16 keys");
         let n = self.shape.num_layers * self.shape.num_blocks;
         if self.bounds.is_none() {
             self.bounds = Some(KeyBounds { vals: vec![0.0; n * 2 * self.shape.kv_dim], fresh: (0..n).map(|_| AtomicBool::new(false)).collect() });
@@ -189,6 +188,9 @@ impl KvStorage {
         let (kv_dim, hd, bs, nb) = (self.shape.kv_dim, self.shape.head_dim, self.shape.block_size, self.shape.num_blocks);
         let by_dim = self.shape.keys_by_dim();
         let rk = self.layer_ranges(layer).0;
+        // quantized keys: the layer's (block, KV head) regions, read back as `q · d` (`Region::read`)
+        let region = self.region(self.shape.dtypes.k);
+        let quant = self.shape.dtypes.is_quantized().then_some((region, &as_bytes(&self.data)[rk.clone()]));
         let keys: &[f16] = &self.data[rk.start / 2..rk.end / 2];
         let bounds = self.bounds.as_mut().expect("keep_sparse_state first");
         let stale: Vec<u32> = blocks.iter().copied().filter(|&b| !bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed)).collect();
@@ -204,7 +206,10 @@ impl KvStorage {
                 // SAFETY: each block id appears once in `stale` (a block table holds an id once), so its
                 // row goes to one part.
                 let row = unsafe { out.rows(b, b + 1) };
-                block_key_bounds(&keys[b * bs * kv_dim..(b + 1) * bs * kv_dim], by_dim, kv_dim, hd, bs, &mut cells, row);
+                match quant {
+                    Some((r, bytes)) => block_quant_key_bounds(&r, &bytes[b * kv_dim / hd * r.bytes()..(b + 1) * kv_dim / hd * r.bytes()], kv_dim, row),
+                    None => block_key_bounds(&keys[b * bs * kv_dim..(b + 1) * bs * kv_dim], by_dim, kv_dim, hd, bs, &mut cells, row),
+                }
             }
         });
         for &b in &stale {
@@ -260,8 +265,7 @@ impl KvStorage {
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: f16 is plain 2-byte data; the view covers exactly the buffer's memory.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr().cast::<u8>(), 2 * self.data.len()) }
+        as_bytes(&self.data)
     }
 
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -389,6 +393,33 @@ fn block_key_bounds(keys: &[f16], by_dim: bool, kv_dim: usize, hd: usize, bs: us
     }
     // (-0 and +0 compare equal, so which one min/max returns is unspecified; the scores must not depend on it)
     lo.iter_mut().chain(hi.iter_mut()).for_each(|x| *x += 0.0);
+}
+
+/// The same minimums and maximums (`out`: `[2][kv_dim]`) of one block's quantized keys (`regions`: the
+/// block's (KV head) regions of a layer, in order): each key as the attention kernels read it, `q · d`.
+fn block_quant_key_bounds(r: &Region, regions: &[u8], kv_dim: usize, out: &mut [f32]) {
+    let hd = r.hd;
+    let (lo, hi) = out.split_at_mut(kv_dim);
+    lo.fill(f32::INFINITY);
+    hi.fill(f32::NEG_INFINITY);
+    let (mut q, mut d) = (vec![0i32; hd], vec![0f32; hd / 32]);
+    for (h, region) in regions.chunks_exact(r.bytes()).enumerate() {
+        for c in 0..r.bs {
+            r.read(region, c, true, &mut q, &mut d);
+            for i in 0..hd {
+                let x = q[i] as f32 * d[i / 32];
+                lo[h * hd + i] = lo[h * hd + i].min(x);
+                hi[h * hd + i] = hi[h * hd + i].max(x);
+            }
+        }
+    }
+    lo.iter_mut().chain(hi.iter_mut()).for_each(|x| *x += 0.0);
+}
+
+/// The bytes of `data`.
+fn as_bytes(data: &[f16]) -> &[u8] {
+    // SAFETY: f16 is plain 2-byte data; the view covers exactly the slice's memory.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), 2 * data.len()) }
 }
 
 /// One layer's keys and values, written cell by cell from several threads (`KvStorage::layer_writer`).

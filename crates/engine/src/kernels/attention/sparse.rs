@@ -329,6 +329,42 @@ mod tests {
         }
     }
 
+    /// Quantized keys' bounds are the range of the keys as the attention kernels read them (`q · d`),
+    /// reached by some cell in each dimension; a write makes them stale, as for f16 keys.
+    #[test]
+    fn quantized_keys_bound_what_attention_reads() {
+        for dtypes in ["q8_0", "q4_0", "q8_0,q4_0"] {
+            let dtypes = KvDtypes::parse(dtypes).unwrap();
+            let mut kv = KvStorage::new(KvShape { num_layers: 2, kv_dim: 64, head_dim: 32, block_size: 16, num_blocks: 4, dtypes, key_layout: KeyLayout::Rows });
+            kv.keep_sparse_state(1);
+            for slot in 0..64 {
+                let k: Vec<f32> = (0..64).map(|i| ((slot * 64 + i) as f32 * 0.37).sin() * (1.0 + (i % 5) as f32)).collect();
+                kv.write(1, slot, &k, &k);
+            }
+            kv.refresh_key_bounds(1, &[3, 1]);
+            for b in [1u32, 3] {
+                let layer = kv.layer_quant(1).unwrap();
+                let (mut q, mut d) = (vec![0; 32], vec![0.0; 1]);
+                let (mut lo, mut hi) = (vec![f32::INFINITY; 64], vec![f32::NEG_INFINITY; 64]);
+                for h in 0..2 {
+                    let at = layer.region_at(&layer.k, b, h);
+                    for c in 0..16 {
+                        layer.k.read(&layer.keys[at..at + layer.k.bytes()], c, true, &mut q, &mut d);
+                        for i in 0..32 {
+                            lo[h * 32 + i] = lo[h * 32 + i].min(q[i] as f32 * d[0]);
+                            hi[h * 32 + i] = hi[h * 32 + i].max(q[i] as f32 * d[0]);
+                        }
+                    }
+                }
+                let (got_lo, got_hi) = kv.key_bounds(1, b).split_at(64);
+                assert_eq!((got_lo, got_hi), (&lo[..], &hi[..]), "{}: block {b}", dtypes.name());
+            }
+            kv.write(1, 17, &[100.0; 64], &[0.0; 64]);
+            kv.refresh_key_bounds(1, &[1]);
+            assert!(kv.key_bounds(1, 1)[64..].iter().all(|&x| (x - 100.0).abs() < 1.0), "{}: the new key's range", dtypes.name());
+        }
+    }
+
     /// The vector forms of the bound give the scalar definition's bits.
     #[test]
     fn vector_bounds_equal_the_scalar_ones_bit_for_bit() {
