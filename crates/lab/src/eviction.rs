@@ -331,7 +331,8 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
     if let Some(sp) = spec.sparse {
         let arm = Arm::Sparse(sp.budget);
         let (got, full) = spec.lengths.iter().map(|&l| (recalled(arm, l), recalled(Arm::Full, l))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        let most = sp.sinks.div_ceil(BLOCK_SIZE) * BLOCK_SIZE + sp.budget.div_ceil(BLOCK_SIZE) * BLOCK_SIZE + sp.local + BLOCK_SIZE - 1;
+        // sinks, picks and the local blocks, whole, and the query's own block up to itself
+        let most = (sp.sinks.div_ceil(BLOCK_SIZE) + sp.budget.div_ceil(BLOCK_SIZE) + sp.local.div_ceil(BLOCK_SIZE) + 1) * BLOCK_SIZE;
         let _ = writeln!(out, "- {}: {got} needles recalled over all lengths, full KV {full}; a query reads at most {most} positions.", arm_name(arm, 0, spec.sparse));
     }
     let within = records.iter().filter(|r| r.window.is_some_and(|w| r.distance_from_end + 8 <= w)).collect::<Vec<_>>();
@@ -346,7 +347,7 @@ pub fn markdown(model: &Model, spec: &EvictionSpec, records: &[RecallRecord], fl
     );
     if !fluency.is_empty() {
         let f = &fluency[0];
-        let _ = writeln!(out, "\nFluency past the window: teacher-forced text of {} tokens, positions {}..{} scored (every window has dropped tokens there).\n", f.tokens, f.from, f.tokens);
+        let _ = writeln!(out, "\nFluency past the window: teacher-forced text of {} tokens, positions {}..{} scored (every window has dropped tokens there), over f16 KV whatever the recall's KV dtype (`reckon lab kv-quant` scores the quantized formats).\n", f.tokens, f.from, f.tokens);
         let _ = writeln!(out, "| arm | mean NLL | perplexity |\n|---|---|---|");
         for f in fluency {
             let _ = writeln!(out, "| {} | {:.4} | {:.3} |", arm_name(Arm::of(f.window, f.sparse), f.sinks, spec.sparse), f.mean_nll, f.perplexity);
