@@ -55,12 +55,12 @@ pub struct ModelArgs {
     pub kv_sinks: usize,
     /// Block-sparse attention over the history (after Quest): a query at depth reads its first
     /// --sparse-sinks and last --sparse-local positions, and of the blocks between them the N positions'
-    /// worth whose keys can score highest against it (an upper bound from each block's per-dimension key
+    /// worth whose keys can score highest against its block's first query (an upper bound from each block's per-dimension key
     /// range). Saves attention time at depth, not memory; output differs from full attention
     /// (docs/kv-lab.md). Any --kv-dtype (bounds from the keys as stored); not with --kv-window.
     #[arg(long, value_name = "N", conflicts_with = "kv_window")]
     pub sparse_attention: Option<usize>,
-    /// With --sparse-attention: recent positions every query reads (whole blocks: N to N + block size - 1).
+    /// With --sparse-attention: recent positions every query reads (N in whole blocks before its own block, then that block up to itself).
     #[arg(long, value_name = "N", default_value_t = 512, requires = "sparse_attention")]
     pub sparse_local: usize,
     /// With --sparse-attention: leading positions every query reads (rounded up to whole blocks).
