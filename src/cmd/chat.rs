@@ -32,8 +32,8 @@ pub struct ChatArgs {
 pub fn run(mut args: ChatArgs) -> Result<()> {
     // speculation where it pays, by default (docs/speculative.md): the same tokens, greedy or seeded
     args.model.default_spec = super::common::SpecArg::Auto;
-    let mut sampling = args.sampling.params()?;
     let loaded = load(&args.model)?;
+    let mut sampling = args.sampling.params(&loaded.sampling.params);
     let ctx = context_size(&loaded, args.ctx_size);
     let kv = args.model.kv_choice(&loaded.model.config, super::run::BLOCK_SIZE, false)?;
     let (engine, tokenizer, template) = start_engine(loaded, ctx, &kv);

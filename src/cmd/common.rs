@@ -276,50 +276,67 @@ fn load_model_file(file: GgufFile, path: &std::path::Path, options: LoadOptions)
     Ok(model)
 }
 
-#[derive(Args, Clone)]
+/// Sampling choices. Each one not given takes the model file's recommendation (`general.sampling.*`)
+/// or else llama.cpp's default; `serve` gives the same values to requests that omit the field.
+#[derive(Args, Clone, Default)]
 pub struct SamplingArgs {
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f32,
-    /// 0 = disabled.
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    /// Repetition penalty (1.0 = off), over the last --penalty-last-n tokens.
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    pub penalty_last_n: usize,
-    /// Random seed (default: from the clock).
+    /// 0 = greedy [default: the model's general.sampling.temp, else 0.8].
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// 0 = disabled [default: the model's, else 40].
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// [default: the model's, else 0.95]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// [default: the model's, else 0.05]
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1.0 = off), over the last --penalty-last-n tokens [default: the model's, else 1.0].
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    /// [default: 0]
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    /// [default: 0]
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
+    /// Tokens the penalties look back over, 0 = all [default: the model's, else 64].
+    #[arg(long)]
+    pub penalty_last_n: Option<usize>,
+    /// Random seed (default: from the clock; for `serve`, each request's own or the clock).
     #[arg(long)]
     pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
-    pub fn params(&self) -> Result<SamplingParams> {
+    /// The model's recommended sampling with these flags over it (seed 0 when none was given).
+    pub fn over(&self, model: &SamplingParams) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(model.temperature),
+            top_k: self.top_k.unwrap_or(model.top_k),
+            top_p: self.top_p.unwrap_or(model.top_p),
+            min_p: self.min_p.unwrap_or(model.min_p),
+            repetition_penalty: self.repeat_penalty.unwrap_or(model.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(model.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(model.frequency_penalty),
+            penalty_last_n: self.penalty_last_n.unwrap_or(model.penalty_last_n),
+            seed: self.seed.unwrap_or(0),
+        }
+    }
+
+    /// What `run` and `chat` sample with: `over` the model's, the seed from the clock unless given.
+    pub fn params(&self, model: &SamplingParams) -> SamplingParams {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
         });
-        let p = SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repetition_penalty: self.repeat_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            penalty_last_n: self.penalty_last_n,
-            seed,
-        };
-        Ok(p)
+        SamplingParams { seed, ..self.over(model) }
     }
+}
+
+/// One line of the sampling values in force, for `info` and the server's start line.
+pub fn describe_sampling(p: &SamplingParams) -> String {
+    format!("temperature {}, top_k {}, top_p {}, min_p {}, repeat_penalty {} over {}, presence {}, frequency {}", p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, match p.penalty_last_n { 0 => "all".to_string(), n => n.to_string() }, p.presence_penalty, p.frequency_penalty)
 }
 
 fn init_threads(threads: Option<usize>) -> Result<usize> {
@@ -460,6 +477,8 @@ impl KvArgs {
 /// Everything needed to turn text into tokens and back around a model.
 pub struct Loaded {
     pub model: Model,
+    /// The sampling the model file recommends (`general.sampling.*` over llama.cpp's defaults).
+    pub sampling: reckon_engine::sampler::ModelSampling,
     /// The draft model of speculative decoding (`--spec draft`, `--spec-draft`).
     pub draft: Option<Model>,
     /// The scorer of sparse prefill (`--spec-prefill-scorer`).
@@ -476,6 +495,10 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
     let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
+    let sampling = SamplingParams::from_gguf(&file);
+    for s in &sampling.skipped {
+        eprintln!("note: {}: {s}", path.display());
+    }
     let model = load_model_file(file, &path, args.load_options())?;
     let draft = match args.draft_model_name()? {
         Some(name) => Some(load_draft(name, &tokenizer, args)?),
@@ -485,7 +508,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         Some(name) => Some(load_draft(name, &tokenizer, args)?),
         None => None,
     };
-    Ok(Loaded { model, draft, scorer, tokenizer, template })
+    Ok(Loaded { model, sampling, draft, scorer, tokenizer, template })
 }
 
 /// The draft model `name`, checked to share the model's vocabulary token for token.

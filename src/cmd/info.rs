@@ -1,6 +1,6 @@
 //! `reckon info`: what a model file holds and what it will cost in memory.
 
-use super::common::model_path;
+use super::common::{describe_sampling, model_path};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::gguf::GgufFile;
@@ -48,6 +48,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
     let layouts: Vec<(&str, &KvLayout)> = if hybrid.is_hybrid() { vec![("one_group", &uniform), ("hybrid", &hybrid)] } else { vec![("one_group", &uniform)] };
     let kinds = hybrid.memory_by_kind(cell, bs, chunk);
     let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
+    let sampling = reckon_engine::sampler::SamplingParams::from_gguf(&file);
+    let sp = &sampling.params;
     let report = json!({
         "path": path.canonicalize().unwrap_or(path.clone()),
         "name": name,
@@ -65,6 +67,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
         "vocab_size": cfg.vocab_size,
         "rope_base": cfg.rope_base,
         "sliding_window": cfg.sliding_window,
+        // what `run`, `chat` and requests to `serve` sample with unless told otherwise
+        "sampling_defaults": {
+            "temperature": sp.temperature, "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
+            "repeat_penalty": sp.repetition_penalty, "penalty_last_n": sp.penalty_last_n,
+            "from_model_file": sampling.declared, "skipped": sampling.skipped,
+        },
         "tensors_by_type": by_type.iter().map(|(k, v)| (k.to_string(), json!({"count": v.0, "bytes": v.1, "elements": v.2}))).collect::<BTreeMap<_, _>>(),
         "memory": {
             "weights_bytes": weight_bytes,
@@ -97,6 +105,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
         println!("sliding window:  {w} tokens on {} of every {} layers (local rope base {})", cfg.swa_period - 1, cfg.swa_period, cfg.rope_base_local);
     }
     println!("vocabulary:      {}", cfg.vocab_size);
+    let source = if sampling.declared.is_empty() { "llama.cpp's defaults; the file recommends none".to_string() } else { format!("the file's {} over llama.cpp's defaults", sampling.declared.join(", ")) };
+    println!("sampling:        {} ({source})", describe_sampling(sp));
+    for s in &sampling.skipped {
+        println!("  not taken: {s}");
+    }
     println!("tensors by type:");
     for (ty, (count, bytes, _)) in &by_type {
         println!("  {ty:<6} {count:>4} tensors  {:>9.2} MiB", mib(*bytes));

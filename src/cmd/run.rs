@@ -56,7 +56,6 @@ pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> (EngineHandle,
 pub fn run(mut args: RunArgs) -> Result<()> {
     // speculation where it pays, by default (docs/speculative.md): the same tokens, greedy or seeded
     args.model.default_spec = super::common::SpecArg::Auto;
-    let sampling = args.sampling.params()?;
     let prompt_text = if args.prompt == "-" {
         let mut s = String::new();
         std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
@@ -65,6 +64,7 @@ pub fn run(mut args: RunArgs) -> Result<()> {
         args.prompt.clone()
     };
     let loaded = load(&args.model)?;
+    let sampling = args.sampling.params(&loaded.sampling.params);
     let ctx = context_size(&loaded, args.ctx_size);
     let text = if args.raw {
         prompt_text

@@ -1,6 +1,6 @@
 //! `reckon serve`: the OpenAI-compatible HTTP server over the engine.
 
-use crate::cmd::common::{byte_size, load, KvArgs, ModelArgs};
+use crate::cmd::common::{byte_size, describe_sampling, load, KvArgs, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::engine::{spawn_with_models, EngineHandle};
@@ -45,6 +45,10 @@ pub struct ServeArgs {
     pub max_tools: usize,
     #[command(flatten)]
     pub kv: KvArgs,
+    /// What requests get for the sampling fields they omit (every API): these flags, else the model
+    /// file's general.sampling.*, else llama.cpp's defaults; `--seed` is the seed of requests without one.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Sequences running at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -135,6 +139,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         window += &format!(", {} layer groups of {} layers", layout.num_groups(), layout.slots());
     }
     let (model_id, aliases) = served_names(&args)?;
+    let sampling = reckon_server::SamplingDefaults { params: args.sampling.over(&loaded.sampling.params), seed: args.sampling.seed };
     let tokenizer = Arc::new(loaded.tokenizer);
     let disk = match &args.prefix_cache_dir {
         Some(dir) => {
@@ -146,7 +151,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     };
     let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, disk)
         .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
@@ -155,6 +160,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             eprintln!("reckon: warning: listening on {} without --api-key: anyone who can reach this port can use the model", args.host);
         }
         eprintln!("reckon serving {} on http://{} ({} KV blocks of {} tokens, {}{window})", state.model_id, listener.local_addr()?, num_blocks, args.kv.block_size, kv_dtypes.name());
+        eprintln!("reckon: requests that omit them sample with {}", describe_sampling(&state.sampling.params));
         let engine = state.engine.clone();
         let router = router(state);
         // a thread of its own accepts and answers /health probes, whatever the workers' queue holds

@@ -45,6 +45,51 @@ impl SamplingParams {
     pub fn greedy() -> Self {
         SamplingParams { temperature: 0.0, ..Self::default() }
     }
+
+    /// llama.cpp's defaults overlaid with what the model file recommends: the `general.sampling.*` keys
+    /// llama.cpp's converters write from a model's `generation_config.json` (temp, top_k, top_p, min_p,
+    /// penalty_repeat, penalty_last_n). A key that holds no usable value is skipped and named in
+    /// `ModelSampling::skipped`, as are the samplers reckon does not have (mirostat, XTC) when set.
+    pub fn from_gguf(file: &crate::gguf::GgufFile) -> ModelSampling {
+        let mut out = ModelSampling { params: SamplingParams::default(), declared: Vec::new(), skipped: Vec::new() };
+        let p = &mut out.params;
+        for key in ["temp", "top_k", "top_p", "min_p", "penalty_repeat", "penalty_last_n", "mirostat", "xtc_probability"] {
+            let full = format!("general.sampling.{key}");
+            let Some(value) = file.get(&full) else { continue };
+            let taken = match (key, value.as_f32()) {
+                ("temp", Some(v)) if v.is_finite() && v >= 0.0 => Some(p.temperature = v),
+                ("top_k", Some(v)) if v.is_finite() => Some(p.top_k = v.max(0.0) as usize),
+                ("top_p", Some(v)) if v > 0.0 && v <= 1.0 => Some(p.top_p = v),
+                ("min_p", Some(v)) if (0.0..=1.0).contains(&v) => Some(p.min_p = v),
+                ("penalty_repeat", Some(v)) if v.is_finite() && v > 0.0 => Some(p.repetition_penalty = v),
+                // llama.cpp's -1 is the whole context (reckon's 0); its 0 (penalties off) is not taken
+                ("penalty_last_n", Some(v)) if v == -1.0 || v >= 1.0 => Some(p.penalty_last_n = v.max(0.0) as usize),
+                // samplers reckon does not have: fine while they are off
+                ("mirostat" | "xtc_probability", Some(v)) if v == 0.0 => continue,
+                ("mirostat" | "xtc_probability", _) => {
+                    out.skipped.push(format!("{full} = {} (reckon has no such sampler)", value.summary()));
+                    continue;
+                }
+                _ => None,
+            };
+            match taken {
+                Some(()) => out.declared.push(full),
+                None => out.skipped.push(format!("{full} = {} (not a usable value)", value.summary())),
+            }
+        }
+        out
+    }
+}
+
+/// The sampling a model file recommends (`SamplingParams::from_gguf`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSampling {
+    /// llama.cpp's defaults with the file's values where it has usable ones (seed 0: requests bring theirs).
+    pub params: SamplingParams,
+    /// The `general.sampling.*` keys taken.
+    pub declared: Vec<String>,
+    /// Keys present but not taken, with why.
+    pub skipped: Vec<String>,
 }
 
 /// splitmix64: tiny, fast, and identical on every platform.

@@ -12,6 +12,7 @@ mod respond;
 mod responses;
 mod tools;
 
+pub use params::SamplingDefaults;
 pub use error::ApiError;
 pub use metrics::Metrics;
 pub use respond::{stream_events, Api};
@@ -26,7 +27,7 @@ use axum::{Json, Router};
 use reckon_engine::engine::EngineHandle;
 use reckon_engine::template::ChatTemplate;
 use reckon_engine::tokenizer::Tokenizer;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// What every handler needs; cheap to clone.
@@ -54,6 +55,8 @@ pub struct AppState {
     pub grammar: Arc<std::sync::OnceLock<Result<reckon_engine::grammar::GrammarCompiler, String>>>,
     /// Largest request body accepted; larger ones get 413 in OpenAI's error shape.
     pub max_body_bytes: usize,
+    /// What a request gets for a sampling field it omits (every API alike).
+    pub sampling: params::SamplingDefaults,
 }
 
 /// The largest counts a request may carry; each is a 400 in the API's own error shape, naming the field.
@@ -178,9 +181,16 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let max_model_len = state.engine.config().max_model_len;
     let data: Vec<_> = std::iter::once(&state.model_id)
         .chain(&state.aliases)
-        .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "reckon", "max_model_len": max_model_len }))
+        .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "reckon", "max_model_len": max_model_len, "sampling_defaults": sampling_json(&state.sampling) }))
         .collect();
     Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// The sampling a request gets for fields it omits, by the OpenAI extension names (`/v1/models`).
+fn sampling_json(d: &params::SamplingDefaults) -> Value {
+    let p = &d.params;
+    json!({ "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "repetition_penalty": p.repetition_penalty,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty, "repeat_last_n": if p.penalty_last_n == 0 { -1 } else { p.penalty_last_n as i64 }, "seed": d.seed })
 }
 
 /// Refusals that need no look at the request, checked before its prompt is built: a shutdown (503) or

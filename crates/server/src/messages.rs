@@ -12,14 +12,13 @@
 
 use crate::error::ApiError;
 use crate::output::{Delta, OutputParser};
-use crate::params::clock_seed;
+use crate::params::SamplingFields;
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use reckon_engine::engine::{Event, FinishReason, GenerateParams, Usage};
-use reckon_engine::sampler::SamplingParams;
 use reckon_engine::template::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -253,18 +252,9 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
     let constraint = state.answer_constraint(&tools, format.as_ref(), "output_config")?;
     let params = GenerateParams {
         prompt: ids,
-        // Anthropic's defaults: temperature 1, no top-p or top-k truncation
-        sampling: SamplingParams {
-            temperature: req.temperature.unwrap_or(1.0),
-            top_k: req.top_k.unwrap_or(0),
-            top_p: req.top_p.unwrap_or(1.0),
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            penalty_last_n: 0,
-            seed: clock_seed(),
-        },
+        // what the request omits comes from the server's defaults (Anthropic's own, temperature 1
+        // with no cuts, is far from what a small model needs)
+        sampling: SamplingFields { temperature: req.temperature, top_k: req.top_k.map(|k| k as i64), top_p: req.top_p, ..Default::default() }.resolve(&state.sampling),
         max_new_tokens: Some(max_tokens),
         stop: req.stop_sequences.clone(),
         stop_token_ids: Vec::new(),

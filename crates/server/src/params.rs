@@ -1,5 +1,7 @@
-//! The generation parameters chat and text completions share, with OpenAI's names and defaults, turned
-//! into the engine's `GenerateParams` (which the engine validates).
+//! The generation parameters chat and text completions share, with OpenAI's names (and vLLM's and
+//! llama-server's sampling extensions), turned into the engine's `GenerateParams` (which the engine
+//! validates). A sampling field a request omits takes the server's default (`SamplingDefaults`), not
+//! OpenAI's temperature 1 with no cuts: that made a small model's first answer near gibberish.
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -20,6 +22,16 @@ pub struct CommonParams {
     pub seed: Option<u64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// vLLM's and llama-server's sampling extensions: -1 or 0 disables top-k.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    /// vLLM's name; llama-server's `repeat_penalty` is taken too.
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f32>,
+    /// llama-server's: the tokens the penalties look back over; -1 is all of them, 0 turns them off.
+    pub repeat_last_n: Option<i64>,
+    /// vLLM's: token ids that end the answer (as an end-of-generation token does).
+    pub stop_token_ids: Option<Vec<u32>>,
     pub n: Option<usize>,
     pub stop: Option<Stop>,
     pub stream_options: Option<StreamOptions>,
@@ -34,6 +46,112 @@ pub struct CommonParams {
     pub prediction: Option<serde_json::Value>,
     /// reckon's own extensions (`reckon_extension`).
     pub reckon: Option<serde_json::Value>,
+    /// Every other field, so that a sampling field reckon has no sampler for is refused rather than
+    /// ignored (`check_unsupported`).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a request that omits a sampling field gets: `reckon serve`'s flags over the model file's
+/// recommendation (`general.sampling.*`) over llama.cpp's defaults, the same values `reckon run` uses;
+/// and the seed of a request without one (`--seed`, else the clock).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub params: SamplingParams,
+    pub seed: Option<u64>,
+}
+
+/// A request's sampling fields, each API's by its own names; what it omits comes from `SamplingDefaults`.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_k: Option<i64>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// llama-server's `repeat_last_n`: -1 all, 0 penalties off.
+    pub repeat_last_n: Option<i64>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingFields {
+    /// The engine's sampling parameters (the engine checks their ranges).
+    pub fn resolve(&self, defaults: &SamplingDefaults) -> SamplingParams {
+        let d = &defaults.params;
+        let mut p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.map_or(d.top_k, |k| k.max(0) as usize),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            penalty_last_n: match self.repeat_last_n {
+                None => d.penalty_last_n,
+                Some(n) => n.max(0) as usize,
+            },
+            seed: self.seed.or(defaults.seed).unwrap_or_else(clock_seed),
+        };
+        if self.repeat_last_n == Some(0) {
+            // llama-server: penalties over no tokens are no penalties
+            (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) = (1.0, 0.0, 0.0);
+        }
+        p
+    }
+}
+
+/// Sampling fields of OpenAI, vLLM and llama-server that reckon has no sampler for, with the values
+/// that leave sampling as it is. Any other value is a 400: a client that asks for typical sampling or
+/// a logit bias must not get plain sampling while believing otherwise. Fields that only tune a sampler
+/// that is off (`mirostat_tau`, `dry_base`, ...) are not listed: they change nothing.
+const UNSUPPORTED: &[(&str, &[f64], &str)] = &[
+    ("logit_bias", &[], "no logit bias"),
+    ("typical_p", &[1.0], "no typical sampling"),
+    ("tfs_z", &[1.0], "no tail-free sampling"),
+    ("mirostat", &[0.0], "no mirostat"),
+    ("dry_multiplier", &[0.0], "no DRY penalty"),
+    ("xtc_probability", &[0.0], "no XTC sampler"),
+    ("top_n_sigma", &[-1.0, 0.0], "no top-n-sigma"),
+    ("dynatemp_range", &[0.0], "no dynamic temperature"),
+    ("min_tokens", &[0.0], "no min_tokens"),
+    ("use_beam_search", &[0.0], "no beam search"),
+    ("best_of", &[1.0], "no best_of"),
+    ("length_penalty", &[1.0], "no beam search (length_penalty)"),
+    ("bad_words", &[], "no bad_words"),
+    ("allowed_token_ids", &[], "no allowed_token_ids"),
+    ("samplers", &[], "a fixed sampler order (penalties, top-k, top-p, min-p, temperature)"),
+    ("guided_json", &[], "structured output through response_format"),
+    ("guided_regex", &[], "structured output through response_format"),
+    ("guided_choice", &[], "structured output through response_format"),
+    ("guided_grammar", &[], "structured output through response_format"),
+    ("grammar", &[], "structured output through response_format"),
+    ("json_schema", &[], "structured output through response_format"),
+];
+
+/// A 400 for the first field of `UNSUPPORTED` whose value is not a neutral one (null, false, an empty
+/// array or object, or a listed number).
+pub fn check_unsupported(other: &serde_json::Map<String, serde_json::Value>) -> Result<(), ApiError> {
+    use serde_json::Value;
+    for &(name, neutral, instead) in UNSUPPORTED {
+        let Some(v) = other.get(name) else { continue };
+        let inert = match v {
+            Value::Null | Value::Bool(false) => true,
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.is_empty(),
+            Value::Number(n) => n.as_f64().is_some_and(|x| neutral.contains(&x)),
+            _ => false,
+        };
+        if !inert {
+            let neutral = match neutral {
+                [] => "null or empty".to_string(),
+                n => n.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or "),
+            };
+            return Err(ApiError::invalid(format!("{name} is not supported: reckon has {instead}. Given: {v}; accepted only as {neutral}"), Some(name)));
+        }
+    }
+    Ok(())
 }
 
 /// reckon's extension object, the same on every API: `{"spec_prefill": false}` (no sparse prefill for
@@ -79,12 +197,13 @@ impl CommonParams {
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid(format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)), Some("n")));
         }
+        check_unsupported(&self.other)?;
         Ok(GenerateParams {
             prompt,
-            sampling: self.sampling()?,
+            sampling: self.sampling(&state.sampling)?,
             max_new_tokens: self.max_completion_tokens.or(self.max_tokens),
             stop: self.stops(),
-            stop_token_ids: Vec::new(),
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos,
             logprobs: None,
             cache_salt: self.cache_salt.clone(),
@@ -112,24 +231,24 @@ impl CommonParams {
         state.tokenizer.encode(&text, false, false).map_err(|e| ApiError::invalid(e.to_string(), Some("prediction")))
     }
 
-    fn sampling(&self) -> Result<SamplingParams, ApiError> {
+    fn sampling(&self, defaults: &SamplingDefaults) -> Result<SamplingParams, ApiError> {
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ApiError::invalid(format!("temperature must be between 0 and 2. Given: {t}"), Some("temperature")));
             }
         }
-        // OpenAI's defaults: temperature 1, top_p 1, no top-k or min-p, no repetition penalty.
-        Ok(SamplingParams {
-            temperature: self.temperature.unwrap_or(1.0),
-            top_k: 0,
-            top_p: self.top_p.unwrap_or(1.0),
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            penalty_last_n: 0,
-            seed: self.seed.unwrap_or_else(clock_seed),
-        })
+        let fields = SamplingFields {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        };
+        Ok(fields.resolve(defaults))
     }
 
     fn stops(&self) -> Vec<String> {

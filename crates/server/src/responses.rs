@@ -12,14 +12,13 @@
 
 use crate::error::ApiError;
 use crate::output::{Delta, OutputParser};
-use crate::params::{clock_seed, unix_now};
+use crate::params::{clock_seed, unix_now, SamplingFields};
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use reckon_engine::engine::{Event, FinishReason, GenerateParams, Usage};
-use reckon_engine::sampler::SamplingParams;
 use reckon_engine::template::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -193,13 +192,34 @@ fn tool_set(req: &ResponsesRequest) -> Result<ToolSet, ApiError> {
         None => ToolChoice::Auto,
         Some(Value::String(s)) => ToolChoice::from_openai(s)?,
         Some(v) => match str_field(v, "name") {
-            Some(name) => ToolChoice::Named(tools::namespaced(str_field(v, "namespace"), name)),
+            Some(name) => ToolChoice::Named(match str_field(v, "namespace") {
+                Some(ns) => tools::namespaced(Some(ns), name),
+                None => unqualified_choice(&set, name)?,
+            }),
             None => return Err(ApiError::invalid("tool_choice must be a string or {\"type\": \"function\", \"name\": ...}", Some("tool_choice"))),
         },
     };
     set.parallel = req.parallel_tool_calls.unwrap_or(true);
     set.check("tool_choice")?;
     Ok(set)
+}
+
+/// The model name of the tool a `tool_choice` names without a namespace: a top-level function (or the
+/// full model name) of that name, else the one namespaced function whose own name it is. A name that
+/// several namespaces share is ambiguous; a name no tool has is left for `ToolSet::check` to refuse.
+fn unqualified_choice(set: &ToolSet, name: &str) -> Result<String, ApiError> {
+    if set.find(name).is_some() {
+        return Ok(name.to_string());
+    }
+    let matches: Vec<&Tool> = set.tools.iter().filter(|t| t.namespace.is_some() && t.name == name).collect();
+    match matches[..] {
+        [one] => Ok(one.model_name.clone()),
+        [] => Ok(name.to_string()),
+        _ => {
+            let namespaces: Vec<&str> = matches.iter().filter_map(|t| t.namespace.as_deref()).collect();
+            Err(ApiError::invalid(format!("tool_choice names '{name}', which the namespaces {} all have: give its namespace", namespaces.join(", ")), Some("tool_choice")))
+        }
+    }
 }
 
 /// `POST /v1/responses`.
@@ -240,17 +260,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
     let constraint = state.answer_constraint(&tools, format.as_ref(), "text")?;
     let params = GenerateParams {
         prompt,
-        sampling: SamplingParams {
-            temperature: req.temperature.unwrap_or(1.0),
-            top_k: 0,
-            top_p: req.top_p.unwrap_or(1.0),
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            penalty_last_n: 0,
-            seed: clock_seed(),
-        },
+        sampling: SamplingFields { temperature: req.temperature, top_p: req.top_p, ..Default::default() }.resolve(&state.sampling),
         max_new_tokens: req.max_output_tokens,
         stop: Vec::new(),
         stop_token_ids: Vec::new(),
@@ -575,6 +585,28 @@ mod tests {
 
     fn request(v: Value) -> ResponsesRequest {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_tool_choice_without_its_namespace_names_the_one_function_of_that_name() {
+        let tools = json!([
+            {"type": "function", "name": "shell"},
+            {"type": "namespace", "name": "mcp__files__", "tools": [{"type": "function", "name": "read_file"}, {"type": "function", "name": "list"}]},
+            {"type": "namespace", "name": "mcp__git__", "tools": [{"type": "function", "name": "list"}, {"type": "function", "name": "shell"}]},
+        ]);
+        let choice = |c: Value| tool_set(&request(json!({"model": "m", "input": "hi", "tools": tools, "tool_choice": c})));
+        // unique across namespaces: accepted as that namespace's function
+        assert_eq!(choice(json!({"type": "function", "name": "read_file"})).unwrap().choice, ToolChoice::Named("mcp__files__read_file".into()));
+        // a top-level function of the name wins over a namespaced one
+        assert_eq!(choice(json!({"type": "function", "name": "shell"})).unwrap().choice, ToolChoice::Named("shell".into()));
+        // the full model name, and the name with its namespace, still work
+        assert_eq!(choice(json!({"type": "function", "name": "mcp__git__list"})).unwrap().choice, ToolChoice::Named("mcp__git__list".into()));
+        assert_eq!(choice(json!({"type": "function", "name": "list", "namespace": "mcp__git__"})).unwrap().choice, ToolChoice::Named("mcp__git__list".into()));
+        // in two namespaces: ambiguous, and the error says where
+        let e = choice(json!({"type": "function", "name": "list"})).unwrap_err();
+        assert!(e.message.contains("mcp__files__, mcp__git__") && e.param.as_deref() == Some("tool_choice"), "{}", e.message);
+        // in none: not in tools
+        assert!(choice(json!({"type": "function", "name": "nope"})).unwrap_err().message.contains("not in tools"));
     }
 
     #[test]

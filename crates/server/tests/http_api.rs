@@ -298,3 +298,109 @@ fn the_reckon_extension_is_validated() {
         assert_eq!(r.json()["error"]["param"], param, "{bad}: {}", r.body);
     }
 }
+
+/// What a request gets for the sampling fields it omits: the server's defaults (`reckon serve`'s flags,
+/// else the model file's, else llama.cpp's), on every API. Before, an omitted field took OpenAI's
+/// (temperature 1, no cuts), and SmolLM2 answered README's question with near gibberish.
+#[test]
+fn omitted_sampling_fields_take_the_servers_defaults_on_every_api() {
+    use reckon_engine::sampler::SamplingParams;
+    let mut state = tiny_state(config(2048, 16, 64));
+    // a server whose default is greedy: requests without a temperature give greedy tokens, whatever their seed
+    state.sampling = reckon_server::SamplingDefaults { params: SamplingParams::greedy(), seed: None };
+    let addr = serve(state);
+    let text = |path: &str, body: Value| {
+        let a = post(addr, path, &body);
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        let j = a.json();
+        match path {
+            "/v1/chat/completions" => j["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+            "/v1/completions" => j["choices"][0]["text"].as_str().unwrap().to_string(),
+            "/v1/messages" => j["content"][0]["text"].as_str().unwrap().to_string(),
+            _ => j["output"][0]["content"][0]["text"].as_str().unwrap().to_string(),
+        }
+    };
+    let bodies = [
+        ("/v1/chat/completions", json!({"model": TINY, "messages": [{"role": "user", "content": HAIKU}], "max_tokens": 16, "ignore_eos": true})),
+        ("/v1/completions", json!({"model": TINY, "prompt": HAIKU, "max_tokens": 16, "ignore_eos": true})),
+        ("/v1/messages", json!({"model": TINY, "messages": [{"role": "user", "content": HAIKU}], "max_tokens": 16})),
+        ("/v1/responses", json!({"model": TINY, "input": HAIKU, "max_output_tokens": 16})),
+    ];
+    for (path, body) in bodies {
+        let mut greedy = body.clone();
+        greedy["temperature"] = json!(0);
+        let want = text(path, greedy);
+        for seed in [1, 2, 3] {
+            let mut b = body.clone();
+            // the Messages and Responses APIs have no seed: their draws differ by the clock
+            b["seed"] = json!(seed);
+            if path == "/v1/messages" || path == "/v1/responses" {
+                b.as_object_mut().unwrap().remove("seed");
+            }
+            assert_eq!(text(path, b), want, "{path}, seed {seed}: an omitted temperature is the server's 0");
+        }
+        // a field the request gives wins over the default
+        let hot: Vec<String> = (0..4).map(|seed| {
+            let mut b = body.clone();
+            b["temperature"] = json!(1.0);
+            if path != "/v1/messages" && path != "/v1/responses" {
+                b["seed"] = json!(seed);
+            }
+            text(path, b)
+        }).collect();
+        assert!(hot.iter().any(|t| *t != want), "{path}: temperature 1 on random weights draws other tokens: {hot:?}");
+    }
+    let m = get(addr, "/v1/models").json();
+    assert_eq!((m["data"][0]["sampling_defaults"]["temperature"].as_f64(), m["data"][0]["sampling_defaults"]["top_k"].as_u64()), (Some(0.0), Some(40)), "{m}");
+}
+
+/// vLLM's and llama-server's sampling extensions on chat and completions: those reckon has are used,
+/// those it has not are a 400 naming the field unless their value changes nothing; never ignored.
+#[test]
+fn sampling_extensions_are_used_or_refused() {
+    let addr = tiny_server(config(2048, 16, 64));
+    let chat = |extra: Value| post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 12, extra));
+    let content = |a: Answer| {
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let greedy = content(chat(json!({})));
+    // top_k 1 at temperature 1 keeps only the most likely token: the greedy tokens, whatever the seed
+    for seed in 0..3 {
+        assert_eq!(content(chat(json!({"temperature": 1.0, "top_k": 1, "seed": seed}))), greedy, "top_k is used");
+    }
+    // min_p 1 keeps only tokens as likely as the most likely one: greedy again
+    assert_eq!(content(chat(json!({"temperature": 1.0, "min_p": 1.0, "seed": 5}))), greedy, "min_p is used");
+    // a strong repetition penalty over the whole history changes greedy text that repeats tokens
+    let penalized = content(chat(json!({"repetition_penalty": 100.0, "repeat_last_n": -1})));
+    assert_ne!(penalized, greedy, "repetition_penalty is used");
+    assert_eq!(content(chat(json!({"repeat_penalty": 100.0, "repeat_last_n": -1}))), penalized, "llama-server's name is the same field");
+    assert_eq!(content(chat(json!({"repeat_penalty": 100.0, "repeat_last_n": 0}))), greedy, "repeat_last_n 0 turns penalties off");
+    // values the engine refuses, in OpenAI's shape
+    let a = chat(json!({"repetition_penalty": 0.0}));
+    assert_eq!((a.status, a.json()["error"]["param"].as_str()), (400, Some("repetition_penalty")), "{}", a.body);
+    let a = chat(json!({"min_p": 2.0}));
+    assert_eq!((a.status, a.json()["error"]["param"].as_str()), (400, Some("min_p")), "{}", a.body);
+    // samplers reckon does not have: refused unless neutral
+    for (field, bad, neutral) in [
+        ("typical_p", json!(0.5), json!(1.0)),
+        ("mirostat", json!(2), json!(0)),
+        ("logit_bias", json!({"5": 10}), json!({})),
+        ("dry_multiplier", json!(0.8), json!(0.0)),
+        ("guided_json", json!({"type": "object"}), Value::Null),
+        ("min_tokens", json!(4), json!(0)),
+    ] {
+        let a = chat(json!({ field: bad }));
+        assert_eq!(a.status, 400, "{field}: {}", a.body);
+        let e = &a.json()["error"];
+        assert_eq!(e["param"].as_str(), Some(field), "{e}");
+        assert!(e["message"].as_str().unwrap().contains("not supported"), "{e}");
+        assert_eq!(content(chat(json!({ field: neutral }))), greedy, "{field} = {neutral} changes nothing");
+        let c = post(addr, "/v1/completions", &json!({"model": TINY, "prompt": HAIKU, "max_tokens": 4, field: bad}));
+        assert_eq!(c.status, 400, "completions, {field}: {}", c.body);
+    }
+    // vLLM's stop_token_ids end the answer at such a token: with every id listed, at the first one
+    let every: Vec<u32> = (0..263).collect();
+    let a = post(addr, "/v1/completions", &json!({"model": TINY, "prompt": HAIKU, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "stop_token_ids": every})).json();
+    assert_eq!((a["choices"][0]["finish_reason"].as_str(), a["usage"]["completion_tokens"].as_u64()), (Some("stop"), Some(1)), "{a}");
+}

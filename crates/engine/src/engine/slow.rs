@@ -10,9 +10,10 @@
 //! loss in a row up to 30 s).
 //!
 //! The model: steps are bucketed by shape (log2 of the step's tokens, of its sequences and of the context
-//! they attend to); a bucket's reference is a decaying minimum of its normal-mode step times (it falls
-//! to every new low at once and rises 0.2% per step, so it follows a lasting change in a few hundred
-//! steps but not a burst). A step is slow when it took `margin` times its reference or more; a slow
+//! they attend to); a bucket's reference starts as the median of its first 8
+//! normal-mode step times, which are not judged, then is a decaying minimum of them (it falls to every
+//! new low at once and rises 0.2% per step, so it follows a lasting change in a few hundred steps but
+//! not a burst). A step is slow when it took `margin` times its reference or more; a slow
 //! state is declared when three quarters of the normal steps over the last 150 ms (at least 12) were
 //! slow, and it ends after two probes in a row within the model (the second on the very next step).
 //! Holds no tensors and no clock: callers pass times, so it is tested with made-up ones.
@@ -22,6 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Probes in a row back within the model that end a slow state.
 const BACK_PROBES: usize = 2;
+
+/// Normal-mode steps a shape's reference starts from (their median); until then its steps are not judged.
+const MIN_SAMPLES: usize = 8;
 
 /// Probes whose mean time must beat the fallback's before it is left as the slower configuration.
 const BEAT_PROBES: usize = 5;
@@ -85,6 +89,32 @@ impl StepShape {
     }
 }
 
+/// A shape's normal-mode step time: the median of its first `MIN_SAMPLES` steps (so one odd first step,
+/// fast or slow, does not set it), then a decaying minimum: down to every new low, up 0.2% a step.
+#[derive(Clone, Debug, Default)]
+struct Reference {
+    first: Vec<f64>,
+    secs: Option<f64>,
+}
+
+impl Reference {
+    /// Takes a normal-mode step's time; its ratio to the reference before it, once there is one.
+    fn observe(&mut self, secs: f64) -> Option<f64> {
+        let Some(r) = self.secs.as_mut() else {
+            self.first.push(secs);
+            if self.first.len() == MIN_SAMPLES {
+                self.first.sort_by(f64::total_cmp);
+                self.secs = Some(self.first[MIN_SAMPLES / 2]);
+                self.first = Vec::new();
+            }
+            return None;
+        };
+        let ratio = secs / *r;
+        *r = secs.min(*r * 1.002);
+        Some(ratio)
+    }
+}
+
 /// A change of state, for the log and the metrics.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Transition {
@@ -97,7 +127,7 @@ pub enum Transition {
 pub struct SlowState {
     cfg: SlowStateConfig,
     /// Normal-mode reference per bucket, seconds.
-    refs: HashMap<(u32, u32, u32), f64>,
+    refs: HashMap<(u32, u32, u32), Reference>,
     /// Fallback steps' recent time per bucket, seconds (an average that follows the last few).
     fallback: HashMap<(u32, u32, u32), f64>,
     /// The last normal-mode steps that had a reference: when they ended, and their ratio to it.
@@ -151,16 +181,15 @@ impl SlowState {
             *avg += 0.25 * (secs - *avg);
             return None;
         }
-        let reference = self.refs.get(&b).copied();
-        // a decaying minimum: down to every new low, up slowly (only from normal steps)
-        let r = self.refs.entry(b).or_insert(secs);
-        *r = secs.min(*r * 1.002);
-        let ratio = reference.map(|r| secs / r);
+        let ratio = self.refs.entry(b).or_default().observe(secs);
         match self.mode {
             Mode::Normal => {
                 let ratio = ratio?;
                 self.recent.push_back((now, ratio));
-                while self.recent.len() > self.cfg.window && self.recent.front().is_some_and(|&(t, _)| now.duration_since(t) > self.cfg.window_time) {
+                // drop the oldest step while the rest still reach back window_time (dropping every step
+                // older than that left a span always short of it for steps under window_time / window:
+                // 8 ms steps 1.6x slow for 300 steps were never a slow state)
+                while self.recent.len() > self.cfg.window && self.recent.get(1).is_some_and(|&(t, _)| now.duration_since(t) >= self.cfg.window_time) {
                     self.recent.pop_front();
                 }
                 let n = self.recent.len();
@@ -227,7 +256,7 @@ mod tests {
     const DECODE: StepShape = StepShape { tokens: 8, sequences: 8, context: 1200 };
 
     /// Feeds steps of `secs` each (a step's time apart), returning the transitions with the step index.
-    fn feed(s: &mut SlowState, t: &mut Instant, n: usize, secs: impl Fn(Mode) -> f64) -> Vec<(usize, Transition)> {
+    fn feed(s: &mut SlowState, t: &mut Instant, n: usize, mut secs: impl FnMut(Mode) -> f64) -> Vec<(usize, Transition)> {
         let mut out = Vec::new();
         for i in 0..n {
             let mode = s.plan(*t);
@@ -310,6 +339,33 @@ mod tests {
         feed(&mut s, &mut t, 100, |_| 0.008);
         assert!(!s.in_slow_state());
         assert_eq!(s.hold_off, HOLD_OFF);
+    }
+
+    #[test]
+    fn a_slowdown_of_short_steps_is_found() {
+        // 4 ms decode steps (SmolLM2 at depth 0), then a hog makes them 8 ms and the fallback 6 ms
+        let mut s = SlowState::new(SlowStateConfig::ON);
+        let mut t = Instant::now();
+        assert!(feed(&mut s, &mut t, 400, |_| 0.004).is_empty());
+        let tr = feed(&mut s, &mut t, 100, |m: Mode| if m == Mode::Normal { 0.008 } else { 0.006 });
+        assert!(matches!(tr[..], [(i, Transition::Entered { median_ratio })] if i <= 20 && median_ratio > 1.9), "{tr:?}");
+    }
+
+    #[test]
+    fn no_slow_state_before_a_shape_has_its_first_samples() {
+        // a shape's first step happened to be fast (its caches warm from the step before), the next ones
+        // run at the normal speed: a reference from that first step made them all look 1.6x slow
+        let mut s = SlowState::new(SlowStateConfig::ON);
+        let mut t = Instant::now();
+        let steps = feed(&mut s, &mut t, 300, {
+            let mut first = true;
+            move |_| if std::mem::take(&mut first) { 0.005 } else { 0.008 + 0.0002 * rand_like() }
+        });
+        assert!(steps.is_empty(), "{steps:?}");
+        // a real hog is still found
+        let hog = |m: Mode| if m == Mode::Normal { 0.024 } else { 0.012 };
+        let tr = feed(&mut s, &mut t, 100, hog);
+        assert!(matches!(tr[..], [(_, Transition::Entered { .. })]), "{tr:?}");
     }
 
     #[test]

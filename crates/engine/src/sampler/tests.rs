@@ -573,3 +573,41 @@ fn a_kept_or_redrawn_guess_has_the_samplers_distribution() {
     assert_eq!(g.accept_or_resample(&logits, &[], best), None);
     assert_eq!(g.accept_or_resample(&logits, &[], (best + 1) % 12), Some(best));
 }
+
+#[test]
+fn a_model_files_recommended_sampling_overlays_llama_cpps_defaults() {
+    use crate::gguf::{writer::GgufWriter, GgufFile, Value};
+    let file = |meta: &[(&str, Value)]| {
+        let mut w = GgufWriter::new();
+        meta.iter().for_each(|(k, v)| {
+            w.meta(k, v.clone());
+        });
+        GgufFile::from_vec(w.to_bytes()).unwrap()
+    };
+    // none declared: llama.cpp's defaults
+    let none = SamplingParams::from_gguf(&file(&[]));
+    assert_eq!((none.params, none.declared.len(), none.skipped.len()), (SamplingParams::default(), 0, 0));
+    // Qwen's generation_config as a converter writes it (f32 and u32/i32 values)
+    let qwen = SamplingParams::from_gguf(&file(&[
+        ("general.sampling.temp", Value::F32(0.7)),
+        ("general.sampling.top_k", Value::U32(20)),
+        ("general.sampling.top_p", Value::F32(0.8)),
+        ("general.sampling.penalty_repeat", Value::F32(1.05)),
+        ("general.sampling.penalty_last_n", Value::I32(-1)),
+        ("general.sampling.mirostat", Value::I32(0)),
+    ]));
+    let want = SamplingParams { temperature: 0.7, top_k: 20, top_p: 0.8, repetition_penalty: 1.05, penalty_last_n: 0, ..SamplingParams::default() };
+    assert_eq!(qwen.params, want);
+    assert_eq!(qwen.declared.len(), 5);
+    assert!(qwen.skipped.is_empty(), "mirostat 0 is off: {:?}", qwen.skipped);
+    // unusable values and samplers reckon lacks are skipped, and named
+    let odd = SamplingParams::from_gguf(&file(&[
+        ("general.sampling.top_p", Value::F32(1.5)),
+        ("general.sampling.temp", Value::String("hot".into())),
+        ("general.sampling.min_p", Value::F32(0.1)),
+        ("general.sampling.mirostat", Value::I32(2)),
+    ]));
+    assert_eq!(odd.params, SamplingParams { min_p: 0.1, ..SamplingParams::default() });
+    assert_eq!(odd.skipped.len(), 3, "{:?}", odd.skipped);
+    assert!(odd.skipped.iter().any(|s| s.contains("mirostat") && s.contains("no such sampler")), "{:?}", odd.skipped);
+}
