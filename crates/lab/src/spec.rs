@@ -96,6 +96,9 @@ pub struct SpecRecord {
     pub draft_step_ratio: f64,
     /// Every stream's output equals k = 0's in the same pass.
     pub identical: bool,
+    /// The first stream's text, on k = 0's records (what the guesses were checked against).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
 }
 
 /// The workload's user message, from `seed`.
@@ -204,6 +207,9 @@ pub fn run(model: &Arc<Model>, tokenizer: &Arc<Tokenizer>, template: &ChatTempla
                 visits.sort_by_key(|v| v.0);
                 for (_, ids, mut r) in visits {
                     r.identical = ids == base;
+                    if r.proposer == Proposer::None {
+                        r.output = ids.first().map(|t| tokenizer.decode(t, false));
+                    }
                     record(&r);
                     out.push(r);
                 }
@@ -261,6 +267,7 @@ fn visit(engine: &EngineHandle, prompt: &[u32], streams: usize, max_tokens: usiz
         drafted: usage(|u| u.accepted_prediction_tokens + u.rejected_prediction_tokens),
         accepted: usage(|u| u.accepted_prediction_tokens),
         identical: true,
+        output: None,
     };
     Ok((results.into_iter().map(|r| r.0.ids).collect(), r))
 }
@@ -394,7 +401,7 @@ mod tests {
     #[test]
     fn rows_pair_each_pass_with_k_0() {
         let proposer = |k| if k == 0 { Proposer::None } else { Proposer::Ngram };
-        let rec = |pass, k, tps| SpecRecord { pass, workload: "code_edit".into(), streams: 1, k, auto: false, proposer: proposer(k), prompt_tokens: 10, output_tokens: 64, decode_tokens_per_s: tps, drafted: 10 * k, accepted: 5 * k, steps_with_guesses: 10, draft_share: 0.0, step_cost_ratio: 1.2, draft_step_ratio: f64::NAN, identical: true };
+        let rec = |pass, k, tps| SpecRecord { pass, workload: "code_edit".into(), streams: 1, k, auto: false, proposer: proposer(k), prompt_tokens: 10, output_tokens: 64, decode_tokens_per_s: tps, drafted: 10 * k, accepted: 5 * k, steps_with_guesses: 10, draft_share: 0.0, step_cost_ratio: 1.2, draft_step_ratio: f64::NAN, identical: true, output: None };
         let records = vec![rec(0, 0, 100.0), rec(0, 4, 250.0), rec(1, 4, 180.0), rec(1, 0, 90.0)];
         let rows = rows(&records);
         assert_eq!(rows.len(), 2);
