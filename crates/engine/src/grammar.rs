@@ -102,7 +102,7 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Constraint { matcher, logits_len: self.logits_len })
+        Ok(Constraint { matcher, logits_len: self.logits_len, advanced: 0, fail_after: None })
     }
 }
 
@@ -111,6 +111,9 @@ impl GrammarCompiler {
 pub struct Constraint {
     matcher: Matcher,
     logits_len: usize,
+    /// Tokens advanced so far, and `failing_after`'s count.
+    advanced: usize,
+    fail_after: Option<usize>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -124,6 +127,9 @@ impl Constraint {
     /// the grammar is complete).
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         debug_assert_eq!(logits.len(), self.logits_len);
+        if self.fail_after.is_some_and(|n| self.advanced >= n) {
+            return Err(format!("a failure injected after {} tokens (Constraint::failing_after)", self.advanced));
+        }
         let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
         // the tokens past the tokenizer's vocabulary (padding rows of the output matrix) are never allowed
         let n = allowed.len().min(logits.len());
@@ -146,6 +152,14 @@ impl Constraint {
         if self.matcher.is_stopped() {
             return Ok(()); // the end-of-generation token after a complete answer
         }
+        self.advanced += 1;
         self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+
+    /// This constraint, made to fail its mask once `tokens` tokens were advanced: the engine's handling
+    /// of a grammar that fails mid-answer is tested with it (llguidance gives no grammar that does).
+    pub fn failing_after(mut self, tokens: usize) -> Constraint {
+        self.fail_after = Some(tokens);
+        self
     }
 }

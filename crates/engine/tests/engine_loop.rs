@@ -645,3 +645,40 @@ fn scoring_runs_a_slice_a_step_beside_other_requests() {
     let again = spawn(model.clone(), Arc::new(Names), EngineConfig { spec_prefill: Some(sparse), ..config(256, 512) });
     assert_eq!(drain(again.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(long, 4) }).unwrap().1).0, long_ids);
 }
+
+/// A grammar that fails mid-answer ends its request with an error event (the servers send it in each
+/// API's error shape), never unconstrained text presented as constrained; other requests go on, and the
+/// failed one's blocks return to the pool.
+#[test]
+fn a_grammar_that_fails_mid_answer_ends_its_request_with_an_error() {
+    use reckon_engine::grammar::{Grammar, GrammarCompiler};
+    use reckon_engine::tokenizer::Tokenizer;
+    let file = GgufFile::from_vec(common::tiny_chat_model(&TinySpec::llama(GgmlType::Q8_0), 3, 512)).unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
+    let model = Arc::new(Model::load(file).unwrap());
+    let compiler = GrammarCompiler::new(tokenizer.clone(), model.config.vocab_size).unwrap();
+    let grammar = Grammar::Lark("start: /[a-z]+/\n".into());
+    let engine = spawn(model, tokenizer.clone(), config(64, 64));
+    let prompt: Vec<u32> = tokenizer.encode("hello there", false, false).unwrap();
+    let constrained = |c| GenerateParams { constraint: Some(c), ignore_eos: true, ..GenerateParams::greedy(prompt.clone(), 12) };
+    // the same grammar whole: letters only, 12 tokens
+    let whole = Completion::wait(engine.submit(constrained(compiler.compile(&grammar).unwrap())).unwrap().1).unwrap();
+    assert!(whole.text.chars().all(|c| c.is_ascii_lowercase()) && whole.usage.completion_tokens > 3, "{whole:?}");
+    // failing after 3 tokens, beside an unconstrained request: 3 tokens, then the error
+    let (_, mut failing) = engine.submit(constrained(compiler.compile(&grammar).unwrap().failing_after(3))).unwrap();
+    let other = engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt.clone(), 12) }).unwrap().1;
+    let mut tokens = Vec::new();
+    let error = loop {
+        match failing.blocking_recv() {
+            Some(Event::Token { id, .. }) => tokens.push(id),
+            Some(Event::Error(e)) => break e,
+            other => panic!("expected tokens then an error, got {other:?}"),
+        }
+    };
+    assert_eq!(tokens, whole.ids[..3], "the tokens before the failure are the grammar's");
+    assert!(error.contains("constrained decoding failed after 3 tokens"), "{error}");
+    assert!(failing.blocking_recv().is_none(), "nothing follows the error");
+    assert_eq!(Completion::wait(other).unwrap().usage.completion_tokens, 12, "the other request is not affected");
+    wait_idle(&engine);
+    assert_eq!(engine.stats().failed_requests.load(Ordering::Relaxed), 1);
+}

@@ -123,6 +123,8 @@ impl Default for EngineConfig {
 struct Sampled {
     id: RequestId,
     tokens: Vec<(u32, Option<TokenLogprobs>)>,
+    /// The request's grammar failed: it ends with this error (no token) instead of going on unconstrained.
+    error: Option<String>,
 }
 
 /// The draft model of speculative decoding, with its keys and values: a storage of the target's number
@@ -664,35 +666,37 @@ impl Engine {
                 let logprobs = |i: usize, t: u32| req.logprobs.map(|k| token_logprobs(rows[i], t, k));
                 let tokens = new.iter().enumerate().map(|(i, &t)| (t, logprobs(i, t))).collect();
                 req.spec.as_mut().expect("speculating").draft = draft;
-                out.push(Sampled { id: c.id, tokens });
+                out.push(Sampled { id: c.id, tokens, error: None });
                 continue;
             }
             let token = match req.constraint.as_mut() {
                 None => req.sampler.sample(lg, &req.tokens),
                 Some(constraint) => {
-                    // the grammar's mask on a copy of the row; a grammar that fails (it should not: every
-                    // token it is given was allowed by its own mask) stops constraining, with a warning
+                    // the grammar's mask on a copy of the row. A grammar that fails (it should not: every
+                    // token it is given was allowed by its own mask) ends the request with an error:
+                    // text past it would not be held to the grammar, yet read as if it were.
                     self.masked.clear();
                     self.masked.extend_from_slice(lg);
-                    let token = match constraint.mask(&mut self.masked) {
-                        Ok(()) => req.sampler.sample(&self.masked, &req.tokens),
-                        Err(e) => {
-                            tracing::warn!(request = c.id, "grammar mask failed, unconstrained from here: {e}");
-                            req.constraint = None;
-                            req.sampler.sample(lg, &req.tokens)
+                    let sampled = match constraint.mask(&mut self.masked) {
+                        Ok(()) => {
+                            let token = req.sampler.sample(&self.masked, &req.tokens);
+                            constraint.advance(token).map(|()| token).map_err(|e| format!("the grammar rejected token {token}: {e}"))
                         }
+                        Err(e) => Err(format!("the grammar's mask failed: {e}")),
                     };
-                    if let Some(constraint) = req.constraint.as_mut() {
-                        if let Err(e) = constraint.advance(token) {
-                            tracing::warn!(request = c.id, "grammar rejected token {token}, unconstrained from here: {e}");
-                            req.constraint = None;
+                    match sampled {
+                        Ok(token) => token,
+                        Err(e) => {
+                            let generated = req.num_generated();
+                            tracing::warn!(request = c.id, "constrained decoding failed after {generated} tokens, the request ends: {e}");
+                            out.push(Sampled { id: c.id, tokens: Vec::new(), error: Some(format!("constrained decoding failed after {generated} tokens: {e}")) });
+                            continue;
                         }
                     }
-                    token
                 }
             };
             let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
-            out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)] });
+            out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)], error: None });
         }
         out
     }
@@ -714,6 +718,10 @@ impl Engine {
         }
         let now = Instant::now();
         for s in sampled {
+            if let Some(e) = s.error {
+                self.fail(s.id, &e);
+                continue;
+            }
             let req = self.scheduler.request_mut(s.id).expect("sampled requests exist");
             req.times.first_token.get_or_insert(now);
             let first = req.tokens.len() - s.tokens.len();
