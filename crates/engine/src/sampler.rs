@@ -264,7 +264,7 @@ fn max_logit(logits: &[f32]) -> f32 {
 /// The largest non-NaN logit and, if `index`, the first index holding it (0 if none does).
 fn largest(logits: &[f32], index: bool) -> (f32, u32) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().avx2 {
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
         // SAFETY: the CPU has AVX2, checked just above.
         return unsafe { largest_avx2(logits, index) };
     }

@@ -164,6 +164,14 @@ pub fn simd_level() -> SimdLevel {
     })
 }
 
+/// Whether code of `level` may run: the CPU has it and the cap (`set_simd_cap`, `--simd`) allows it. Every
+/// kernel that picks between a vector path and a portable one asks this (or `simd_level`), so that
+/// `--simd scalar` runs portable code throughout; FMA and F16C paths count as `Avx2` (the level
+/// requires them). Each vector path gives its portable code's bits, tested.
+pub fn allows(level: SimdLevel) -> bool {
+    simd_level() >= level
+}
+
 /// All levels usable on this CPU, lowest first (whatever the cap: tests compare them).
 pub fn available_levels() -> Vec<SimdLevel> {
     SimdLevel::ALL.into_iter().filter(|l| l.is_available()).collect()

@@ -269,8 +269,8 @@ impl Rope {
     /// Rotates every head of one token's `[n_heads, head_dim]` vector in place for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::cpu::CpuFeatures::get().fma {
-            // SAFETY: the CPU has FMA, checked just above.
+        if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
+            // SAFETY: the CPU has FMA (the Avx2 level needs it), checked just above.
             return unsafe { self.apply_fma(x, head_dim, pos) };
         }
         self.apply_any(x, head_dim, pos)

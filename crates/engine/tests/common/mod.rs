@@ -87,6 +87,8 @@ fn norm_weights(rng: &mut TestRng, n: usize) -> Vec<u8> {
 }
 
 pub fn tiny_model(spec: &TinySpec, seed: u64) -> Vec<u8> {
+    // before any kernel runs: the tests on tiny models rerun under RECKON_SIMD=avx2 (scripts/test)
+    simd_cap_from_env();
     let mut rng = TestRng(seed);
     let mut w = GgufWriter::new();
     let a = spec.arch;
@@ -156,8 +158,9 @@ pub fn open_real_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
     Some(reckon_engine::gguf::GgufFile::open(&path).expect("open model"))
 }
 
-/// `RECKON_SIMD=avx2|scalar` caps the kernels for this test process (scripts/test reruns the parity
-/// tests under `RECKON_SIMD=avx2`, so an AVX-512 machine checks the AVX2 paths on the real models too).
+/// `RECKON_SIMD=avx2|scalar` caps the kernels for this test process (scripts/test reruns the parity,
+/// tiny-model, speculation and server tests under `RECKON_SIMD=avx2`, so an AVX-512 machine checks the
+/// AVX2 paths on the real models too). Called by `tiny_model` and `open_real_model`, before any kernel.
 pub fn simd_cap_from_env() {
     use reckon_engine::kernels::cpu::{set_simd_cap, SimdLevel};
     if let Some(level) = std::env::var("RECKON_SIMD").ok().and_then(|v| SimdLevel::from_name(&v)) {
@@ -246,6 +249,7 @@ pub fn tiny_chat_model(spec: &TinySpec, seed: u64, context_length: u32) -> Vec<u
 /// test those kernels), a missing level fails the test instead of skipping it.
 pub fn simd_or_skip(level: reckon_engine::kernels::cpu::SimdLevel, what: &str) -> bool {
     use reckon_engine::kernels::cpu::SimdLevel;
+    simd_cap_from_env();
     if level.is_available() {
         return true;
     }

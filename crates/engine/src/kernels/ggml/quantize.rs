@@ -20,7 +20,7 @@ pub fn quantize_row(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// Like `quantize_row`, but Q8_0 and Q8_1 follow ggml-cpu's x86 AVX2 code (see the module docs).
 pub fn quantize_row_ggml_x86(t: GgmlType, src: &[f32], dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().avx2 && crate::kernels::cpu::CpuFeatures::get().f16c {
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
         // SAFETY: the CPU has the features, checked just above.
         return unsafe { quantize_x86_avx2(t, src, dst) };
     }
@@ -51,7 +51,7 @@ unsafe fn quantize_x86_avx2(t: GgmlType, src: &[f32], dst: &mut [u8]) {
 /// Returns false, touching nothing, where the CPU lacks AVX2/F16C or `t` is another type.
 pub fn quantize_row_legacy_with_sides(t: GgmlType, src: &[f32], dst: &mut [u8], sides: &mut [crate::kernels::packed::acts::LSide]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1) && crate::kernels::cpu::CpuFeatures::get().avx2 && crate::kernels::cpu::CpuFeatures::get().f16c {
+    if matches!(t, GgmlType::Q8_0 | GgmlType::Q8_1) && crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
         let need = t.row_bytes(src.len()).unwrap_or_else(|| panic!("quantize_row {t}: {} is not a multiple of {QK}", src.len()));
         assert!(dst.len() >= need && sides.len() >= src.len() / QK, "quantize_row {t}: buffers too small");
         let with_sum = t == GgmlType::Q8_1;

@@ -33,7 +33,7 @@ pub fn avx2_available() -> bool {
 #[cfg(target_arch = "x86_64")]
 fn use_avx2() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(avx2::available)
+    *AVAILABLE.get_or_init(|| avx2::available() && crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2))
 }
 
 /// ggml_v_expf (vec.h, AVX-512/AVX2 variant, after ARM's optimized-routines expf): a degree-5
@@ -74,8 +74,8 @@ pub fn swiglu(x: &mut [f32], g: &[f32]) {
         return swiglu_tail(&mut x[done..], &g[done..]);
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().fma {
-        // SAFETY: the CPU has FMA, checked just above.
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
+        // SAFETY: the CPU has FMA (the Avx2 level needs it), checked just above.
         return unsafe { swiglu_fma(x, g) };
     }
     swiglu_generic(x, g)
@@ -122,8 +122,8 @@ pub fn soft_max(scores: &mut [f32], first_cell: usize) {
         return unsafe { avx2::soft_max(scores, first_cell) };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().fma {
-        // SAFETY: the CPU has FMA, checked just above.
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
+        // SAFETY: the CPU has FMA (the Avx2 level needs it), checked just above.
         return unsafe { soft_max_fma(scores, first_cell) };
     }
     soft_max_generic(scores, first_cell)
@@ -210,8 +210,8 @@ pub fn dot_f16(x: &[half::f16], y: &[half::f16]) -> f32 {
         return unsafe { avx512::dot_f16(x, y) };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::kernels::cpu::CpuFeatures::get().fma && crate::kernels::cpu::CpuFeatures::get().f16c {
-        // SAFETY: the CPU has FMA and F16C, checked just above.
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
+        // SAFETY: the CPU has FMA and F16C (the Avx2 level needs them), checked just above.
         return unsafe { dot_f16_fma(x, y) };
     }
     dot_f16_generic(x, y)
