@@ -23,7 +23,7 @@ use reckon_engine::template::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use tokio::sync::mpsc::UnboundedReceiver;
+use crate::metrics::Metered;
 
 #[derive(Debug, Deserialize)]
 struct MessagesRequest {
@@ -266,6 +266,7 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
+    let events = Metered::new(events, &state.metrics);
     let mut parser = OutputParser::new(parse);
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
@@ -380,13 +381,12 @@ fn content_of(deltas: Vec<Delta>, request: u64, parallel: bool) -> Vec<Value> {
     content
 }
 
-async fn collect(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+async fn collect(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: Metered) -> Result<Value, ApiError> {
     let mut deltas = first;
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Token { text, .. } => deltas.extend(parser.push(&text)),
-            Event::Finished { reason, usage, timings, stop } => {
-                a.state.metrics.finished(&timings);
+            Event::Finished { reason, usage, stop, .. } => {
                 deltas.extend(parser.finish());
                 let content = content_of(deltas, a.id, a.parallel);
                 let called = content.iter().any(|b| b["type"] == "tool_use");
@@ -469,7 +469,7 @@ impl Blocks {
 /// Anthropic's event stream: `message_start`, `ping`, content blocks (`content_block_start`,
 /// `content_block_delta`, `content_block_stop`), `message_delta` with the stop reason and usage,
 /// `message_stop`. A failure midway is an `error` event.
-fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> impl IntoResponse {
+fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: Metered) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |name: &'static str, v: Value| {
@@ -497,8 +497,7 @@ fn stream(a: Answer, mut parser: OutputParser, first: Vec<Delta>, mut events: Un
                         }
                     }
                 }
-                Event::Finished { reason, usage, timings, stop } => {
-                    a.state.metrics.finished(&timings);
+                Event::Finished { reason, usage, stop, .. } => {
                     pending.extend(parser.finish());
                     let mut out: Vec<(&'static str, Value)> = pending.drain(..).flat_map(|d| blocks.events(d)).collect();
                     if !blocks.started {

@@ -2,7 +2,10 @@
 //! (queue lengths, KV-cache usage, cache config), and reckon's own latency histograms and counters.
 
 use crate::AppState;
-use reckon_engine::engine::Timings;
+use reckon_engine::engine::{Event, Timings};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedReceiver;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -57,13 +60,39 @@ pub struct Metrics {
     latencies: Latencies,
 }
 
-impl Metrics {
-    pub fn inter_token(&self, d: Duration) {
-        self.latencies.itl.observe(d);
+/// A request's token events on their way to an API's shape, observed the same way for every API and
+/// answer mode: the gap before each token after the first (the inter-token histogram) and, at the end,
+/// the engine's timings.
+pub struct Metered {
+    events: UnboundedReceiver<Event>,
+    metrics: Arc<Metrics>,
+    last_token: Option<Instant>,
+}
+
+impl Metered {
+    pub fn new(events: UnboundedReceiver<Event>, metrics: &Arc<Metrics>) -> Metered {
+        Metered { events, metrics: metrics.clone(), last_token: None }
     }
 
+    pub async fn recv(&mut self) -> Option<Event> {
+        let ev = self.events.recv().await?;
+        match &ev {
+            Event::Token { .. } => {
+                let now = Instant::now();
+                if let Some(prev) = self.last_token.replace(now) {
+                    self.metrics.latencies.itl.observe(now - prev);
+                }
+            }
+            Event::Finished { timings, .. } => self.metrics.finished(timings),
+            Event::Error(_) => {}
+        }
+        Some(ev)
+    }
+}
+
+impl Metrics {
     /// A finished request's engine timings.
-    pub fn finished(&self, t: &Timings) {
+    fn finished(&self, t: &Timings) {
         let l = &self.latencies;
         l.ttft.observe(t.time_to_first_token);
         l.e2e.observe(t.end_to_end);
@@ -166,7 +195,7 @@ pub fn render(state: &AppState) -> String {
     let _ = writeln!(out, "# HELP {name} What --spec auto expected its latest choice of guesses to gain in tokens per second (0 before it chose).\n# TYPE {name} gauge\n{name}{{{m}}} {}", count(&s.spec_gain_milli) as f64 / 1e3);
     let l = &state.metrics.latencies;
     l.ttft.render("reckon_time_to_first_token_seconds", "Arrival to first generated token.", &mut out);
-    l.itl.render("reckon_inter_token_latency_seconds", "Time between streamed tokens.", &mut out);
+    l.itl.render("reckon_inter_token_latency_seconds", "Time between a request's tokens, on every API, streamed or not.", &mut out);
     l.e2e.render("reckon_e2e_request_latency_seconds", "Arrival to the end of the request.", &mut out);
     l.queue.render("reckon_request_queue_time_seconds", "Arrival to first scheduled step.", &mut out);
     out

@@ -12,8 +12,7 @@ use axum::Json;
 use reckon_engine::engine::{Event, FinishReason, GenerateParams, TokenLogprobs, Usage};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::time::Instant;
-use tokio::sync::mpsc::UnboundedReceiver;
+use crate::metrics::Metered;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -35,6 +34,7 @@ pub struct Prepared {
 /// Submits the request and answers in the shape `api` and `params.stream` ask for.
 pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams, prepared: Prepared) -> Result<Response, ApiError> {
     let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_request(e, api))?;
+    let events = Metered::new(events, &state.metrics);
     let (run, shape) = Run::new(state, api, id, prepared);
     if params.stream {
         Ok(stream(run, events, shape, params.include_usage()).into_response())
@@ -49,9 +49,10 @@ pub fn stream_events(
     state: &AppState,
     api: Api,
     request_id: u64,
-    events: UnboundedReceiver<Event>,
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     include_usage: bool,
 ) -> Response {
+    let events = Metered::new(events, &state.metrics);
     let (run, shape) = Run::new(state, api, request_id, Prepared::default());
     stream(run, events, shape, include_usage).into_response()
 }
@@ -290,15 +291,14 @@ impl Run {
 }
 
 /// The whole answer as one response.
-async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Shape) -> Result<Value, ApiError> {
+async fn collect(mut run: Run, mut events: Metered, shape: &Shape) -> Result<Value, ApiError> {
     while let Some(ev) = events.recv().await {
         match ev {
             Event::Token { id, text: delta, logprobs } => {
                 let text = run.on_token(id, delta, logprobs);
                 run.parse(&text);
             }
-            Event::Finished { reason, usage, timings, .. } => {
-                run.state.metrics.finished(&timings);
+            Event::Finished { reason, usage, .. } => {
                 run.finish_parse();
                 let reason = finish_str(reason, !run.calls().is_empty());
                 let logprobs = run.take_logprobs();
@@ -314,7 +314,7 @@ async fn collect(mut run: Run, mut events: UnboundedReceiver<Event>, shape: &Sha
 /// `[DONE]`. A failure midway is sent as an error event (`data: {"error": {...}}`, OpenAI's shape) and
 /// ends the stream without `[DONE]`. A client that goes away
 /// drops the stream; the request is aborted at its next token.
-fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, include_usage: bool) -> impl IntoResponse {
+fn stream(mut run: Run, mut events: Metered, shape: Shape, include_usage: bool) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |v: Value| {
@@ -324,14 +324,9 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
         if shape.api == Api::Chat && !send(shape.chunk(json!({ "role": "assistant", "content": "" }), None, Value::Null)).await {
             return run.state.engine.abort(run.id);
         }
-        let mut last_token: Option<Instant> = None;
         while let Some(ev) = events.recv().await {
             match ev {
                 Event::Token { id, text, logprobs } => {
-                    let now = Instant::now();
-                    if let Some(prev) = last_token.replace(now) {
-                        run.state.metrics.inter_token(now - prev);
-                    }
                     let text = run.on_token(id, text, logprobs);
                     for delta in run.parse(&text) {
                         let Some(delta) = shape.delta(&run, delta) else { continue };
@@ -340,8 +335,7 @@ fn stream(mut run: Run, mut events: UnboundedReceiver<Event>, shape: Shape, incl
                         }
                     }
                 }
-                Event::Finished { reason, usage, timings, .. } => {
-                    run.state.metrics.finished(&timings);
+                Event::Finished { reason, usage, .. } => {
                     for delta in run.finish_parse() {
                         if let Some(delta) = shape.delta(&run, delta) {
                             send(shape.chunk(delta, None, Value::Null)).await;

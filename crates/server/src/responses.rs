@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Mutex;
-use tokio::sync::mpsc::UnboundedReceiver;
+use crate::metrics::Metered;
 
 /// Responses kept for `previous_response_id` and `GET` (oldest dropped first).
 pub const STORE_CAPACITY: usize = 1024;
@@ -272,6 +272,7 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
+    let events = Metered::new(events, &state.metrics);
     let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
     let run = Run {
@@ -497,7 +498,7 @@ fn finish(run: &Run, items: &mut Items, reason: FinishReason, usage: &Usage) -> 
     (ev, response)
 }
 
-async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> Result<Value, ApiError> {
+async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: Metered) -> Result<Value, ApiError> {
     let mut items = Items { request: run.id, open: Open::None, output: Vec::new(), text: String::new(), parallel: run.tools.parallel, tools: run.tools.clone() };
     for d in first {
         items.events(d);
@@ -509,8 +510,7 @@ async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut even
                     items.events(d);
                 }
             }
-            Event::Finished { reason, usage, timings, .. } => {
-                run.state.metrics.finished(&timings);
+            Event::Finished { reason, usage, .. } => {
                 for d in parser.finish() {
                     items.events(d);
                 }
@@ -525,7 +525,7 @@ async fn collect(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut even
 /// The event stream: `response.created`, `response.in_progress`, the items' events, then
 /// `response.completed` (or `response.incomplete` at the token limit, `response.failed` on an error),
 /// each with its `sequence_number`.
-fn stream(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: UnboundedReceiver<Event>) -> impl IntoResponse {
+fn stream(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: Metered) -> impl IntoResponse {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let mut seq = 0u64;
@@ -554,8 +554,7 @@ fn stream(run: Run, mut parser: OutputParser, first: Vec<Delta>, mut events: Unb
                         }
                     }
                 }
-                Event::Finished { reason, usage, timings, .. } => {
-                    run.state.metrics.finished(&timings);
+                Event::Finished { reason, usage, .. } => {
                     pending.extend(parser.finish());
                     let mut out: Vec<Value> = pending.drain(..).flat_map(|d| items.events(d)).collect();
                     out.extend(finish(&run, &mut items, reason, &usage).0);

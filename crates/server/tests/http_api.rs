@@ -404,3 +404,29 @@ fn sampling_extensions_are_used_or_refused() {
     let a = post(addr, "/v1/completions", &json!({"model": TINY, "prompt": HAIKU, "max_tokens": 12, "temperature": 0, "ignore_eos": true, "stop_token_ids": every})).json();
     assert_eq!((a["choices"][0]["finish_reason"].as_str(), a["usage"]["completion_tokens"].as_u64()), (Some("stop"), Some(1)), "{a}");
 }
+
+/// The inter-token histogram counts every request's tokens, whichever API and answer mode carried them
+/// (it once counted streamed chat and text completions only).
+#[test]
+fn every_api_feeds_the_inter_token_histogram() {
+    let addr = tiny_server(config(2048, 16, 64));
+    let requests = [
+        ("/v1/chat/completions", json!({"model": TINY, "messages": [{"role": "user", "content": HAIKU}], "max_tokens": 6, "temperature": 0, "ignore_eos": true})),
+        ("/v1/completions", json!({"model": TINY, "prompt": HAIKU, "max_tokens": 5, "temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}})),
+        ("/v1/messages", json!({"model": TINY, "messages": [{"role": "user", "content": HAIKU}], "max_tokens": 7, "temperature": 0})),
+        ("/v1/messages", json!({"model": TINY, "messages": [{"role": "user", "content": HAIKU}], "max_tokens": 4, "temperature": 0, "stream": true})),
+        ("/v1/responses", json!({"model": TINY, "input": HAIKU, "max_output_tokens": 8, "temperature": 0})),
+        ("/v1/responses", json!({"model": TINY, "input": HAIKU, "max_output_tokens": 3, "temperature": 0, "stream": true})),
+    ];
+    let mut gaps = 0;
+    for (path, body) in requests {
+        let a = post(addr, path, &body);
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        let m = wait_for_metrics(addr, TINY, "an idle engine", Metrics::idle);
+        let generated = m.value("reckon_generation_tokens_total") as u64;
+        gaps += 1;
+        let count = m.text.lines().find_map(|l| l.strip_prefix("reckon_inter_token_latency_seconds_count ")).unwrap().parse::<u64>().unwrap();
+        // every token after each request's first is one gap
+        assert_eq!(count, generated - gaps, "{path}, {}: {}", if body.get("stream").is_some() { "streamed" } else { "whole" }, m.text);
+    }
+}
