@@ -82,7 +82,7 @@ pub fn router(state: AppState) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(|State(state): State<AppState>| async move { metrics::render(&state) }))
+        .route("/metrics", get(|State(state): State<AppState>| async move { ([(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)) }))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))

@@ -28,7 +28,7 @@ fn health_models_and_metrics() {
     let blocks = config(2048, 16, 64).num_blocks;
     let metrics = Metrics::read(addr, TINY);
     for line in [
-        format!("vllm:cache_config_info{{model_name=\"tiny\",block_size=\"16\",num_gpu_blocks=\"{blocks}\",cache_dtype=\"f16\"}} 1"),
+        format!("vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"f16\",model_name=\"tiny\",num_gpu_blocks=\"{blocks}\"}} 1"),
         format!("reckon_kv_blocks_free{{model_name=\"tiny\"}} {blocks}"),
         "reckon_request_success_total{model_name=\"tiny\"} 0".to_string(),
         "reckon_request_aborted_total{model_name=\"tiny\"} 0".to_string(),
@@ -155,7 +155,7 @@ fn a_prediction_is_checked_in_bulk_and_reported_in_usage() {
     let metrics = Metrics::read(addr, TINY);
     let accepted = metrics.text.lines().find(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_total")).expect("the counter");
     assert_eq!(accepted.rsplit(' ').next().unwrap().parse::<u64>().unwrap(), details["accepted_prediction_tokens"].as_u64().unwrap());
-    assert!(metrics.text.lines().any(|l| l.starts_with("reckon_kv_bytes_per_token{model_name=\"tiny\",layer_type=\"full\"}")), "{}", metrics.text);
+    assert!(metrics.text.lines().any(|l| l.starts_with("reckon_kv_bytes_per_token{layer_type=\"full\",model_name=\"tiny\"}")), "{}", metrics.text);
     // the kept guesses by position sum to the kept guesses; the first position kept at least one
     let per_pos: Vec<u64> = metrics.text.lines().filter(|l| l.starts_with("vllm:spec_decode_num_accepted_tokens_per_pos{")).map(|l| l.rsplit(' ').next().unwrap().parse().unwrap()).collect();
     assert_eq!(per_pos.len(), 16, "{}", metrics.text);
@@ -428,5 +428,26 @@ fn every_api_feeds_the_inter_token_histogram() {
         let count = m.text.lines().find_map(|l| l.strip_prefix("reckon_inter_token_latency_seconds_count ")).unwrap().parse::<u64>().unwrap();
         // every token after each request's first is one gap
         assert_eq!(count, generated - gaps, "{path}, {}: {}", if body.get("stream").is_some() { "streamed" } else { "whole" }, m.text);
+    }
+}
+
+/// A served model name is a label value like any other: quotes, backslashes and newlines in it are
+/// escaped as Prometheus' text format says (they broke the hand-written exposition), and the answer
+/// names that format's content type.
+#[test]
+fn metrics_escape_the_model_name() {
+    let mut state = tiny_state(config(2048, 16, 64));
+    state.model_id = "odd\"name\\x\ny".into();
+    let addr = serve(state);
+    let a = get(addr, "/metrics");
+    assert_eq!(a.status, 200);
+    assert_eq!(a.header("content-type"), Some("text/plain; version=0.0.4"), "{}", a.head);
+    let escaped = r#"model_name="odd\"name\\x\ny""#;
+    assert!(a.body.lines().any(|l| l == format!("vllm:num_requests_running{{{escaped}}} 0")), "{}", a.body);
+    // every sample line is `name{labels} value` with its label values closed where they should be
+    for line in a.body.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line:?}");
+        assert!(!series.contains('{') || series.ends_with('}'), "{line:?}");
     }
 }
