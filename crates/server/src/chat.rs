@@ -3,10 +3,9 @@
 
 use crate::error::ApiError;
 use crate::params::CommonParams;
-use crate::respond::{generate, Api, Prepared};
+use crate::respond::{Api, Prepared, Ready};
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
-use axum::response::Response;
 use reckon_engine::grammar::Grammar;
 use reckon_engine::template::ChatMessage;
 use serde::Deserialize;
@@ -200,7 +199,9 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
     Ok(set)
 }
 
-pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// `POST /v1/chat/completions` up to the engine: parsing, the chat template, tokenizing and the grammar
+/// (work that grows with the request: run off the async workers, `lib::off_workers`).
+pub fn prepare_chat(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
     let format = response_format(req.response_format.as_ref())?;
     let tools = tool_set(&req)?;
@@ -215,10 +216,11 @@ pub async fn chat_completions(state: &AppState, body: &[u8]) -> Result<Response,
     };
     params.constraint = state.answer_constraint(&tools, format.as_ref(), "response_format")?;
     let prepared = Prepared { parse: tools::parse_options(&state.template, &tools, &text), prefill, parallel_calls: tools.parallel };
-    generate(state, Api::Chat, &req.params, params, prepared).await
+    Ok(Ready::new(Api::Chat, &req.params, params, prepared))
 }
 
-pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// `POST /v1/completions` up to the engine (as `prepare_chat`).
+pub fn prepare_completions(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: CompletionRequest = parse(body, serde_json::json!({"model": "", "prompt": ""}))?;
     // Legacy completions: `logprobs` is the number of alternatives (0-5), as OpenAI.
     if let Some(k) = req.logprobs.filter(|&k| k > 5) {
@@ -237,5 +239,5 @@ pub async fn completions(state: &AppState, body: &[u8]) -> Result<Response, ApiE
     }
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = req.logprobs;
-    generate(state, Api::Completion, &req.params, params, Prepared::default()).await
+    Ok(Ready::new(Api::Completion, &req.params, params, Prepared::default()))
 }

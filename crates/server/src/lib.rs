@@ -224,24 +224,46 @@ fn body_of(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejec
     })
 }
 
-async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match generation_body(&state, &headers, body) {
-        Ok(body) => chat::chat_completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
-        Err(e) => e.into_response(),
+/// Runs `prepare` on tokio's blocking pool: parsing a body, rendering the chat template, tokenizing and
+/// compiling a grammar grow with the request (a 30 MB prompt takes seconds), and on an async worker they
+/// would hold up every other connection that worker serves.
+async fn off_workers<T: Send + 'static>(state: &AppState, body: Bytes, prepare: fn(&AppState, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
+    let state = state.clone();
+    match tokio::task::spawn_blocking(move || prepare(&state, &body)).await {
+        Ok(prepared) => prepared,
+        Err(e) => Err(ApiError::internal(format!("preparing the request failed: {e}"))),
     }
 }
 
+async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = match generation_body(&state, &headers, body) {
+        Ok(body) => match off_workers(&state, body, chat::prepare_chat).await {
+            Ok(ready) => respond::generate(&state, ready).await,
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
 async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match generation_body(&state, &headers, body) {
-        Ok(body) => chat::completions(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
-        Err(e) => e.into_response(),
-    }
+    let answer = match generation_body(&state, &headers, body) {
+        Ok(body) => match off_workers(&state, body, chat::prepare_completions).await {
+            Ok(ready) => respond::generate(&state, ready).await,
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Anthropic's endpoints answer errors in Anthropic's shape.
 async fn anthropic_messages(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let answer = match generation_body(&state, &headers, body) {
-        Ok(body) => messages::messages(&state, &body).await,
+        Ok(body) => match off_workers(&state, body, messages::prepare).await {
+            Ok(ready) => messages::messages(&state, ready).await,
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     answer.unwrap_or_else(ApiError::into_anthropic_response)
@@ -249,17 +271,21 @@ async fn anthropic_messages(State(state): State<AppState>, headers: HeaderMap, b
 
 async fn anthropic_count_tokens(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let answer = match body_of(&state, &headers, body) {
-        Ok(body) => messages::count_tokens(&state, &body).await,
+        Ok(body) => off_workers(&state, body, messages::count_tokens).await,
         Err(e) => Err(e),
     };
     answer.unwrap_or_else(ApiError::into_anthropic_response)
 }
 
 async fn create_response(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    match generation_body(&state, &headers, body) {
-        Ok(body) => responses::create(&state, &body).await.unwrap_or_else(IntoResponse::into_response),
-        Err(e) => e.into_response(),
-    }
+    let answer = match generation_body(&state, &headers, body) {
+        Ok(body) => match off_workers(&state, body, responses::prepare).await {
+            Ok(ready) => responses::create(&state, ready).await,
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn get_response(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {

@@ -11,7 +11,7 @@
 //! (a JSON schema) is enforced by the grammar, as chat's `response_format`.
 
 use crate::error::ApiError;
-use crate::output::{Delta, OutputParser};
+use crate::output::{Delta, OutputParser, ParseOptions};
 use crate::params::SamplingFields;
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
@@ -228,16 +228,29 @@ fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiEr
     Ok(req)
 }
 
-/// `POST /v1/messages/count_tokens`: the prompt's tokens, as a message request would count them.
-pub async fn count_tokens(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, as a message request would count them (all of
+/// it off the async workers).
+pub fn count_tokens(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
     let req = parse_request(state, body)?;
     let tools = tool_set(&req)?;
     let (ids, ..) = prompt(state, &req, &tools)?;
     Ok(Json(json!({ "input_tokens": ids.len() })).into_response())
 }
 
-/// `POST /v1/messages`.
-pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// A Messages request made ready for the engine.
+pub struct Ready {
+    params: GenerateParams,
+    parse: ParseOptions,
+    prefill: Option<String>,
+    model: String,
+    prompt_len: usize,
+    parallel: bool,
+    stream: bool,
+}
+
+/// `POST /v1/messages` up to the engine: parsing, the template, tokenizing and the grammar (run off the
+/// async workers, `lib::off_workers`).
+pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req = parse_request(state, body)?;
     let max_tokens = req.max_tokens.ok_or_else(|| ApiError::invalid("max_tokens: field required", Some("max_tokens")))?;
     if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
@@ -265,12 +278,18 @@ pub async fn messages(state: &AppState, body: &[u8]) -> Result<Response, ApiErro
         prediction: Vec::new(),
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
+    Ok(Ready { params, parse, prefill, model: req.model, prompt_len, parallel: tools.parallel, stream: req.stream })
+}
+
+/// `POST /v1/messages`: submits a prepared request and answers in Anthropic's shape.
+pub async fn messages(state: &AppState, ready: Ready) -> Result<Response, ApiError> {
+    let Ready { params, parse, prefill, model, prompt_len, parallel, stream: streamed } = ready;
     let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Messages))?;
     let events = Metered::new(events, &state.metrics);
     let mut parser = OutputParser::new(parse);
     let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
-    let answer = Answer { state: state.clone(), id, model: req.model.clone(), prompt_len, parallel: tools.parallel };
-    if req.stream {
+    let answer = Answer { state: state.clone(), id, model, prompt_len, parallel };
+    if streamed {
         Ok(stream(answer, parser, first, events).into_response())
     } else {
         collect(answer, parser, first, events).await.map(|v| Json(v).into_response())

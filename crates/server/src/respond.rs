@@ -31,13 +31,29 @@ pub struct Prepared {
     pub parallel_calls: bool,
 }
 
-/// Submits the request and answers in the shape `api` and `params.stream` ask for.
-pub async fn generate(state: &AppState, api: Api, params: &CommonParams, req: GenerateParams, prepared: Prepared) -> Result<Response, ApiError> {
-    let (id, events) = state.engine.submit(req).map_err(|e| ApiError::from_request(e, api))?;
+/// A chat or text completion request made ready for the engine (off the async workers: `chat::prepare_*`).
+pub struct Ready {
+    pub api: Api,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub request: GenerateParams,
+    pub prepared: Prepared,
+}
+
+impl Ready {
+    pub fn new(api: Api, params: &CommonParams, request: GenerateParams, prepared: Prepared) -> Ready {
+        Ready { api, stream: params.stream, include_usage: params.include_usage(), request, prepared }
+    }
+}
+
+/// Submits the request and answers in the shape its API and `stream` ask for.
+pub async fn generate(state: &AppState, ready: Ready) -> Result<Response, ApiError> {
+    let Ready { api, stream: streamed, include_usage, request, prepared } = ready;
+    let (id, events) = state.engine.submit(request).map_err(|e| ApiError::from_request(e, api))?;
     let events = Metered::new(events, &state.metrics);
     let (run, shape) = Run::new(state, api, id, prepared);
-    if params.stream {
-        Ok(stream(run, events, shape, params.include_usage()).into_response())
+    if streamed {
+        Ok(stream(run, events, shape, include_usage).into_response())
     } else {
         Ok(Json(collect(run, events, &shape).await?).into_response())
     }

@@ -11,7 +11,7 @@
 //! `prompt_cache_key`, `client_metadata`, `text`, `parallel_tool_calls` (accepted).
 
 use crate::error::ApiError;
-use crate::output::{Delta, OutputParser};
+use crate::output::{Delta, OutputParser, ParseOptions};
 use crate::params::{clock_seed, unix_now, SamplingFields};
 use crate::tools::{self, Tool, ToolChoice, ToolSet};
 use crate::AppState;
@@ -222,8 +222,19 @@ fn unqualified_choice(set: &ToolSet, name: &str) -> Result<String, ApiError> {
     }
 }
 
-/// `POST /v1/responses`.
-pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError> {
+/// A Responses request made ready for the engine: the request, how to read its answer, and the run
+/// that answers it (its engine id is set at submission).
+pub struct Ready {
+    params: GenerateParams,
+    parse: ParseOptions,
+    prefill: Option<String>,
+    run: Run,
+    stream: bool,
+}
+
+/// `POST /v1/responses` up to the engine: parsing, the stored conversation, the template, tokenizing and
+/// the grammar (run off the async workers, `lib::off_workers`).
+pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: ResponsesRequest = crate::chat::parse(body, json!({"model": "", "input": ""}))?;
     if !state.serves(&req.model) {
         return Err(state.unknown_model(&req.model));
@@ -271,14 +282,12 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
         prediction: Vec::new(),
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
     };
-    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
-    let events = Metered::new(events, &state.metrics);
-    let mut parser = OutputParser::new(tools::parse_options(&state.template, &tools, &text));
-    let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
+    let parse = tools::parse_options(&state.template, &tools, &text);
+    let (temperature, top_p) = (params.sampling.temperature, params.sampling.top_p);
     let run = Run {
         state: state.clone(),
-        id,
-        response_id: format!("resp_{id:x}{:012x}", clock_seed() & 0xffff_ffff_ffff),
+        id: 0,
+        response_id: String::new(),
         created_at: unix_now(),
         store: req.store.unwrap_or(true),
         conversation,
@@ -286,13 +295,25 @@ pub async fn create(state: &AppState, body: &[u8]) -> Result<Response, ApiError>
             "model": req.model, "instructions": req.instructions, "tools": req.tools,
             "tool_choice": req.tool_choice.clone().unwrap_or(json!("auto")), "parallel_tool_calls": tools.parallel,
             "previous_response_id": req.previous_response_id, "max_output_tokens": req.max_output_tokens,
-            "temperature": req.temperature.unwrap_or(1.0), "top_p": req.top_p.unwrap_or(1.0),
+            "temperature": temperature, "top_p": top_p,
             "store": req.store.unwrap_or(true), "metadata": if req.metadata.is_null() { json!({}) } else { req.metadata.clone() },
             "text": req.text.clone().unwrap_or(json!({"format": {"type": "text"}})), "truncation": "disabled",
         }),
         tools,
     };
-    if req.stream {
+    Ok(Ready { params, parse, prefill, run, stream: req.stream })
+}
+
+/// `POST /v1/responses`: submits a prepared request and answers as a response object or its events.
+pub async fn create(state: &AppState, ready: Ready) -> Result<Response, ApiError> {
+    let Ready { params, parse, prefill, mut run, stream: streamed } = ready;
+    let (id, events) = state.engine.submit(params).map_err(|e| ApiError::from_request(e, crate::error::Wire::Responses))?;
+    let events = Metered::new(events, &state.metrics);
+    run.id = id;
+    run.response_id = format!("resp_{id:x}{:012x}", clock_seed() & 0xffff_ffff_ffff);
+    let mut parser = OutputParser::new(parse);
+    let first = prefill.map(|p| parser.push(&p)).unwrap_or_default();
+    if streamed {
         Ok(stream(run, parser, first, events).into_response())
     } else {
         collect(run, parser, first, events).await.map(|v| Json(v).into_response())

@@ -191,3 +191,33 @@ fn a_failure_midway_ends_the_stream_with_an_error_event() {
     let events = sse(vec![token("Hi"), Event::Finished { reason: FinishReason::Length, usage, timings: Default::default(), stop: None }], false);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 }
+
+/// Large requests are parsed, rendered and tokenized off the async workers: while three 24 MB prompts
+/// are being tokenized (seconds each), another connection is answered at once. On the two async
+/// workers, the three held both, and the small request waited for a large one to finish.
+#[test]
+fn large_requests_do_not_stall_other_connections() {
+    use std::time::Instant;
+    let addr = tiny_server(config(2048, 16, 64));
+    let text = "caches hold what was computed before; ".repeat(24 << 20 >> 6);
+    let big = json!({"model": TINY, "messages": [{"role": "user", "content": text}], "max_tokens": 1}).to_string();
+    let start = Instant::now();
+    let large: Vec<_> = (0..3)
+        .map(|_| {
+            let big = big.clone();
+            std::thread::spawn(move || {
+                let a = request(addr, "POST", CHAT, &[], &big);
+                (a.status, start.elapsed())
+            })
+        })
+        .collect();
+    // the bodies arrive and their tokenizing starts
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let small = post(addr, CHAT, &tiny_chat("hi", 2, json!({})));
+    let small_done = start.elapsed();
+    assert_eq!(small.status, 200, "{}", small.body);
+    let large: Vec<_> = large.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(large.iter().all(|(status, _)| *status == 400), "the large prompts exceed the context: {large:?}");
+    let first_large = large.iter().map(|l| l.1).min().unwrap();
+    assert!(small_done < first_large, "the small request ({small_done:?}) waited for a large one ({first_large:?})");
+}
