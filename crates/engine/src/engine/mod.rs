@@ -6,9 +6,12 @@
 //! `EngineHandle` (handle.rs) runs an `Engine` on its own thread behind a channel; the server, the CLI,
 //! the benchmarks and the lab all use it. The engine emits token events, never API JSON.
 
+mod config;
 mod events;
+mod forward;
 mod handle;
 mod request;
+mod sample;
 mod scheduler;
 pub mod slow;
 pub mod sparse;
@@ -24,6 +27,8 @@ mod scheduler_tests;
 #[cfg(test)]
 mod scheduler_window_tests;
 
+pub use config::EngineConfig;
+use sample::Sampled;
 pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
 pub use handle::{spawn, spawn_with, spawn_with_draft, spawn_with_models, EngineHandle, EngineStats};
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
@@ -32,114 +37,18 @@ pub use stop::{StopMatcher, StopOutcome};
 pub use validate::{validate, Field, GenerateParams, HeldBlocks, Limits, RequestError, ValidatedRequest, MAX_LOGPROBS, MAX_STOP_STRINGS};
 
 use crate::kv::offload::{DiskOffload, RestoreReply, RestoredBlocks};
-use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
-use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
+use crate::kv::{kv_numerics_version, BlockPool, DiskTierConfig, KvCacheManager, KvFormat, KvLayout, KvStorage};
+use crate::model::{Model, Scratch};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
-#[derive(Clone, Copy, Debug)]
-pub struct EngineConfig {
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// KV blocks (fixed at start-up from the memory budget).
-    pub num_blocks: usize,
-    /// Token budget of one step.
-    pub max_batch_tokens: usize,
-    /// Prefill tokens of a step that also decodes (`SchedulerConfig::max_prefill_tokens_while_decoding`).
-    pub max_prefill_tokens_while_decoding: usize,
-    /// Requests running at once.
-    pub max_running: usize,
-    /// Requests waiting at most; more are refused (`RequestError::QueueFull`).
-    pub max_waiting: usize,
-    /// Longest sequence, prompt and output together.
-    pub max_model_len: usize,
-    /// Reuse the KV blocks of earlier requests' common prefixes.
-    pub prefix_caching: bool,
-    /// Park the thread pool's workers after each forward pass (see `Engine::execute`).
-    pub rest_pool_between_steps: bool,
-    /// How keys and values are stored (`--kv-dtype`); `KvDtypes::check_shape` must accept the model's
-    /// head size and `block_size`.
-    pub kv_dtypes: KvDtypes,
-    /// A StreamingLLM window (`--kv-window`, `--kv-sinks`): every sequence keeps its sinks and its last
-    /// positions only (`kv::window`).
-    pub kv_window: Option<KvWindow>,
-    /// Block-sparse attention over each query's history (`--sparse-attention`, `kv::sparse`); f16 KV,
-    /// no window.
-    pub sparse_attention: Option<SparseAttention>,
-    /// Sliding-window layers (Gemma-3's) in layer groups of their own, which keep their window's blocks
-    /// only (`kv::layout`). In effect only without `kv_window` and without a disk tier
-    /// (`EngineConfig::kv_layout`).
-    pub hybrid_kv: bool,
-    /// Speculative decoding with the n-gram proposer for every request without a grammar (`engine::spec`);
-    /// `None`: only requests that bring a prediction speculate (with the default configuration).
-    pub spec: Option<spec::SpecConfig>,
-    /// Sparse prefill of long prompts (`engine::sparse`), scored by the model's own first layers.
-    pub spec_prefill: Option<sparse::SparsePrefillConfig>,
-    /// Slow-state detection and its fallback (`engine::slow`).
-    pub slow_state: slow::SlowStateConfig,
-}
-
-impl EngineConfig {
-    /// The KV layout this configuration gets for `model` (with a disk tier: `disk_tier`): hybrid where
-    /// asked and possible, else one group. `num_blocks` counts its pages.
-    pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
-        model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching) && !self.has_draft_model())
-    }
-
-    /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's
-    /// block ids, so the layout is one group.
-    pub fn has_draft_model(&self) -> bool {
-        self.spec.is_some_and(|s| s.draft)
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            block_size: 16,
-            num_blocks: 1024,
-            max_batch_tokens: 512,
-            max_prefill_tokens_while_decoding: usize::MAX,
-            max_running: 64,
-            max_waiting: 256,
-            max_model_len: 4096,
-            prefix_caching: true,
-            rest_pool_between_steps: true,
-            kv_dtypes: KvDtypes::F16,
-            kv_window: None,
-            sparse_attention: None,
-            hybrid_kv: false,
-            spec: None,
-            spec_prefill: None,
-            slow_state: Default::default(),
-        }
-    }
-}
-
-/// The tokens a step gave the request `id`: one, or with speculation the kept guesses and the model's
-/// next token.
-struct Sampled {
-    id: RequestId,
-    tokens: Vec<(u32, Option<TokenLogprobs>)>,
-    /// The request's grammar failed: it ends with this error (no token) instead of going on unconstrained.
-    error: Option<String>,
-}
-
-/// The draft model of speculative decoding, with its keys and values: a storage of the target's number
-/// of blocks, indexed by the same block ids (`engine::spec`).
-struct Drafter {
-    model: Arc<Model>,
-    kv: KvStorage,
-    scratch: Scratch,
-}
-
 pub struct Engine {
     model: Arc<Model>,
     /// The model that scores prompts for sparse prefill (`engine::sparse`); the model itself without one.
     scorer: Option<Arc<Model>>,
-    drafter: Option<Drafter>,
+    drafter: Option<spec::Drafter>,
     detok: Arc<dyn Detokenizer>,
     kv: KvStorage,
     scratch: Scratch,
@@ -147,8 +56,8 @@ pub struct Engine {
     offload: Option<DiskOffload>,
     stats: Arc<EngineStats>,
     config: EngineConfig,
-    /// A logits row with a grammar's mask applied (constrained requests).
-    masked: Vec<f32>,
+    /// The sample/constrain stage (`engine::sample`).
+    sampling: sample::SampleStage,
     /// Seconds the draft model took in the step in flight.
     draft_secs: f64,
     /// Idle recovery (`engine::sparse`): full prompts to recompute (with their cache salt and the
@@ -205,17 +114,7 @@ impl Engine {
         if config.sparse_attention.is_some() && config.kv_window.is_some() {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
-        let drafter = match draft {
-            Some(d) if d.config.vocab_size != model.config.vocab_size => {
-                return Err(invalid(format!("the draft model's vocabulary has {} tokens, the model's {}", d.config.vocab_size, model.config.vocab_size)));
-            }
-            Some(d) => {
-                config.kv_dtypes.check_shape(d.config.head_dim, config.block_size).map_err(|e| invalid(format!("draft model: {e}")))?;
-                let kv = d.new_kv_in(d.kv_layout(false), config.kv_dtypes, config.block_size, config.num_blocks);
-                Some(Drafter { model: d, kv, scratch: Scratch::default() })
-            }
-            None => None,
-        };
+        let drafter = draft.map(|d| spec::Drafter::new(d, &model, &config).map_err(invalid)).transpose()?;
         let layout = config.kv_layout(&model, disk.is_some());
         let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
         let offload = match disk.filter(|_| config.prefix_caching) {
@@ -243,7 +142,7 @@ impl Engine {
             max_background_chunk: config.spec_prefill.map_or(usize::MAX, |s| s.recover_slice),
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, masked: Vec::new(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID, scoring: Default::default(), slow: slow::SlowState::new(config.slow_state), serial_pool: None })
+        Ok(Engine { model, scorer: None, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, recovery: Default::default(), recovering: None, next_background_id: FIRST_BACKGROUND_ID, scoring: Default::default(), slow: slow::SlowState::new(config.slow_state), serial_pool: None })
     }
 
     /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
@@ -543,162 +442,20 @@ impl Engine {
         }
     }
 
-    /// The draft model's share of a step: one pass over every chunk's `draft_span` (catching up, through
-    /// the newest token of requests it guesses for), then one pass per further guess over the requests
-    /// still guessing; each guess is the draft's argmax. The guesses replace the requests' placeholders.
-    fn run_draft(&mut self, plan: &StepPlan) {
-        let Engine { drafter, scheduler, .. } = self;
-        let Some(d) = drafter.as_mut() else { return };
-        let spans: Vec<&ScheduledChunk> = plan.chunks.iter().filter(|c| c.draft_span.is_some()).collect();
-        if spans.is_empty() {
-            return;
-        }
-        let guessing = |c: &ScheduledChunk| c.draft > 0 && scheduler.request(c.id).and_then(|r| r.spec.as_ref()).is_some_and(|s| s.from_model);
-        let vocab = d.model.config.vocab_size;
-        let argmax = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best }).0 as u32;
-        let started = Instant::now();
-        let inputs: Vec<SeqInput> = spans
-            .iter()
-            .map(|c| {
-                let (from, to) = c.draft_span.expect("filtered");
-                let req = scheduler.request(c.id).expect("planned requests exist");
-                let logits = if guessing(c) { LogitsWanted::Last } else { LogitsWanted::None };
-                SeqInput { tokens: &req.tokens[from..to], start_pos: from, block_tables: req.blocks.tables(), logits }
-            })
-            .collect();
-        let tokens: usize = inputs.iter().map(|i| i.tokens.len()).sum();
-        let logits = d.model.forward(&inputs, &mut d.kv, &mut d.scratch);
-        // (chunk, guesses so far)
-        let mut guesses: Vec<(&ScheduledChunk, Vec<u32>)> = spans.iter().filter(|c| guessing(c)).enumerate().map(|(r, c)| (*c, vec![argmax(&logits[r * vocab..(r + 1) * vocab])])).collect();
-        drop(inputs);
-        let mut timings = vec![(tokens, started.elapsed().as_secs_f64())];
-        for j in 1.. {
-            let started = Instant::now();
-            let inputs: Vec<SeqInput> = guesses
-                .iter()
-                .filter(|(c, _)| c.draft > j)
-                .map(|(c, g)| {
-                    let req = scheduler.request(c.id).expect("planned requests exist");
-                    SeqInput { tokens: &g[j - 1..j], start_pos: c.start + j, block_tables: req.blocks.tables(), logits: LogitsWanted::Last }
-                })
-                .collect();
-            if inputs.is_empty() {
-                break;
-            }
-            let n = inputs.len();
-            let logits = d.model.forward(&inputs, &mut d.kv, &mut d.scratch);
-            let next: Vec<u32> = (0..n).map(|r| argmax(&logits[r * vocab..(r + 1) * vocab])).collect();
-            drop(inputs);
-            for ((_, g), t) in guesses.iter_mut().filter(|(c, _)| c.draft > j).zip(next) {
-                g.push(t);
-            }
-            timings.push((n, started.elapsed().as_secs_f64()));
-        }
-        for (c, g) in guesses {
-            let spec = scheduler.request_mut(c.id).and_then(|r| r.spec.as_mut()).expect("guessing requests speculate");
-            debug_assert_eq!(g.len(), c.draft);
-            spec.draft = g;
-        }
-        for (tokens, secs) in timings {
-            scheduler.observe_draft_step(tokens, secs);
-            self.draft_secs += secs;
-        }
-    }
-
-    /// Runs the model on the plan's chunks and samples a token for every chunk that ends its request.
+    /// The draft, forward and sample stages: the draft model's guesses, the model over the plan's chunks,
+    /// and a token (or a speculating chunk's kept guesses) for every chunk that ends its request.
     fn execute(&mut self, plan: &StepPlan) -> Vec<Sampled> {
-        self.run_draft(plan);
-        // a speculating chunk's tokens: its newest token, then its guesses
-        let guessed: Vec<Vec<u32>> = plan
-            .chunks
-            .iter()
-            .filter(|c| c.draft > 0)
-            .map(|c| {
-                let req = self.scheduler.request(c.id).expect("planned requests exist");
-                let draft = &req.spec.as_ref().expect("a chunk with guesses speculates").draft;
-                [&req.tokens[c.start..], &draft[..]].concat()
-            })
-            .collect();
-        let mut guessed_iter = guessed.iter();
-        let inputs: Vec<SeqInput> = plan
-            .chunks
-            .iter()
-            .map(|c| {
-                let req = self.scheduler.request(c.id).expect("planned requests exist");
-                let logits = match (c.samples, c.draft) {
-                    (false, _) => LogitsWanted::None,
-                    (true, 0) => LogitsWanted::Last,
-                    (true, _) => LogitsWanted::All,
-                };
-                let tokens = if c.draft > 0 { &guessed_iter.next().expect("one per speculating chunk")[..] } else { &req.tokens[c.start..c.start + c.len] };
-                debug_assert_eq!(tokens.len(), c.len);
-                SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits }
-            })
-            .collect();
-        // a sparsely prefilled request's cells sit at their positions in the full prompt
-        let positions: Vec<Option<Vec<usize>>> = plan
-            .chunks
-            .iter()
-            .map(|c| {
-                let req = self.scheduler.request(c.id).expect("planned requests exist");
-                req.sparse.as_ref().map(|s| (c.start..c.start + c.len).map(|i| s.position(i)).collect())
-            })
-            .collect();
-        let positions: Vec<Option<&[usize]>> = positions.iter().map(|p| p.as_deref()).collect();
-        let logits = self.model.forward_at(&inputs, &positions, self.config.kv_window, self.config.sparse_attention, &mut self.kv, &mut self.scratch);
+        if let Some(d) = self.drafter.as_mut() {
+            self.draft_secs += d.run(plan, &mut self.scheduler);
+        }
+        let logits = forward::run(&self.model, &self.config, plan, &self.scheduler, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on
             // this thread's core while the other ran a spinning worker).
             crate::pool::current().rest();
         }
-        let vocab = self.model.config.vocab_size;
-        let mut out = Vec::new();
-        let mut row = 0;
-        for c in plan.chunks.iter().filter(|c| c.samples) {
-            let rows: Vec<&[f32]> = (row..row + 1 + c.draft).map(|r| &logits[r * vocab..(r + 1) * vocab]).collect();
-            row += 1 + c.draft;
-            let lg = rows[0];
-            let req = self.scheduler.request_mut(c.id).expect("planned requests exist");
-            if c.draft > 0 {
-                let draft = std::mem::take(&mut req.spec.as_mut().expect("speculating").draft);
-                let new = spec::verify(&mut req.sampler, &rows, &draft, &req.tokens);
-                let logprobs = |i: usize, t: u32| req.logprobs.map(|k| token_logprobs(rows[i], t, k));
-                let tokens = new.iter().enumerate().map(|(i, &t)| (t, logprobs(i, t))).collect();
-                req.spec.as_mut().expect("speculating").draft = draft;
-                out.push(Sampled { id: c.id, tokens, error: None });
-                continue;
-            }
-            let token = match req.constraint.as_mut() {
-                None => req.sampler.sample(lg, &req.tokens),
-                Some(constraint) => {
-                    // the grammar's mask on a copy of the row. A grammar that fails (it should not: every
-                    // token it is given was allowed by its own mask) ends the request with an error:
-                    // text past it would not be held to the grammar, yet read as if it were.
-                    self.masked.clear();
-                    self.masked.extend_from_slice(lg);
-                    let sampled = match constraint.mask(&mut self.masked) {
-                        Ok(()) => {
-                            let token = req.sampler.sample(&self.masked, &req.tokens);
-                            constraint.advance(token).map(|()| token).map_err(|e| format!("the grammar rejected token {token}: {e}"))
-                        }
-                        Err(e) => Err(format!("the grammar's mask failed: {e}")),
-                    };
-                    match sampled {
-                        Ok(token) => token,
-                        Err(e) => {
-                            let generated = req.num_generated();
-                            tracing::warn!(request = c.id, "constrained decoding failed after {generated} tokens, the request ends: {e}");
-                            out.push(Sampled { id: c.id, tokens: Vec::new(), error: Some(format!("constrained decoding failed after {generated} tokens: {e}")) });
-                            continue;
-                        }
-                    }
-                }
-            };
-            let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
-            out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)], error: None });
-        }
-        out
+        self.sampling.sample(plan, logits, self.model.config.vocab_size, &mut self.scheduler)
     }
 
     /// Records the step: tokens computed and appended, then per sampled token its text and whether its
@@ -820,24 +577,4 @@ impl Engine {
         s.draft_step_ns.store((self.scheduler.draft_controller().time(1).unwrap_or(0.0) * 1e9) as u64, Ordering::Relaxed);
         s.spec_gain_milli.store(self.scheduler.spec_gain().map_or(0, |g| (g * 1e3) as u64), Ordering::Relaxed);
     }
-}
-
-/// Natural-log probabilities of `token` and of the `k` most likely tokens (ties by lower id).
-fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
-    let lp = |l: f32| (l as f64 - lse) as f32;
-    if k == 0 {
-        return TokenLogprobs { logprob: lp(logits[token as usize]), top: Vec::new() };
-    }
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = k.min(order.len());
-    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
-    if k > 0 && k < order.len() {
-        order.select_nth_unstable_by(k - 1, by_logit);
-    }
-    order.truncate(k);
-    order.sort_unstable_by(by_logit);
-    TokenLogprobs { logprob: lp(logits[token as usize]), top: order.into_iter().map(|t| (t, lp(logits[t as usize]))).collect() }
 }

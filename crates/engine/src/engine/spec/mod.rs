@@ -25,6 +25,10 @@
 //!   draft's keys and values (`BlockPool::draft_cells`, reset when the block is handed out anew), so a
 //!   prefix hit gives the draft model its share of the prefix too.
 
+mod draft;
+
+pub use draft::Drafter;
+
 use crate::sampler::Sampler;
 
 /// How a request speculates.

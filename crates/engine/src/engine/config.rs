@@ -1,0 +1,85 @@
+//! What an engine is started with: the KV cache's size and numerics, the step's budgets, and which
+//! features run (speculation, sparse prefill, sparse attention, windows, slow-state fallback).
+
+use super::{slow, sparse, spec};
+use crate::kv::{KvDtypes, KvLayout, KvWindow, SparseAttention};
+use crate::model::Model;
+
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks (fixed at start-up from the memory budget).
+    pub num_blocks: usize,
+    /// Token budget of one step.
+    pub max_batch_tokens: usize,
+    /// Prefill tokens of a step that also decodes (`SchedulerConfig::max_prefill_tokens_while_decoding`).
+    pub max_prefill_tokens_while_decoding: usize,
+    /// Requests running at once.
+    pub max_running: usize,
+    /// Requests waiting at most; more are refused (`RequestError::QueueFull`).
+    pub max_waiting: usize,
+    /// Longest sequence, prompt and output together.
+    pub max_model_len: usize,
+    /// Reuse the KV blocks of earlier requests' common prefixes.
+    pub prefix_caching: bool,
+    /// Park the thread pool's workers after each forward pass (see `Engine::execute`).
+    pub rest_pool_between_steps: bool,
+    /// How keys and values are stored (`--kv-dtype`); `KvDtypes::check_shape` must accept the model's
+    /// head size and `block_size`.
+    pub kv_dtypes: KvDtypes,
+    /// A StreamingLLM window (`--kv-window`, `--kv-sinks`): every sequence keeps its sinks and its last
+    /// positions only (`kv::window`).
+    pub kv_window: Option<KvWindow>,
+    /// Block-sparse attention over each query's history (`--sparse-attention`, `kv::sparse`); f16 KV,
+    /// no window.
+    pub sparse_attention: Option<SparseAttention>,
+    /// Sliding-window layers (Gemma-3's) in layer groups of their own, which keep their window's blocks
+    /// only (`kv::layout`). In effect only without `kv_window` and without a disk tier
+    /// (`EngineConfig::kv_layout`).
+    pub hybrid_kv: bool,
+    /// Speculative decoding with the n-gram proposer for every request without a grammar (`engine::spec`);
+    /// `None`: only requests that bring a prediction speculate (with the default configuration).
+    pub spec: Option<spec::SpecConfig>,
+    /// Sparse prefill of long prompts (`engine::sparse`), scored by the model's own first layers.
+    pub spec_prefill: Option<sparse::SparsePrefillConfig>,
+    /// Slow-state detection and its fallback (`engine::slow`).
+    pub slow_state: slow::SlowStateConfig,
+}
+
+impl EngineConfig {
+    /// The KV layout this configuration gets for `model` (with a disk tier: `disk_tier`): hybrid where
+    /// asked and possible, else one group. `num_blocks` counts its pages.
+    pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
+        model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching) && !self.has_draft_model())
+    }
+
+    /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's
+    /// block ids, so the layout is one group.
+    pub fn has_draft_model(&self) -> bool {
+        self.spec.is_some_and(|s| s.draft)
+    }
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            num_blocks: 1024,
+            max_batch_tokens: 512,
+            max_prefill_tokens_while_decoding: usize::MAX,
+            max_running: 64,
+            max_waiting: 256,
+            max_model_len: 4096,
+            prefix_caching: true,
+            rest_pool_between_steps: true,
+            kv_dtypes: KvDtypes::F16,
+            kv_window: None,
+            sparse_attention: None,
+            hybrid_kv: false,
+            spec: None,
+            spec_prefill: None,
+            slow_state: Default::default(),
+        }
+    }
+}
