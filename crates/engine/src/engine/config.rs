@@ -2,7 +2,8 @@
 //! features run (speculation, sparse prefill, sparse attention, windows, slow-state fallback).
 
 use super::{slow, sparse, spec};
-use crate::kv::{KvDtypes, KvLayout, KvWindow, SparseAttention};
+use crate::kv::offload::DiskOffload;
+use crate::kv::{kv_numerics_version, DiskTierConfig, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
 use crate::model::Model;
 
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +53,23 @@ impl EngineConfig {
     /// asked and possible, else one group. `num_blocks` counts its pages.
     pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
         model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching) && !self.has_draft_model())
+    }
+
+    /// The prefix cache's disk tier in `disk` for `model`'s keys and values as `kv` stores them (none
+    /// without prefix caching); fails if the directory cannot be used.
+    pub fn open_disk_tier(&self, model: &Model, kv: &KvStorage, disk: Option<DiskTierConfig>) -> std::io::Result<Option<DiskOffload>> {
+        let Some(d) = disk.filter(|_| self.prefix_caching) else { return Ok(None) };
+        let format = KvFormat {
+            model: model.fingerprint(),
+            num_layers: kv.shape.num_layers as u32,
+            kv_dim: kv.shape.kv_dim as u32,
+            block_size: self.block_size as u32,
+            dtype: self.kv_dtypes.code(),
+            // KV computed under sparse attention is another KV: its files are never served to dense
+            // attention or another configuration
+            version: kv_numerics_version(model.numerics()) ^ self.sparse_attention.map_or(0, |s| s.code() << 8),
+        };
+        DiskOffload::open(&d, format, self.kv_window).map(Some)
     }
 
     /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's

@@ -6,84 +6,14 @@
 //! is handled before the next step. Either way its blocks are released within one step.
 
 use super::validate::{validate, GenerateParams, Limits, RequestError, ValidatedRequest};
-use super::{Detokenizer, Engine, EngineConfig, Event, RequestId};
+use super::{Detokenizer, Engine, EngineConfig, EngineStats, Event, RequestId};
 use crate::kv::offload::RestoredBlocks;
 use crate::kv::DiskTierConfig;
 use crate::model::Model;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
-
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Live figures for metrics, updated after every step and read without stopping the engine.
-#[derive(Debug, Default)]
-pub struct EngineStats {
-    pub waiting: AtomicUsize,
-    pub running: AtomicUsize,
-    pub blocks_used: AtomicUsize,
-    pub preemptions: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    /// Requests that ended with `Stop` or `Length`.
-    pub finished_requests: AtomicU64,
-    pub aborted_requests: AtomicU64,
-    /// Requests that ended with an error event (a failed step, or cut short at shutdown).
-    pub failed_requests: AtomicU64,
-    /// Prompt tokens of admitted requests, and of those the ones found in the prefix cache.
-    pub prefix_cache_queried_tokens: AtomicU64,
-    pub prefix_cache_hit_tokens: AtomicU64,
-    /// Blocks holding a cached prefix (held by a request or not).
-    pub prefix_cache_blocks: AtomicUsize,
-    /// Of the hit tokens, those read back from the disk tier; block files there.
-    pub prefix_cache_disk_hit_tokens: AtomicU64,
-    pub prefix_cache_disk_blocks: AtomicUsize,
-    /// Speculative decoding: steps that carried guesses, guesses, and guesses kept.
-    pub spec_drafts: AtomicU64,
-    pub spec_draft_tokens: AtomicU64,
-    pub spec_accepted_tokens: AtomicU64,
-    /// Guesses kept at each position of a step's guesses (`vllm:spec_decode_num_accepted_tokens_per_pos`;
-    /// positions past the last counted in it).
-    pub spec_accepted_per_pos: [AtomicU64; 16],
-    /// Sparse prefill: requests thinned, and prompt tokens they did not compute.
-    pub spec_prefill_requests: AtomicU64,
-    pub spec_prefill_dropped_tokens: AtomicU64,
-    /// Nanoseconds the scoring passes took (on the engine thread, before the requests' prefill).
-    pub spec_prefill_scoring_ns: AtomicU64,
-    /// Idle recovery: prompt tokens a sparse prefill left uncomputed and not yet recovered, recovery
-    /// steps run and prompt tokens they computed.
-    pub spec_prefill_recovery_debt: AtomicU64,
-    pub spec_prefill_recovery_steps: AtomicU64,
-    pub spec_prefill_recovered_tokens: AtomicU64,
-    /// Time of the steps that carried a recovery slice (their whole step).
-    pub spec_prefill_recovery_ns: AtomicU64,
-    /// The longest such step.
-    pub spec_prefill_recovery_max_step_ns: AtomicU64,
-    /// Slow-state detection (`engine::slow`): in one now, since when (Unix ms), slow states so far,
-    /// time spent in ended ones, and steps the fallback ran.
-    pub slow_state: AtomicBool,
-    pub slow_state_since_ms: AtomicU64,
-    pub slow_state_episodes: AtomicU64,
-    pub slow_state_ns: AtomicU64,
-    pub slow_state_fallback_steps: AtomicU64,
-    /// Nanoseconds of model steps (the target's and the draft model's passes), and of those the draft
-    /// model's.
-    pub step_ns: AtomicU64,
-    pub draft_ns: AtomicU64,
-    /// The step-cost fit of `--spec auto` (`spec::Controller`), `T(n) = a + b·n` in nanoseconds, and
-    /// the draft model's fitted pass of one token (0 until fitted).
-    pub step_cost_a_ns: AtomicU64,
-    pub step_cost_b_ns: AtomicU64,
-    pub draft_step_ns: AtomicU64,
-    /// The controller's expected speedup at its latest choice, in thousandths (0 until it chose).
-    pub spec_gain_milli: AtomicU64,
-    /// Submitted but not yet seen by the engine (counts toward the waiting limit).
-    unseen: AtomicUsize,
-}
 
 type Ack = std::sync::mpsc::Sender<()>;
 

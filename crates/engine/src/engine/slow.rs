@@ -83,6 +83,11 @@ pub struct StepShape {
 }
 
 impl StepShape {
+    /// The shape of a step's plan.
+    pub fn of(plan: &super::StepPlan) -> StepShape {
+        StepShape { tokens: plan.chunks.iter().map(|c| c.len).sum(), sequences: plan.chunks.len(), context: plan.chunks.iter().map(|c| c.start + c.len).sum() }
+    }
+
     fn bucket(self) -> (u32, u32, u32) {
         let log2 = |n: usize| usize::BITS - n.leading_zeros();
         (log2(self.tokens), log2(self.sequences), log2(self.context / 256))
@@ -245,6 +250,52 @@ impl SlowState {
                 }
                 None
             }
+        }
+    }
+}
+
+/// The engine's side of it: the model of the host, the fallback's pool (the engine thread alone,
+/// partitioned as the normal pool), and the log line and counters each change of state gives.
+pub struct SlowStage {
+    state: SlowState,
+    serial_pool: Option<crate::pool::Pool>,
+}
+
+impl SlowStage {
+    pub fn new(cfg: SlowStateConfig) -> SlowStage {
+        SlowStage { state: SlowState::new(cfg), serial_pool: None }
+    }
+
+    /// How the step starting `now` runs, and for a fallback step the pool to run it in.
+    pub fn begin(&mut self, now: Instant) -> (Mode, Option<crate::pool::Pool>) {
+        let mode = self.state.plan(now);
+        let pool = (mode == Mode::Fallback).then(|| self.serial_pool.take().unwrap_or_else(|| crate::pool::Pool::serial(crate::pool::current().threads())));
+        (mode, pool)
+    }
+
+    /// The step of `shape` ran in `mode` (its pool handed back) and took `secs`: fed to the model; a
+    /// change of state is logged and counted in `stats`.
+    pub fn end(&mut self, shape: StepShape, mode: Mode, pool: Option<crate::pool::Pool>, secs: f64, stats: &super::EngineStats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if pool.is_some() {
+            self.serial_pool = pool;
+        }
+        match self.state.observe(shape, mode, secs, Instant::now()) {
+            Some(Transition::Entered { median_ratio }) => {
+                tracing::warn!("slow state: steps take {median_ratio:.1}x what this host's model of them says; running steps on the engine thread alone until a probe step is back within the model");
+                stats.slow_state.store(true, Relaxed);
+                stats.slow_state_episodes.fetch_add(1, Relaxed);
+                stats.slow_state_since_ms.store(super::stats::unix_ms(), Relaxed);
+            }
+            Some(Transition::Left { after, probe_ratio }) => {
+                tracing::warn!("slow state over after {:.0} ms (a probe step at {probe_ratio:.2}x the model): back to the normal configuration", after.as_secs_f64() * 1e3);
+                stats.slow_state.store(false, Relaxed);
+                stats.slow_state_ns.fetch_add(after.as_nanos() as u64, Relaxed);
+            }
+            None => {}
+        }
+        if mode == Mode::Fallback {
+            stats.slow_state_fallback_steps.fetch_add(1, Relaxed);
         }
     }
 }
