@@ -8,6 +8,7 @@ use common::{tiny_model, TestRng, TinySpec};
 use reckon_engine::gguf::GgufFile;
 use reckon_engine::model::{LogitsWanted, Model, Numerics, Scratch, SeqInput};
 use reckon_engine::kernels::ggml::GgmlType;
+use reckon_engine::kv::Attention;
 
 fn load(spec: &TinySpec, seed: u64) -> Model {
     Model::load(GgufFile::from_vec(tiny_model(spec, seed)).unwrap()).unwrap()
@@ -196,7 +197,7 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             let mut s = Scratch::default();
             let mut kv = model.new_kv_with(dtypes, bs, n / bs);
             let input = SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
-            let whole = model.forward_windowed(&[input], Some(w), &mut kv, &mut s).to_vec();
+            let whole = model.forward_at(&[input], &[], Attention::Window(w), &mut kv, &mut s).to_vec();
             // garbage keys that score high against some query: ±large (a tiny random model's attention is
             // so peaked that small garbage gets no weight at all)
             let garbage = |sign: f32| -> Vec<f32> { (0..kv_dim).map(|i| sign * (((i * 7919) % 13) as f32 - 6.0) * 300.0).collect() };
@@ -214,7 +215,7 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             for pos in 0..n {
                 w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
                 let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
-                steps.extend_from_slice(model.forward_windowed(&[input], Some(w), &mut kv_steps, &mut s));
+                steps.extend_from_slice(model.forward_at(&[input], &[], Attention::Window(w), &mut kv_steps, &mut s));
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&whole) == bits(&steps), "{:?} {}: skipped blocks were read, or chunking changed the result", spec.arch, model.numerics().name());
@@ -226,10 +227,10 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             assert!(whole[first_gap * vocab..] != full[first_gap * vocab..], "the window changed nothing");
             // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
             let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
-            assert!(bits(model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
+            assert!(bits(model.forward_at(&[last], &[], Attention::Window(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
             let changed = [1.0, -1.0].iter().any(|&sign| {
                 spoil_with(&mut kv_steps, 0, sign);
-                model.forward_windowed(&[last], Some(w), &mut kv_steps, &mut s)[..] != whole[(n - 1) * vocab..]
+                model.forward_at(&[last], &[], Attention::Window(w), &mut kv_steps, &mut s)[..] != whole[(n - 1) * vocab..]
             });
             assert!(changed, "{} {} {dtypes:?}: the sinks were not read", spec.arch, model.numerics().name());
           }
@@ -256,7 +257,7 @@ fn sparse_attention_is_the_same_however_the_prompt_is_chunked_or_batched() {
                 let mut out = Vec::new();
                 for (i, part) in toks.chunks(chunk).enumerate() {
                     let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: std::slice::from_ref(table), logits: LogitsWanted::All };
-                    out.extend_from_slice(model.forward_at(&[input], &[], None, sparse, &mut kv, s));
+                    out.extend_from_slice(model.forward_at(&[input], &[], sparse.map_or(Attention::Full, Attention::Sparse), &mut kv, s));
                 }
                 out
             };
@@ -271,7 +272,7 @@ fn sparse_attention_is_the_same_however_the_prompt_is_chunked_or_batched() {
                 SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&tb), logits: LogitsWanted::All },
                 SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&ta), logits: LogitsWanted::All },
             ];
-            let both = model.forward_at(&inputs, &[], None, Some(sparse), &mut kv, &mut s).to_vec();
+            let both = model.forward_at(&inputs, &[], Attention::Sparse(sparse), &mut kv, &mut s).to_vec();
             assert!(bits(&both[n * vocab..]) == bits(&whole), "{:?} {}: a batch changed the result", spec.arch, model.numerics().name());
             assert!(bits(&both[..n * vocab]) == bits(&run(&b, &tb, n, Some(sparse), &mut s)));
             // a budget that covers the history is full attention; a small one is not
@@ -301,7 +302,7 @@ fn a_sparse_prefill_keeps_each_token_at_its_position() {
             let mut s = Scratch::default();
             let run = |tokens: &[u32], positions: Option<&[usize]>, kv: &mut reckon_engine::kv::KvStorage, s: &mut Scratch| {
                 let seq = SeqInput { tokens, start_pos: 0, block_tables: tables, logits: LogitsWanted::Last };
-                model.forward_at(&[seq], &[positions], None, None, kv, s).to_vec()
+                model.forward_at(&[seq], &[positions], Attention::Full, kv, s).to_vec()
             };
             let mut full = model.new_kv(4, 16);
             let full_logits = run(&prompt, None, &mut full, &mut s);

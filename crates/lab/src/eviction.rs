@@ -15,7 +15,7 @@
 
 use crate::LabError;
 use reckon_engine::engine::{spawn, Completion, EngineConfig, GenerateParams};
-use reckon_engine::kv::{KvDtypes, KvWindow, SparseAttention};
+use reckon_engine::kv::{Attention, KvDtypes, KvWindow, SparseAttention};
 use reckon_engine::model::Model;
 use reckon_engine::sampler::Rng;
 use reckon_engine::template::{ChatMessage, ChatTemplate};
@@ -217,20 +217,18 @@ fn template_head(tok: &Tokenizer, template: &ChatTemplate) -> reckon_engine::Res
 /// positions past the largest window (and its sink blocks).
 pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize, sparse: Option<SparseAttention>) -> Vec<FluencyRecord> {
     let from = windows.iter().map(|&w| KvWindow { window: w, sinks }.sink_end(BLOCK_SIZE) + w + BLOCK_SIZE).max().unwrap_or(0).min(tokens.len().saturating_sub(1));
-    let mut arms: Vec<(Option<KvWindow>, Option<SparseAttention>)> = vec![(None, None)];
+    let mut arms: Vec<Attention> = vec![Attention::Full];
     for &w in windows {
-        arms.push((Some(KvWindow { window: w, sinks }), None));
+        arms.push(Attention::Window(KvWindow { window: w, sinks }));
         if sinks > 0 {
-            arms.push((Some(KvWindow { window: w, sinks: 0 }), None));
+            arms.push(Attention::Window(KvWindow { window: w, sinks: 0 }));
         }
     }
-    if sparse.is_some() {
-        arms.push((None, sparse));
-    }
+    arms.extend(sparse.map(Attention::Sparse));
     arms.into_iter()
-        .map(|(window, sparse)| {
+        .map(|attention| {
             let (mut sum, mut n, mut pos) = (0f64, 0usize, 0usize);
-            model.for_each_logits_with(tokens, 512, window, sparse, |row| {
+            model.for_each_logits_with(tokens, 512, attention, |row| {
                 if pos >= from && pos + 1 < tokens.len() {
                     sum += crate::kv::log_sum_exp(row) - row[tokens[pos + 1] as usize] as f64;
                     n += 1;
@@ -238,6 +236,7 @@ pub fn fluency(model: &Model, tokens: &[u32], windows: &[usize], sinks: usize, s
                 pos += 1;
             });
             let mean = sum / n.max(1) as f64;
+            let (window, sparse) = (attention.window(), attention.sparse());
             let sinks = window.map(|w| w.sinks).or(sparse.map(|s| s.sinks)).unwrap_or(0);
             FluencyRecord { window: window.map(|w| w.window), sparse: sparse.map(|s| s.budget), sinks, from, tokens: tokens.len(), mean_nll: mean, perplexity: mean.exp() }
         })

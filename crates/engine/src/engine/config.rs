@@ -3,7 +3,7 @@
 
 use super::{slow, sparse, spec};
 use crate::kv::offload::DiskOffload;
-use crate::kv::{kv_numerics_version, DiskTierConfig, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
+use crate::kv::{kv_numerics_version, Attention, DiskTierConfig, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
 use crate::model::Model;
 
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +53,11 @@ impl EngineConfig {
     /// asked and possible, else one group. `num_blocks` counts its pages.
     pub fn kv_layout(&self, model: &Model, disk_tier: bool) -> KvLayout {
         model.kv_layout(self.hybrid_kv && self.kv_window.is_none() && !(disk_tier && self.prefix_caching) && !self.has_draft_model())
+    }
+
+    /// What full-attention layers' queries read (`Engine::new` refuses a window with sparse attention).
+    pub fn attention(&self) -> Attention {
+        Attention::of(self.kv_window, self.sparse_attention).expect("a KV window is not combined with sparse attention")
     }
 
     /// The prefix cache's disk tier in `disk` for `model`'s keys and values as `kv` stores them (none

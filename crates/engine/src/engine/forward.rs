@@ -46,5 +46,5 @@ pub(super) fn run<'s>(model: &Model, config: &EngineConfig, plan: &StepPlan, sch
             })
             .collect();
         let positions: Vec<Option<&[usize]>> = positions.iter().map(|p| p.as_deref()).collect();
-        model.forward_at(&inputs, &positions, config.kv_window, config.sparse_attention, kv, scratch)
+        model.forward_at(&inputs, &positions, config.attention(), kv, scratch)
 }

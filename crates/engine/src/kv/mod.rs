@@ -30,3 +30,40 @@ pub use quant::{KvDtype, KvDtypes};
 pub use storage::{by_dim_index, key_group, KeyLayout, KvShape, KvStorage, LayerWriter, QuantLayer};
 pub use sparse::SparseAttention;
 pub use window::{KvWindow, NULL_BLOCK};
+
+/// What each query of a full-attention layer reads (a sliding-window layer reads its own window
+/// whatever this says): every position before it, a StreamingLLM window of them (`window`), or its
+/// recent blocks and the history blocks it picks (`sparse`). One value, so the two cannot be combined.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Attention {
+    #[default]
+    Full,
+    Window(KvWindow),
+    Sparse(SparseAttention),
+}
+
+impl Attention {
+    /// From the configuration's two options (`--kv-window`, `--sparse-attention`); `None` if both are set.
+    pub fn of(window: Option<KvWindow>, sparse: Option<SparseAttention>) -> Option<Attention> {
+        match (window, sparse) {
+            (None, None) => Some(Attention::Full),
+            (Some(w), None) => Some(Attention::Window(w)),
+            (None, Some(s)) => Some(Attention::Sparse(s)),
+            (Some(_), Some(_)) => None,
+        }
+    }
+
+    pub fn window(self) -> Option<KvWindow> {
+        match self {
+            Attention::Window(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    pub fn sparse(self) -> Option<SparseAttention> {
+        match self {
+            Attention::Sparse(s) => Some(s),
+            _ => None,
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub use config::{Arch, ModelConfig};
 use crate::kernels::attention::QueryPos;
 use crate::error::Result;
 use crate::gguf::GgufFile;
-use crate::kv::{KeyLayout, KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, SparseAttention, NULL_BLOCK};
+use crate::kv::{Attention, KeyLayout, KvDtypes, KvLayout, KvShape, KvStorage, KvWindow, NULL_BLOCK};
 use crate::kernels::ops::{self, Rope};
 use crate::kernels::ggml::dequantize_row;
 pub use crate::kernels::packed::Numerics;
@@ -187,25 +187,20 @@ impl Model {
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.
     pub fn forward<'s>(&self, seqs: &[SeqInput], kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
-        self.forward_windowed(seqs, None, kv, scratch)
+        self.forward_at(seqs, &[], Attention::Full, kv, scratch)
     }
 
-    /// `forward` where every sequence attends to its sinks and its window only (`kv::window`); the
-    /// block tables' entries the window released (`NULL_BLOCK`) are never read. (A window needs a
-    /// one-group layout; a hybrid layout's sliding groups read their own window, from the kernels'.)
-    pub fn forward_windowed<'s>(&self, seqs: &[SeqInput], window: Option<KvWindow>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
-        self.forward_at(seqs, &[], window, None, kv, scratch)
-    }
-
-    /// `forward_windowed` where a sequence's tokens may sit at RoPE positions other than their cells:
-    /// `positions[i]` (when given) holds one position per token of `seqs[i]`, whose cells still run from
-    /// its `start_pos`. A sparse prefill (`engine::sparse`) keeps a prompt's chosen tokens in consecutive
-    /// cells, each rotated for its place in the full prompt; attention runs over cells in order, so a
-    /// kept token attends to the kept tokens before it, each at its own position. With `sparse`, every
-    /// query at depth reads its sinks, its recent blocks and the history blocks it picks (`kv::sparse`;
-    /// not with a window).
-    pub fn forward_at<'s>(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], window: Option<KvWindow>, sparse: Option<SparseAttention>, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
-        self.run_layers(seqs, positions, window, sparse, self.config.n_layers, self.tracer.as_deref(), kv, scratch);
+    /// `forward` where a sequence's tokens may sit at RoPE positions other than their cells, and its
+    /// queries read what `attention` says. `positions[i]` (when given) holds one position per token of
+    /// `seqs[i]`, whose cells still run from its `start_pos`: a sparse prefill (`engine::sparse`) keeps a
+    /// prompt's chosen tokens in consecutive cells, each rotated for its place in the full prompt, so a
+    /// kept token attends to the kept tokens before it, each at its own position. Under a window
+    /// (`kv::window`), the block tables' entries it released (`NULL_BLOCK`) are never read, and it needs
+    /// a one-group layout (a hybrid layout's sliding groups read their own window). Under sparse
+    /// attention every query at depth reads its sinks, its recent blocks and the history blocks it
+    /// picks (`kv::sparse`).
+    pub fn forward_at<'s>(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], attention: Attention, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+        self.run_layers(seqs, positions, attention, self.config.n_layers, self.tracer.as_deref(), kv, scratch);
         let c = &self.config;
         scratch.residual.settle(&scratch.proj);
         let rows = logit_rows(seqs);
@@ -221,14 +216,14 @@ impl Model {
     /// The first `layers` layers of a step (their keys and values written), no logits; `tracer` sees
     /// their activations. A sparse prefill's scoring pass (`engine::sparse::score`) runs this.
     pub fn forward_layers(&self, seqs: &[SeqInput], layers: usize, kv: &mut KvStorage, scratch: &mut Scratch, tracer: &dyn Tracer) {
-        self.run_layers(seqs, &[], None, None, layers.min(self.config.n_layers), Some(tracer), kv, scratch);
+        self.run_layers(seqs, &[], Attention::Full, layers.min(self.config.n_layers), Some(tracer), kv, scratch);
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_layers(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], window: Option<KvWindow>, sparse: Option<SparseAttention>, layers: usize, tracer: Option<&dyn Tracer>, kv: &mut KvStorage, scratch: &mut Scratch) {
+    fn run_layers(&self, seqs: &[SeqInput], positions: &[Option<&[usize]>], attention: Attention, layers: usize, tracer: Option<&dyn Tracer>, kv: &mut KvStorage, scratch: &mut Scratch) {
         let layout = kv.layout().clone();
+        let (window, sparse) = (attention.window(), attention.sparse());
         assert!(window.is_none() || layout.num_groups() == 1, "a KV window needs a one-group layout");
-        assert!(window.is_none() || sparse.is_none(), "sparse attention is not combined with a KV window");
         if let Some(sparse) = sparse {
             kv.keep_sparse_state(sparse.budget_blocks(kv.shape.block_size));
         }
@@ -274,17 +269,11 @@ impl Model {
 
     /// `logits_of` without keeping them: `f` gets each position's logits (`[vocab]`) in order.
     pub fn for_each_logits(&self, tokens: &[u32], chunk: usize, f: impl FnMut(&[f32])) {
-        self.for_each_logits_windowed(tokens, chunk, None, f)
+        self.for_each_logits_with(tokens, chunk, Attention::Full, f)
     }
 
-    /// `for_each_logits` under a KV window (`kv::window`): what a windowed sequence predicts at each
-    /// position (the skipped blocks stay allocated here, and are not read).
-    pub fn for_each_logits_windowed(&self, tokens: &[u32], chunk: usize, window: Option<KvWindow>, f: impl FnMut(&[f32])) {
-        self.for_each_logits_with(tokens, chunk, window, None, f)
-    }
-
-    /// `for_each_logits` under a KV window or sparse attention (`kv::sparse`).
-    pub fn for_each_logits_with(&self, tokens: &[u32], chunk: usize, window: Option<KvWindow>, sparse: Option<SparseAttention>, mut f: impl FnMut(&[f32])) {
+    /// `for_each_logits` under a KV window (`kv::window`) or sparse attention (`kv::sparse`).
+    pub fn for_each_logits_with(&self, tokens: &[u32], chunk: usize, attention: Attention, mut f: impl FnMut(&[f32])) {
         const BLOCK_SIZE: usize = 16;
         let chunk = chunk.max(1);
         let mut kv = self.new_kv(BLOCK_SIZE, tokens.len().div_ceil(BLOCK_SIZE).max(1));
@@ -292,7 +281,7 @@ impl Model {
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
             let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: &tables, logits: LogitsWanted::All };
-            self.forward_at(&[input], &[], window, sparse, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
+            self.forward_at(&[input], &[], attention, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
         }
     }
 
