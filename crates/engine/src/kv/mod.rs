@@ -20,6 +20,7 @@ pub mod offload;
 pub mod quant;
 mod storage;
 pub mod sparse;
+mod sparse_state;
 pub mod window;
 
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};

@@ -14,6 +14,7 @@
 
 use super::layout::KvLayout;
 use super::quant::{KvDtype, KvDtypes, Region};
+use super::sparse_state::{LayerKeys, SparseState};
 use crate::huge_buf::HugeBuf;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -100,33 +101,9 @@ pub struct KvStorage {
     /// Bytes of one layer's keys, and of its values.
     k_bytes: usize,
     v_bytes: usize,
-    /// Per-dimension key bounds of each (layer, block), for sparse attention (`kv::sparse`); only once
+    /// Sparse attention's key bounds and picks of each (layer, block) (`kv::sparse_state`); only once
     /// `keep_sparse_state` asked for them.
-    bounds: Option<KeyBounds>,
-    /// Sparse attention's picks of each (layer, block), kept with the bounds.
-    picks: Option<Picks>,
-}
-
-/// The history blocks (indices into the owning sequence's block table) the queries of a block read
-/// under sparse attention, picked at the block's first position (`kv::sparse`): `len[layer *
-/// num_blocks + block]` of the `per` entries at `idx[(layer * num_blocks + block) * per..]`, or
-/// `NO_PICK`. Writing a block's first position picks anew; a block restored from the disk tier holds
-/// none. Indices stay valid while the block is shared: a block is shared with its whole prefix.
-struct Picks {
-    per: usize,
-    idx: Vec<u32>,
-    len: Vec<u32>,
-}
-
-const NO_PICK: u32 = u32::MAX;
-
-/// `vals`: `[layer][block][2][kv_dim]` f32, the minimum then the maximum of each key dimension over the
-/// block's cells (exact: the f16 keys, or a quantized key's `q · d`, are f32 values; -0 is stored as +0). `fresh[layer * num_blocks + block]`:
-/// whether `vals` holds the block's current keys; every write to a block's cells clears it, and
-/// `refresh_key_bounds` computes what is stale when a reader needs it.
-struct KeyBounds {
-    vals: Vec<f32>,
-    fresh: Vec<AtomicBool>,
+    sparse: Option<SparseState>,
 }
 
 impl KvStorage {
@@ -143,99 +120,54 @@ impl KvStorage {
         let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, bounds: None, picks: None }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, sparse: None }
     }
 
-    /// Keeps sparse attention's state from now on: per-block key bounds (`key_bounds`), 2 × kv_dim f32
-    /// per (layer, block), 2 / bs of the f16 keys and values; and the picks of `pick_blocks` blocks at
-    /// most a block's queries read (`sparse_pick`).
+    /// Keeps sparse attention's state from now on (`SparseState`): per-block key bounds and the picks of
+    /// at most `pick_blocks` blocks a block's queries read.
     pub fn keep_sparse_state(&mut self, pick_blocks: usize) {
-        let n = self.shape.num_layers * self.shape.num_blocks;
-        if self.bounds.is_none() {
-            self.bounds = Some(KeyBounds { vals: vec![0.0; n * 2 * self.shape.kv_dim], fresh: (0..n).map(|_| AtomicBool::new(false)).collect() });
-        }
-        if self.picks.as_ref().is_none_or(|p| p.per != pick_blocks) {
-            self.picks = Some(Picks { per: pick_blocks, idx: vec![0; n * pick_blocks], len: vec![NO_PICK; n] });
+        match &mut self.sparse {
+            Some(state) => state.keep_picks(pick_blocks),
+            None => self.sparse = Some(SparseState::new(self.shape.num_layers, self.shape.num_blocks, self.shape.kv_dim, pick_blocks)),
         }
     }
 
     /// Bytes `keep_sparse_state` adds per block (all layers).
     pub fn sparse_state_bytes_per_block(num_layers: usize, kv_dim: usize, pick_blocks: usize) -> usize {
-        num_layers * (2 * kv_dim * 4 + pick_blocks * 4 + 4)
+        SparseState::bytes_per_block(num_layers, kv_dim, pick_blocks)
+    }
+
+    fn sparse_state(&self) -> &SparseState {
+        self.sparse.as_ref().expect("keep_sparse_state first")
     }
 
     /// The picks kept for the queries of block `b` in `layer` (`set_sparse_pick`), if any.
     pub fn sparse_pick(&self, layer: usize, b: u32) -> Option<&[u32]> {
-        let picks = self.picks.as_ref().expect("keep_sparse_state first");
-        let at = layer * self.shape.num_blocks + b as usize;
-        let len = picks.len[at];
-        (len != NO_PICK).then(|| &picks.idx[at * picks.per..at * picks.per + len as usize])
+        self.sparse_state().pick(layer, b)
     }
 
     /// Keeps `picked` (indices into the block table of `b`'s sequence) for the queries of block `b` in
     /// `layer`.
     pub fn set_sparse_pick(&mut self, layer: usize, b: u32, picked: &[usize]) {
-        let picks = self.picks.as_mut().expect("keep_sparse_state first");
-        assert!(picked.len() <= picks.per, "at most the budget's blocks");
-        let at = layer * self.shape.num_blocks + b as usize;
-        picks.idx[at * picks.per..][..picked.len()].iter_mut().zip(picked).for_each(|(d, &i)| *d = i as u32);
-        picks.len[at] = picked.len() as u32;
+        self.sparse.as_mut().expect("keep_sparse_state first").set_pick(layer, b, picked);
     }
 
     /// Computes the key bounds of those of `blocks` (ids) in `layer` whose keys changed since, in
     /// parallel. The blocks must be full: a later write to one of them makes it stale again.
     pub fn refresh_key_bounds(&mut self, layer: usize, blocks: &[u32]) {
-        let (kv_dim, hd, bs, nb) = (self.shape.kv_dim, self.shape.head_dim, self.shape.block_size, self.shape.num_blocks);
-        let by_dim = self.shape.keys_by_dim();
         let rk = self.layer_ranges(layer).0;
         // quantized keys: the layer's (block, KV head) regions, read back as `q · d` (`Region::read`)
-        let region = self.region(self.shape.dtypes.k);
-        let quant = self.shape.dtypes.is_quantized().then_some((region, &as_bytes(&self.data)[rk.clone()]));
-        let keys: &[f16] = &self.data[rk.start / 2..rk.end / 2];
-        let bounds = self.bounds.as_mut().expect("keep_sparse_state first");
-        let stale: Vec<u32> = blocks.iter().copied().filter(|&b| !bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed)).collect();
-        if stale.is_empty() {
-            return;
-        }
-        let out = crate::kernels::ops::SharedRows::new(&mut bounds.vals[layer * nb * 2 * kv_dim..(layer + 1) * nb * 2 * kv_dim], 2 * kv_dim);
-        let parts = stale.len().min(4 * crate::pool::current().threads());
-        crate::pool::current().run(parts, &|p| {
-            let mut cells = vec![0f32; bs * kv_dim];
-            for &b in &stale[p * stale.len() / parts..(p + 1) * stale.len() / parts] {
-                let b = b as usize;
-                // SAFETY: each block id appears once in `stale` (a block table holds an id once), so its
-                // row goes to one part.
-                let row = unsafe { out.rows(b, b + 1) };
-                match quant {
-                    Some((r, bytes)) => block_quant_key_bounds(&r, &bytes[b * kv_dim / hd * r.bytes()..(b + 1) * kv_dim / hd * r.bytes()], kv_dim, row),
-                    None => block_key_bounds(&keys[b * bs * kv_dim..(b + 1) * bs * kv_dim], by_dim, kv_dim, hd, bs, &mut cells, row),
-                }
-            }
-        });
-        for &b in &stale {
-            bounds.fresh[layer * nb + b as usize].store(true, Ordering::Relaxed);
-        }
+        let keys = match self.shape.dtypes.is_quantized() {
+            true => LayerKeys::Quant(self.region(self.shape.dtypes.k), &as_bytes(&self.data)[rk]),
+            false => LayerKeys::F16(&self.data[rk.start / 2..rk.end / 2]),
+        };
+        self.sparse.as_mut().expect("keep_sparse_state first").refresh(layer, blocks, keys, &self.shape);
     }
 
     /// Block `b`'s key bounds in `layer`: `[2][kv_dim]`, minimums then maximums (`refresh_key_bounds`
     /// first).
     pub fn key_bounds(&self, layer: usize, b: u32) -> &[f32] {
-        let (kv_dim, nb) = (self.shape.kv_dim, self.shape.num_blocks);
-        let bounds = self.bounds.as_ref().expect("keep_sparse_state first");
-        debug_assert!(bounds.fresh[layer * nb + b as usize].load(Ordering::Relaxed), "refreshed");
-        let at = (layer * nb + b as usize) * 2 * kv_dim;
-        &bounds.vals[at..at + 2 * kv_dim]
-    }
-
-    /// Forgets block `b`'s sparse state (its keys are replaced).
-    fn clear_sparse_state(&mut self, b: u32) {
-        let nb = self.shape.num_blocks;
-        if let Some(bounds) = &self.bounds {
-            (0..self.shape.num_layers).for_each(|l| bounds.fresh[l * nb + b as usize].store(false, Ordering::Relaxed));
-        }
-        if let Some(picks) = &mut self.picks {
-            (0..self.shape.num_layers).for_each(|l| picks.len[l * nb + b as usize] = NO_PICK);
-        }
+        self.sparse_state().bounds(layer, b)
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -283,8 +215,7 @@ impl KvStorage {
         // SAFETY: both ranges are inside the buffer.
         let (keys, values) = unsafe { (base.add(rk.start), base.add(rv.start)) };
         let keys_by_dim = self.shape.keys_by_dim();
-        let nb = self.shape.num_blocks;
-        let fresh = self.bounds.as_ref().map(|b| &b.fresh[layer * nb..(layer + 1) * nb]);
+        let fresh = self.sparse.as_ref().map(|s| s.fresh(layer));
         LayerWriter { keys, values, len_k: rk.len(), len_v: rv.len(), kv_dim, block_size, head_dim: self.shape.head_dim, keys_by_dim, k, v, fresh, _storage: std::marker::PhantomData }
     }
 
@@ -324,7 +255,9 @@ impl KvStorage {
     /// Overwrites block `b` with bytes from `read_block` (of a storage of the same shape).
     pub fn write_block(&mut self, b: u32, data: &[u8]) {
         assert_eq!(data.len(), self.block_bytes(), "a block's bytes");
-        self.clear_sparse_state(b);
+        if let Some(state) = &mut self.sparse {
+            state.clear(b);
+        }
         let ranges: Vec<std::ops::Range<usize>> = self.block_ranges(b).collect();
         let mut at = 0;
         for r in ranges {
@@ -375,47 +308,6 @@ impl KvStorage {
     }
 }
 
-/// Per-dimension minimums and maximums (`out`: `[2][kv_dim]`) of one block's f16 keys (`keys`: the
-/// block's part of a layer, by dimension or in rows); `cells`: a buffer of `bs * kv_dim`.
-fn block_key_bounds(keys: &[f16], by_dim: bool, kv_dim: usize, hd: usize, bs: usize, cells: &mut [f32], out: &mut [f32]) {
-    keys.convert_to_f32_slice(cells);
-    let (lo, hi) = out.split_at_mut(kv_dim);
-    lo.fill(f32::INFINITY);
-    hi.fill(f32::NEG_INFINITY);
-    let g = key_group(bs);
-    for c in 0..bs {
-        for i in 0..kv_dim {
-            // by dimension: `[kv_head][bs / g][hd][g]`; rows: `[bs][kv_dim]`
-            let x = if by_dim { cells[((i / hd) * bs + c / g * g) * hd + (i % hd) * g + c % g] } else { cells[c * kv_dim + i] };
-            lo[i] = lo[i].min(x);
-            hi[i] = hi[i].max(x);
-        }
-    }
-    // (-0 and +0 compare equal, so which one min/max returns is unspecified; the scores must not depend on it)
-    lo.iter_mut().chain(hi.iter_mut()).for_each(|x| *x += 0.0);
-}
-
-/// The same minimums and maximums (`out`: `[2][kv_dim]`) of one block's quantized keys (`regions`: the
-/// block's (KV head) regions of a layer, in order): each key as the attention kernels read it, `q · d`.
-fn block_quant_key_bounds(r: &Region, regions: &[u8], kv_dim: usize, out: &mut [f32]) {
-    let hd = r.hd;
-    let (lo, hi) = out.split_at_mut(kv_dim);
-    lo.fill(f32::INFINITY);
-    hi.fill(f32::NEG_INFINITY);
-    let (mut q, mut d) = (vec![0i32; hd], vec![0f32; hd / 32]);
-    for (h, region) in regions.chunks_exact(r.bytes()).enumerate() {
-        for c in 0..r.bs {
-            r.read(region, c, true, &mut q, &mut d);
-            for i in 0..hd {
-                let x = q[i] as f32 * d[i / 32];
-                lo[h * hd + i] = lo[h * hd + i].min(x);
-                hi[h * hd + i] = hi[h * hd + i].max(x);
-            }
-        }
-    }
-    lo.iter_mut().chain(hi.iter_mut()).for_each(|x| *x += 0.0);
-}
-
 /// The bytes of `data`.
 fn as_bytes(data: &[f16]) -> &[u8] {
     // SAFETY: f16 is plain 2-byte data; the view covers exactly the slice's memory.
@@ -435,7 +327,7 @@ pub struct LayerWriter<'a> {
     keys_by_dim: bool,
     k: Region,
     v: Region,
-    /// The layer's `KeyBounds::fresh` flags, cleared by each write to a block.
+    /// The layer's key bounds' fresh flags (`SparseState::fresh`), cleared by each write to a block.
     fresh: Option<&'a [AtomicBool]>,
     _storage: std::marker::PhantomData<&'a mut KvStorage>,
 }
