@@ -24,7 +24,20 @@ fn lab_kv_quant_measures_every_arm() {
     assert!(run.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&run.stderr));
     let records: Vec<serde_json::Value> = std::fs::read_to_string(out.join("records.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(records.len(), 2 * 2 * 3 * 2 + 2, "passes x depths x arms x (tg, pp), then the drift check's tg and pp");
-    assert!(records.iter().all(|r| r["tokens_per_s"].as_f64().unwrap() > 0.0));
+    // each record timed the tokens asked (-n 4 decoded, -p 16 prefilled) at a rate a 135M model can have
+    // on a CPU: finite, above 1 token/s and below a million
+    for r in &records {
+        let want = if r["test"] == "tg" { 4 } else { 16 };
+        assert_eq!(r["tokens"].as_u64(), Some(want), "{r}");
+        let tps = r["tokens_per_s"].as_f64().unwrap();
+        assert!(tps.is_finite() && (1.0..1e6).contains(&tps), "{r}");
+    }
+    for arm in ["f16", "q8_0", "q4_0"] {
+        for depth in [0, 64] {
+            let n = records.iter().filter(|r| r["kv_dtype"] == arm && r["depth"] == depth && !r["drift_check"].as_bool().unwrap()).count();
+            assert_eq!(n, 2 * 2, "{arm} at depth {depth}: tg and pp in each of 2 passes");
+        }
+    }
     assert_eq!(records.iter().filter(|r| r["drift_check"].as_bool().unwrap()).count(), 2);
     let quality: Vec<serde_json::Value> = std::fs::read_to_string(out.join("quality.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(quality.iter().map(|q| q["kv_dtype"].as_str().unwrap()).collect::<Vec<_>>(), ["f16", "q8_0", "q4_0"]);
