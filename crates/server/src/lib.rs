@@ -235,10 +235,11 @@ async fn off_workers<T: Send + 'static>(state: &AppState, body: Bytes, prepare: 
     }
 }
 
-async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let answer = match generation_body(&state, &headers, body) {
-        Ok(body) => match off_workers(&state, body, chat::prepare_chat).await {
-            Ok(ready) => respond::generate(&state, ready).await,
+/// Chat and text completions: the body, made ready by `prepare` off the async workers, then answered.
+async fn openai_generate(state: &AppState, headers: &HeaderMap, body: Result<Bytes, BytesRejection>, prepare: fn(&AppState, &[u8]) -> Result<respond::Ready, ApiError>) -> Response {
+    let answer = match generation_body(state, headers, body) {
+        Ok(body) => match off_workers(state, body, prepare).await {
+            Ok(ready) => respond::generate(state, ready).await,
             Err(e) => Err(e),
         },
         Err(e) => Err(e),
@@ -246,15 +247,12 @@ async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, bod
     answer.unwrap_or_else(IntoResponse::into_response)
 }
 
+async fn chat_completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    openai_generate(&state, &headers, body, chat::prepare_chat).await
+}
+
 async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let answer = match generation_body(&state, &headers, body) {
-        Ok(body) => match off_workers(&state, body, chat::prepare_completions).await {
-            Ok(ready) => respond::generate(&state, ready).await,
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(e),
-    };
-    answer.unwrap_or_else(IntoResponse::into_response)
+    openai_generate(&state, &headers, body, chat::prepare_completions).await
 }
 
 /// Anthropic's endpoints answer errors in Anthropic's shape.
