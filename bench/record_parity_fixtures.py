@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Record llama.cpp's behaviour on the three real models as parity fixtures for reckon's tests.
+"""Record llama.cpp's behaviour on the three real models, and on the synthetic files of the other
+architectures (scripts/make-test-models), as parity fixtures for reckon's tests.
 
 For each model and prompt: llama.cpp's tokenization and its greedy continuation (64 tokens, raw: it goes
 on past end-of-generation tokens), with the top-1/top-2 logit gap at each step; plus teacher-forced top-1
@@ -22,6 +23,12 @@ MODELS = {
     "gemma3-270m": "gemma-3-270m-q4_k_m.gguf",
     "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 }
+# Synthetic random-weight files of the other architectures (scripts/make-test-models writes them): five
+# plain prompts and a shorter teacher-forced text, so their fixtures stay small.
+TEST_MODELS_DIR = os.environ.get("RECKON_TEST_MODELS") or os.path.expanduser("~/.cache/reckon/test-models")
+SYNTHETIC = ["llama3-tiny", "llama-tied-tiny", "qwen3-tiny", "qwen3moe-tiny", "phi3-tiny"]
+SYNTHETIC_PROMPTS = 5
+SYNTHETIC_TEACHER_TOKENS = 512
 N_GREEDY = 64
 LONG_PROMPT_TOKENS = 1500
 TEACHER_TOKENS = 2000
@@ -139,16 +146,21 @@ def teacher_forced(llm, tokens):
 
 
 def record(name):
-    path = os.path.join(MODELS_DIR, MODELS[name])
+    synthetic = name in SYNTHETIC
+    file = f"{name}.gguf" if synthetic else MODELS[name]
+    path = os.path.join(TEST_MODELS_DIR if synthetic else MODELS_DIR, file)
     # n_batch = 1: every token goes through llama.cpp's decode path (per-row vec_dot kernels). Larger batches
     # switch Q8_0/Q5_0/Q4_0 matmuls to llamafile's tinyBLAS, whose different summation order flips ~2% of
     # teacher-forced top-1 predictions against llama.cpp's own one-token path (measured on SmolLM2).
     llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_batch=1, n_ubatch=1, n_threads=2, logits_all=True,
                           verbose=False)
     meta = llm.metadata
-    prompts = [(n, t, False) for n, t in PLAIN_PROMPTS]
-    prompts += [(n, chat_text(llm, meta, msgs), True) for n, msgs in CHATS]
-    prompts.append(("long_1500", cut_to_tokens(llm, license_text("Apache-2.0"), LONG_PROMPT_TOKENS), False))
+    if synthetic:
+        prompts = [(n, t, False) for n, t in PLAIN_PROMPTS[:SYNTHETIC_PROMPTS]]
+    else:
+        prompts = [(n, t, False) for n, t in PLAIN_PROMPTS]
+        prompts += [(n, chat_text(llm, meta, msgs), True) for n, msgs in CHATS]
+        prompts.append(("long_1500", cut_to_tokens(llm, license_text("Apache-2.0"), LONG_PROMPT_TOKENS), False))
     cases = []
     for pname, text, chat in prompts:
         # BOS as the GGUF says (add_bos), special tokens parsed, as llama.cpp's completion tools do.
@@ -156,12 +168,13 @@ def record(name):
         cont, gaps = greedy(llm, tokens)
         cases.append({"name": pname, "text": text, "chat": chat, "tokens": tokens, "greedy": cont, "greedy_top2_gap": gaps})
         print(f"{name} {pname}: {len(tokens)} prompt tokens", file=sys.stderr)
-    tf_text = cut_to_tokens(llm, license_text("GPL-3"), TEACHER_TOKENS)
+    tf_text = cut_to_tokens(llm, license_text("GPL-3"), SYNTHETIC_TEACHER_TOKENS if synthetic else TEACHER_TOKENS)
     tf_tokens = llm.tokenize(tf_text.encode(), add_bos=True, special=False)
     argmax, gaps = teacher_forced(llm, tf_tokens)
     fixture = {
         "model": name,
-        "file": MODELS[name],
+        "file": file,
+        "synthetic": synthetic,
         "model_sha256": sha256_of(path),
         "llama_cpp_python": llama_cpp.__version__,
         "recorded_on": cpu_description(),
@@ -178,5 +191,5 @@ def record(name):
 
 
 if __name__ == "__main__":
-    for n in sys.argv[1:] or list(MODELS):
+    for n in sys.argv[1:] or list(MODELS) + SYNTHETIC:
         record(n)

@@ -100,7 +100,9 @@ fn greedy(engine: &EngineHandle, prompt: &[u32], n: usize) -> Vec<(u32, f64)> {
 }
 
 fn check_model(name: &str, numerics: Numerics) {
-    let Some(file) = open(name) else { return };
+    let fx = fixture(name);
+    let synthetic = fx["synthetic"].as_bool().unwrap_or(false);
+    let Some(file) = (if synthetic { common::open_test_model(name) } else { open(name) }) else { return };
     if numerics == Numerics::Packed && !common::simd_or_skip(reckon_engine::kernels::cpu::SimdLevel::Avx2, "packed parity") {
         return;
     }
@@ -108,7 +110,6 @@ fn check_model(name: &str, numerics: Numerics) {
         Numerics::Ggml => GGML,
         Numerics::Packed => PACKED,
     };
-    let fx = fixture(name);
     assert_eq!(sha256_hex(file.raw()), fx["model_sha256"].as_str().expect("fixtures name their model's sha256"), "{name}: the model file is not the one the fixture was recorded with");
     let tok = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
@@ -204,4 +205,57 @@ fn parity_packed_gemma3() {
 #[test]
 fn parity_packed_qwen2() {
     check_model("qwen2.5-coder-0.5b", Numerics::Packed);
+}
+
+// The other architectures, on seeded random-weight files of their real layout (scripts/make-test-models)
+// against llama.cpp on the same files (bench/record_parity_fixtures.py).
+
+#[test]
+fn parity_llama3_rope_freqs() {
+    check_model("llama3-tiny", Numerics::Ggml);
+}
+
+#[test]
+fn parity_llama_tied_q8_0() {
+    check_model("llama-tied-tiny", Numerics::Ggml);
+}
+
+#[test]
+fn parity_qwen3() {
+    check_model("qwen3-tiny", Numerics::Ggml);
+}
+
+#[test]
+fn parity_qwen3moe() {
+    check_model("qwen3moe-tiny", Numerics::Ggml);
+}
+
+#[test]
+fn parity_phi3() {
+    check_model("phi3-tiny", Numerics::Ggml);
+}
+
+#[test]
+fn parity_packed_llama3_rope_freqs() {
+    check_model("llama3-tiny", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_llama_tied_q8_0() {
+    check_model("llama-tied-tiny", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_qwen3() {
+    check_model("qwen3-tiny", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_qwen3moe() {
+    check_model("qwen3moe-tiny", Numerics::Packed);
+}
+
+#[test]
+fn parity_packed_phi3() {
+    check_model("phi3-tiny", Numerics::Packed);
 }

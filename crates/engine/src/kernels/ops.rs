@@ -256,6 +256,8 @@ pub struct Rope {
     pub style: RopeStyle,
     theta_scale: f32,
     half: usize,
+    /// Divides each pair's angle (`[half]`): Llama 3.x's and phi3's frequency factors.
+    factors: Option<Vec<f32>>,
 }
 
 impl Rope {
@@ -263,7 +265,15 @@ impl Rope {
     pub fn new(style: RopeStyle, rot_dim: usize, base: f32) -> Self {
         // theta_i = pos * base^(-2i/rot_dim)
         let theta_scale = base.powf(-2.0 / rot_dim as f32);
-        Rope { style, theta_scale, half: rot_dim / 2 }
+        Rope { style, theta_scale, half: rot_dim / 2, factors: None }
+    }
+
+    /// This rotation with pair i's angle divided by `factors[i]` (ggml_rope_ext's freq_factors:
+    /// theta_i / factors[i], the running product itself unchanged). `factors` has `rot_dim / 2` values.
+    pub fn with_factors(mut self, factors: Vec<f32>) -> Self {
+        assert_eq!(factors.len(), self.half, "a frequency factor per rotated pair");
+        self.factors = Some(factors);
+        self
     }
 
     /// Rotates every head of one token's `[n_heads, head_dim]` vector in place for position `pos`.
@@ -291,8 +301,11 @@ impl Rope {
         // the rounding differs, so do the same.
         let mut sin_cos = Vec::with_capacity(half);
         let mut theta = pos as f32;
-        for _ in 0..half {
-            sin_cos.push(theta.sin_cos());
+        for i in 0..half {
+            sin_cos.push(match &self.factors {
+                Some(f) => (theta / f[i]).sin_cos(),
+                None => theta.sin_cos(),
+            });
             theta *= self.theta_scale;
         }
         for head in x.chunks_exact_mut(head_dim) {

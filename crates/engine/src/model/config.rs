@@ -1,5 +1,5 @@
 //! Hyper-parameters of a decoder-only transformer, read once from GGUF metadata and validated. What all
-//! three architectures share is read here (`Meta::common`); each architecture's file sets what is its
+//! architectures share is read here (`Meta::common`); each architecture's file sets what is its
 //! own (RoPE layout, sliding windows, scales).
 
 use crate::error::{Error, Result};
@@ -10,6 +10,9 @@ use crate::kernels::ops::RopeStyle;
 pub enum Arch {
     Llama,
     Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Phi3,
     Gemma3,
 }
 
@@ -18,8 +21,11 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "phi3" => Ok(Arch::Phi3),
             "gemma3" => Ok(Arch::Gemma3),
-            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, gemma3)"))),
+            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma3)"))),
         }
     }
 
@@ -27,6 +33,9 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -61,6 +70,22 @@ pub struct ModelConfig {
     pub scale_q_first: bool,
     /// Multiplies the token embeddings (gemma3: sqrt(d_model)).
     pub embed_scale: Option<f32>,
+    /// Per-pair RoPE frequency divisors, from a tensor of the file (`rope_freqs.weight`: Llama 3.x's
+    /// long-context scaling; phi3's `rope_factors_short.weight`), `[rot_dim / 2]`.
+    pub rope_freq_factors: Option<&'static str>,
+    /// A mixture-of-experts feed-forward in every layer (qwen3moe).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts feed-forward: a router picks `n_used` of `n_expert` SwiGLU experts per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Each expert's hidden size.
+    pub ffn_dim: usize,
+    /// The chosen experts' softmax weights are renormalised to sum to one (qwen3moe).
+    pub norm_weights: bool,
 }
 
 impl ModelConfig {
@@ -71,6 +96,9 @@ impl ModelConfig {
         let cfg = match arch {
             Arch::Llama => super::llama::config(&meta)?,
             Arch::Qwen2 => super::qwen2::config(&meta)?,
+            Arch::Qwen3 => super::qwen3::config(&meta)?,
+            Arch::Qwen3Moe => super::qwen3moe::config(&meta)?,
+            Arch::Phi3 => super::phi3::config(&meta)?,
             Arch::Gemma3 => super::gemma3::config(&meta)?,
         };
         cfg.validate()?;
@@ -87,6 +115,11 @@ impl ModelConfig {
         }
         if self.n_layers == 0 || self.ffn_dim == 0 || self.vocab_size == 0 {
             return bad("block_count, feed_forward_length and vocab size must be positive".into());
+        }
+        if let Some(m) = self.moe {
+            if m.n_expert == 0 || m.n_used == 0 || m.n_used > m.n_expert || m.ffn_dim == 0 {
+                return bad(format!("{} experts, {} used per token, of size {}: need 0 < used <= experts and a size", m.n_expert, m.n_used, m.ffn_dim));
+            }
         }
         Ok(())
     }
@@ -129,6 +162,20 @@ impl Meta<'_> {
         self.file.get_f32(&self.key(k))
     }
 
+    pub fn str(&self, k: &str) -> Result<&str> {
+        self.file.get_str(&self.key(k))
+    }
+
+    /// RoPE scaling a file asks for with `rope.scaling.type`: none is the only one computed as such
+    /// here (Llama 3.x and phi3 scale through frequency-factor tensors instead, which carry no type);
+    /// linear and YaRN are refused, not run unscaled.
+    fn check_rope_scaling(&self) -> Result<()> {
+        match self.str("rope.scaling.type") {
+            Err(_) | Ok("none") => Ok(()),
+            Ok(other) => Err(Error::Unsupported(format!("{} = {other:?} (RoPE scaling other than frequency-factor tensors)", self.key("rope.scaling.type")))),
+        }
+    }
+
     /// The fields every architecture has, with llama's conventions (interleaved RoPE, no windows,
     /// 1/sqrt(head_dim) on q·k); an architecture changes what differs.
     pub fn common(&self, rope_style: RopeStyle) -> Result<ModelConfig> {
@@ -138,6 +185,7 @@ impl Meta<'_> {
             return Err(Error::Metadata("head_count and embedding_length must be positive".into()));
         }
         let head_dim = self.usize("attention.key_length").unwrap_or(d_model / n_heads);
+        self.check_rope_scaling()?;
         let vocab_size = match self.usize("vocab_size") {
             Ok(v) => v,
             Err(_) => self.file.get_str_array("tokenizer.ggml.tokens")?.len(),
@@ -162,6 +210,8 @@ impl Meta<'_> {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             scale_q_first: false,
             embed_scale: None,
+            rope_freq_factors: None,
+            moe: None,
         })
     }
 }

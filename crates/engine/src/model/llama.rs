@@ -1,4 +1,4 @@
-//! llama (SmolLM2), and the block qwen2 shares: pre-norm decoder blocks with SwiGLU,
+//! llama (SmolLM2, Llama 3.x, Mistral), and the block qwen2, qwen3 and phi3 share: pre-norm decoder blocks with SwiGLU,
 //!   x += Wo·attn(rope(Wq·n1), rope(Wk·n1), Wv·n1),   n1 = rmsnorm(x)
 //!   x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2),             n2 = rmsnorm(x)
 //! RoPE rotates adjacent pairs (x[2i], x[2i+1]) of each head: llama.cpp's "normal" layout.
@@ -13,7 +13,13 @@ use crate::kernels::ops::RopeStyle;
 use crate::kv::KvStorage;
 
 pub(super) fn config(meta: &Meta) -> Result<ModelConfig> {
-    meta.common(RopeStyle::Interleaved)
+    let mut c = meta.common(RopeStyle::Interleaved)?;
+    // Llama 3.1+ long-context scaling: per-pair frequency divisors in a tensor (convert_hf_to_gguf's
+    // `rope_freqs`), no `rope.scaling.type`.
+    if meta.file.tensor_info("rope_freqs.weight").is_some() {
+        c.rope_freq_factors = Some("rope_freqs.weight");
+    }
+    Ok(c)
 }
 
 /// One decoder block.

@@ -9,7 +9,11 @@ mod block;
 pub mod config;
 mod gemma3;
 mod llama;
+mod moe;
+mod phi3;
 mod qwen2;
+mod qwen3;
+mod qwen3moe;
 mod weights;
 
 pub use block::{DumpDir, Tracer};
@@ -59,6 +63,7 @@ pub struct Scratch {
     pub(crate) gate: Vec<f32>,     // [n, ffn_dim]
     pub(crate) up: Vec<f32>,       // [n, ffn_dim]
     pub(crate) act_q: Vec<u8>,     // quantized activations for matmul
+    pub(crate) moe: moe::MoeScratch,
     logits: Vec<f32>,              // [n_logit_rows, vocab]
 }
 
@@ -109,7 +114,10 @@ impl Model {
         let numerics = if options.numerics == Numerics::Packed && !crate::kernels::packed::kernels_available() { Numerics::Ggml } else { options.numerics };
         let config = ModelConfig::from_gguf(&file)?;
         let weights = load_weights(&file, &config, numerics)?;
-        let rope_global = Rope::new(config.rope_style, config.rot_dim, config.rope_base);
+        let mut rope_global = Rope::new(config.rope_style, config.rot_dim, config.rope_base);
+        if let Some(factors) = &weights.rope_factors {
+            rope_global = rope_global.with_factors(factors.clone());
+        }
         let rope_local = Rope::new(config.rope_style, config.rot_dim, config.rope_base_local);
         let tracer = options.dump_dir.map(|d| Box::new(DumpDir(d)) as Box<dyn Tracer>);
         Ok(Model { config, numerics, file, weights, rope_global, rope_local, tracer })

@@ -5,7 +5,7 @@
 
 use super::block::LayerCtx;
 use super::config::{Arch, ModelConfig};
-use super::{gemma3, llama, qwen2, Scratch};
+use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe, Scratch};
 use crate::kv::KvStorage;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -44,7 +44,9 @@ impl Linear {
 
 /// Every layer's weights, in the layout of the model's architecture (qwen2's block is llama's).
 pub(super) enum Layers {
+    /// llama's block: llama, qwen2 (q/k/v biases), qwen3 (q/k norms), phi3 (fused matrices, split).
     Llama(Vec<llama::Layer>),
+    Qwen3Moe(Vec<qwen3moe::Layer>),
     Gemma3(Vec<gemma3::Layer>),
 }
 
@@ -54,6 +56,9 @@ impl Layers {
         Ok(match cfg.arch {
             Arch::Llama => Layers::Llama((0..n).map(|i| llama::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
             Arch::Qwen2 => Layers::Llama((0..n).map(|i| qwen2::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Qwen3 => Layers::Llama((0..n).map(|i| qwen3::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Phi3 => Layers::Llama((0..n).map(|i| phi3::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Qwen3Moe => Layers::Qwen3Moe((0..n).map(|i| qwen3moe::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
             Arch::Gemma3 => Layers::Gemma3((0..n).map(|i| gemma3::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
         })
     }
@@ -61,6 +66,7 @@ impl Layers {
     pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
         match self {
             Layers::Llama(layers) => layers[ctx.layer].forward(ctx, kv, s),
+            Layers::Qwen3Moe(layers) => layers[ctx.layer].forward(ctx, kv, s),
             Layers::Gemma3(layers) => layers[ctx.layer].forward(ctx, kv, s),
         }
     }
@@ -68,12 +74,15 @@ impl Layers {
     fn matrices_mut(&mut self) -> Vec<&mut Linear> {
         match self {
             Layers::Llama(layers) => layers.iter_mut().flat_map(llama::Layer::matrices_mut).collect(),
+            Layers::Qwen3Moe(layers) => layers.iter_mut().flat_map(qwen3moe::Layer::matrices_mut).collect(),
             Layers::Gemma3(layers) => layers.iter_mut().flat_map(gemma3::Layer::matrices_mut).collect(),
         }
     }
 }
 
 pub(super) struct Weights {
+    /// RoPE frequency factors (`[rot_dim / 2]`), where the config names a tensor of them.
+    pub rope_factors: Option<Vec<f32>>,
     pub embed: Linear,         // [vocab, d_model]
     pub output_norm: Vec<f32>, // [d_model]
     pub output: Linear,        // [vocab, d_model]; the embedding itself when tied
@@ -100,6 +109,31 @@ impl Loader<'_> {
         Ok(Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize, len: info.num_bytes as usize, packed: None })
     }
 
+    pub fn has(&self, name: &str) -> bool {
+        self.file.tensor_info(name).is_some()
+    }
+
+    /// Rows `first..first + rows` of a `[total_rows, cols]` matrix, as a matrix of their own: a fused
+    /// tensor's parts (phi3's qkv and gate_up). A row's dot is the same whichever matrix holds it.
+    pub fn linear_rows(&self, name: &str, total_rows: usize, first: usize, rows: usize, cols: usize) -> Result<Linear> {
+        let whole = self.linear(name, total_rows, cols)?;
+        let row_bytes = whole.len / total_rows;
+        Ok(Linear { rows, offset: whole.offset + first * row_bytes, len: rows * row_bytes, ..whole })
+    }
+
+    /// The `n` expert matrices `[rows, cols]` of a 3-d expert tensor (GGUF dims `[cols, rows, n]`).
+    pub fn experts(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Linear>> {
+        let info = self.file.tensor_info(name).ok_or_else(|| Error::Metadata(format!("missing tensor {name:?}")))?;
+        if info.dims[..] != [cols as u64, rows as u64, n as u64] {
+            return Err(Error::Metadata(format!("tensor {name:?} has shape {:?}, expected [{cols}, {rows}, {n}]", info.dims)));
+        }
+        if !info.dtype.has_vec_dot() {
+            return Err(Error::Unsupported(format!("tensor {name:?} has type {} which has no matmul kernel", info.dtype.name())));
+        }
+        let len = info.num_bytes as usize / n;
+        Ok((0..n).map(|e| Linear { dtype: info.dtype, rows, cols, offset: info.file_offset as usize + e * len, len, packed: None }).collect())
+    }
+
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.file.tensor(name)?;
         if t.dims.iter().product::<u64>() != len as u64 {
@@ -120,7 +154,8 @@ pub(super) fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numeric
         None => embed.clone(),
     };
     let layers = Layers::load(&ld, cfg)?;
-    let weights = Weights { embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
+    let rope_factors = cfg.rope_freq_factors.map(|name| ld.vector(name, cfg.rot_dim / 2)).transpose()?;
+    let weights = Weights { rope_factors, embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
     Ok(match numerics {
         Numerics::Ggml => weights,
         Numerics::Packed => pack_weights(file, weights),

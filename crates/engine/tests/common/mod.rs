@@ -177,6 +177,24 @@ pub fn real_model_path(name: &str) -> std::path::PathBuf {
     reckon_engine::registry::known_model_path(&dir, name).expect("known model")
 }
 
+/// A synthetic model of scripts/make-test-models (`$RECKON_TEST_MODELS`, default
+/// ~/.cache/reckon/test-models), or `None` with a note when it is missing; with RECKON_REQUIRE_MODELS
+/// set (CI, which runs the script) a missing one fails the test instead.
+pub fn open_test_model(name: &str) -> Option<reckon_engine::gguf::GgufFile> {
+    simd_cap_from_env();
+    let dir = match std::env::var_os("RECKON_TEST_MODELS").filter(|h| !h.is_empty()) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/reckon/test-models"),
+    };
+    let path = dir.join(format!("{name}.gguf"));
+    if !path.exists() {
+        assert!(std::env::var("RECKON_REQUIRE_MODELS").is_err(), "{} is missing and RECKON_REQUIRE_MODELS is set", path.display());
+        eprintln!("note: {} not found; skipping (scripts/make-test-models)", path.display());
+        return None;
+    }
+    Some(reckon_engine::gguf::GgufFile::open(&path).expect("open model"))
+}
+
 /// A model's parity fixture (tests/fixtures/parity/NAME.json, recorded from llama.cpp).
 pub fn parity_fixture(name: &str) -> serde_json::Value {
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../tests/fixtures/parity/{name}.json"));

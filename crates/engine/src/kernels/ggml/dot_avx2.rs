@@ -22,7 +22,6 @@ use super::{check_dot_args, GgmlType, SimdLevel, VecDotFn};
 pub(super) fn kernel(t: GgmlType) -> Option<VecDotFn> {
     assert!(SimdLevel::Avx2.is_available());
     Some(match t {
-        GgmlType::F32 => f32_f32,
         GgmlType::F16 => f16_f16,
         GgmlType::Q4_0 => q4_0_q8_0,
         GgmlType::Q4_1 => q4_1_q8_1,
@@ -32,7 +31,8 @@ pub(super) fn kernel(t: GgmlType) -> Option<VecDotFn> {
         GgmlType::Q4_K => q4_k_q8_k,
         GgmlType::Q5_K => q5_k_q8_k,
         GgmlType::Q6_K => q6_k_q8_k,
-        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+        // the F32 dot is ggml's AVX-512 order at every level (dot_scalar)
+        GgmlType::F32 | GgmlType::Q8_1 | GgmlType::Q8_K => return None,
     })
 }
 
@@ -49,7 +49,6 @@ macro_rules! safe_kernels {
 }
 
 safe_kernels! {
-    f32_f32 => F32, f32_impl;
     f16_f16 => F16, f16_impl;
     q4_0_q8_0 => Q4_0, q4_0_impl;
     q4_1_q8_1 => Q4_1, q4_1_impl;
@@ -128,33 +127,6 @@ unsafe fn prefetch_block(bx: *const u8, bytes: usize) {
 }
 
 // ---- float types ----
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
-    let (x, y) = (x as *const f32, y as *const f32);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let o = i + 8 * k;
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(o)), _mm256_loadu_ps(y.add(o)), *a);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)), acc[0]);
-        i += 8;
-    }
-    let mut s = hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[1]),
-        _mm256_add_ps(acc[2], acc[3]),
-    ));
-    while i < n {
-        s += x.add(i).read_unaligned() * y.add(i).read_unaligned();
-        i += 1;
-    }
-    s
-}
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_impl(n: usize, x: *const u8, y: *const u8) -> f32 {

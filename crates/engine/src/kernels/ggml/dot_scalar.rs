@@ -29,12 +29,54 @@ fn block_pairs<'a>(t: GgmlType, n: usize, w: &'a [u8], a: &'a [u8]) -> impl Iter
     w.chunks_exact(t.block_bytes()).zip(a.chunks_exact(ab)).take(nb)
 }
 
-/// ggml accumulates the float dot products in double (`ggml_float`) on the scalar path.
+/// ggml_vec_dot_f32 as llama.cpp's x86 build for AVX-512 computes it, at every SIMD level (as the ggml
+/// math routines are): 4 accumulators of 16 lanes, FMA, 64 elements a step; the accumulators added
+/// 0+2, 1+3, then 0+1, reduced in `_mm512_reduce_add_ps`'s order; the tail past a multiple of 64
+/// added one product at a time into the f32 sum with FMA (GCC contracts `sumf += x*y`). F32 matrices
+/// are rare in a quantized file (qwen3moe's router is one), so an emulation is fast enough.
 fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let sum: f64 = block_pairs(GgmlType::F32, n, w, a)
-        .map(|(x, y)| (rd_f32(x, 0) * rd_f32(y, 0)) as f64)
-        .sum();
-    sum as f32
+    check_dot_args(GgmlType::F32, n, w, a);
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::cpu::allows(crate::kernels::cpu::SimdLevel::Avx2) {
+        // SAFETY: the CPU has FMA (the Avx2 level needs it), checked just above.
+        return unsafe { f32_f32_fma(n, w, a) };
+    }
+    f32_f32_any(n, w, a)
+}
+
+/// `f32_f32` compiled with FMA, so `mul_add` is one instruction rather than a libm call.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn f32_f32_fma(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    f32_f32_any(n, w, a)
+}
+
+#[inline(always)]
+fn f32_f32_any(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (x, y) = (|i: usize| rd_f32(w, 4 * i), |i: usize| rd_f32(a, 4 * i));
+    let whole = n / 64 * 64;
+    let mut acc = [[0.0f32; 16]; 4];
+    for i in (0..whole).step_by(64) {
+        for (j, lanes) in acc.iter_mut().enumerate() {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let k = i + 16 * j + l;
+                *lane = x(k).mul_add(y(k), *lane);
+            }
+        }
+    }
+    let [mut a0, mut a1, a2, a3] = acc;
+    for l in 0..16 {
+        a0[l] += a2[l];
+        a1[l] += a3[l];
+    }
+    for l in 0..16 {
+        a0[l] += a1[l];
+    }
+    let mut sum = crate::kernels::ggml::math::reduce_add_16(&a0);
+    for i in whole..n {
+        sum = x(i).mul_add(y(i), sum);
+    }
+    sum
 }
 
 fn f16_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {

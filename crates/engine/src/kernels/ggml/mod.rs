@@ -11,7 +11,8 @@
 //! of them. For the quantized types both SIMD levels reproduce the f32 rounding sequence of ggml's x86
 //! kernels, so their results are bit-identical to each other and to llama.cpp's CPU backend on x86
 //! (tested against llama.cpp's own library, see tests/fixtures.rs); the scalar reference follows ggml's
-//! generic order and differs in the last bits. F16/F32 dots are not bit-exact with ggml.
+//! generic order and differs in the last bits. The F32 dot is ggml's AVX-512 order at every level; the F16
+//! dot is not bit-exact with ggml.
 //!
 //! Caveat for whole-model identity: llama.cpp on x86 repacks Q4_0 and Q4_K weights (ggml-cpu/repack.cpp,
 //! `q4_0_8x8`, `q4_K_8x8`) and then uses other kernels with their own rounding order, and for batches of

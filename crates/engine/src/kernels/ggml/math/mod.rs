@@ -160,6 +160,30 @@ fn soft_max_generic(scores: &mut [f32], first_cell: usize) {
     scores.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// ggml_soft_max over one whole row (ggml_vec_soft_max_f32 as built for AVX-512), in place: each whole
+/// 16-lane vector's exps (ggml_v_expf) summed in `_mm512_reduce_add_ps`'s order, the tail past the last
+/// whole vector with libm's expf, every partial sum added in f64, then scaled by 1/sum. A MoE router's
+/// probabilities (qwen3moe: 128 experts a row; the synthetic files' 8 are all tail).
+pub fn soft_max_row(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    let whole = x.len() / 16 * 16;
+    for chunk in x[..whole].chunks_exact_mut(16) {
+        let mut lanes = [0.0f32; 16];
+        for (lane, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = v_expf(*v - max);
+            *lane = *v;
+        }
+        sum += reduce_add_16(&lanes) as f64;
+    }
+    for v in &mut x[whole..] {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// ggml_vec_dot_f16 (vec.cpp, AVX-512): products accumulated with FMA into 4 vectors of 16 lanes, 64
 /// elements a step, the 4 vectors added pairwise (0+2, 1+3, then 0+1), reduced with
 /// `_mm512_reduce_add_ps`, and any tail past a multiple of 64 added in f64.
@@ -386,7 +410,7 @@ pub(crate) fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
 
 /// GCC's `_mm512_reduce_add_ps`: halves added pairwise, 16 → 8 → 4 → 2 → 1.
 #[inline(always)]
-fn reduce_add_16(l: &[f32; 16]) -> f32 {
+pub(crate) fn reduce_add_16(l: &[f32; 16]) -> f32 {
     let a: [f32; 8] = std::array::from_fn(|i| l[i] + l[i + 8]);
     let b: [f32; 4] = std::array::from_fn(|i| a[i] + a[i + 4]);
     let (c0, c1) = (b[0] + b[2], b[1] + b[3]);

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""Small seeded random-weight GGUF files, one per architecture reckon runs beyond its three fetched
+models, written with PyPI's `gguf` package (the writer llama.cpp's converters use). Run through
+scripts/make-test-models, which pins the package versions (the files' bytes, and so the parity
+fixtures' sha256s, depend on them).
+
+Each file has its architecture's real tensor layout and every metadata key llama.cpp reads for it, a real
+tokenizer's metadata copied from a fetched model (so text round trips), and the quant types of a real
+Q4_K_M download (Q4_K with Q6_K for attn_v / ffn_down / output, F32 norms and router), or Q8_0/F16 where
+a file says so. K-quant blocks are written as seeded random bytes with their scales chosen for a
+weight standard deviation near 1/sqrt(fan-in): `gguf` quantizes only the legacy types, and random
+weights need no quantizer to be a valid random model.
+
+    make_test_models.py OUTDIR [--only NAME ...] [--moe-big]
+
+`--moe-big` also writes qwen3moe-big.gguf (>= 1 GiB of experts, for the MoE speed row); not for tests.
+"""
+import argparse, hashlib, importlib.metadata, json, os, sys
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as Q
+
+# Bumped whenever a recipe changes, so an old file is rewritten.
+RECIPE_VERSION = 4
+# The sub-blocks' output projections write the residual stream this much louder than 1/sqrt(fan-in):
+# with tied embeddings a random model otherwise repeats its input token (x stays near its embedding).
+RESIDUAL_STD = 4.0
+MODELS_DIR = os.environ.get("RECKON_HOME") or os.path.expanduser("~/.cache/reckon/models")
+TOKENIZERS = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",  # GPT-2 style BPE, 49,152 tokens
+    "qwen2": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",  # Qwen's BPE, 151,936 ids (Qwen3 shares it)
+}
+
+
+class Rng:
+    def __init__(self, seed):
+        self.g = np.random.Generator(np.random.PCG64(seed))
+
+    def normal(self, shape, std):
+        return (self.g.standard_normal(shape) * std).astype(np.float32)
+
+    def bytes(self, shape):
+        return self.g.integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def f16_bytes(x):
+    return np.asarray(x, dtype=np.float16).view(np.uint8).reshape(*np.shape(x), 2)
+
+
+def q4_k(rng, rows, cols, std):
+    """Random Q4_K rows (144-byte blocks of 256: d, dmin, 12 packed 6-bit scale/min bytes, 128 nibble
+    bytes). A weight is d*sc*q - dmin*m, sc, m in 0..63, q in 0..15; dmin = 7.5 d centres it, and its
+    standard deviation is then about 257 d."""
+    nb = cols // 256
+    d = np.abs(rng.normal((rows, nb), 0.2)) + 1.0
+    d = d * std / 257.0
+    blocks = np.concatenate([f16_bytes(d), f16_bytes(d * 7.5), rng.bytes((rows, nb, 12 + 128))], axis=2)
+    return blocks.reshape(rows, nb * 144)
+
+
+def q6_k(rng, rows, cols, std):
+    """Random Q6_K rows (210-byte blocks of 256: 128 low-nibble bytes, 64 high-bit bytes, 16 int8
+    scales, d). A weight is d*scale*(q - 32), q in 0..63; scales drawn from 8..63 give a standard
+    deviation near 729 d."""
+    nb = cols // 256
+    q = rng.bytes((rows, nb, 192))
+    scales = (rng.bytes((rows, nb, 16)) % 56 + 8).astype(np.uint8)
+    d = (np.abs(rng.normal((rows, nb), 0.2)) + 1.0) * std / 729.0
+    blocks = np.concatenate([q, scales, f16_bytes(d)], axis=2)
+    return blocks.reshape(rows, nb * 210)
+
+
+class Writer:
+    """Adds tensors in a quant type, shaped as numpy (rows, cols) = GGUF [cols, rows]."""
+
+    def __init__(self, w, rng):
+        self.w, self.rng = w, rng
+
+    def matrix(self, name, rows, cols, qtype, std=None, experts=None):
+        std = std if std is not None else 1.0 / np.sqrt(cols)
+        lead = (experts,) if experts else ()
+        if qtype in (Q.Q4_K, Q.Q6_K):
+            make = q4_k if qtype == Q.Q4_K else q6_k
+            parts = [make(self.rng, rows, cols, std) for _ in range(experts or 1)]
+            data = np.stack(parts) if experts else parts[0]
+            self.w.add_tensor(name, data, raw_dtype=qtype)
+        elif qtype == Q.Q8_0:
+            data = gguf.quants.quantize(self.rng.normal(lead + (rows, cols), std), Q.Q8_0)
+            self.w.add_tensor(name, data, raw_dtype=Q.Q8_0)
+        elif qtype == Q.F16:
+            self.w.add_tensor(name, self.rng.normal(lead + (rows, cols), std).astype(np.float16))
+        elif qtype == Q.F32:
+            self.w.add_tensor(name, self.rng.normal(lead + (rows, cols), std))
+        else:
+            raise ValueError(qtype)
+
+    def norm(self, name, n):
+        self.w.add_tensor(name, 1.0 + self.rng.normal((n,), 0.1))
+
+    def vector(self, name, values):
+        self.w.add_tensor(name, np.asarray(values, dtype=np.float32))
+
+
+def copy_tokenizer(w, source):
+    path = os.path.join(MODELS_DIR, TOKENIZERS[source])
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: scripts/fetch-models first (its tokenizer is copied)")
+    r = gguf.GGUFReader(path)
+    n_vocab = 0
+    for key, field in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        main = field.types[0]
+        if main == gguf.GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            w.add_key_value(key, field.contents(), main, sub)
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(field.data)
+        else:
+            w.add_key_value(key, field.contents(), main)
+    return n_vocab
+
+
+def llama3_freq_factors(rot_dim, base, factor=8.0, low=1.0, high=4.0, original=8192):
+    """Llama 3.1's frequency factors, as convert_hf_to_gguf writes them into rope_freqs.weight."""
+    freqs = 1.0 / (base ** (np.arange(0, rot_dim, 2, dtype=np.float32) / rot_dim))
+    low_wl, high_wl = original / low, original / high
+    out = []
+    for f in freqs:
+        wl = 2 * np.pi / f
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (original / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def common_keys(w, arch, *, layers, d, heads, kv_heads, ff, ctx, head_dim=None, rope_base=10000.0, rot=None, eps=1e-5):
+    w.add_context_length(ctx)
+    w.add_embedding_length(d)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(eps)
+    w.add_rope_freq_base(rope_base)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rot if rot is not None else (head_dim or d // heads))
+    w.add_file_type(15)  # MOSTLY_Q4_K_M
+
+
+def attention(t, i, d, q_dim, kv_dim, v_type=Q.Q6_K, qk_type=Q.Q4_K, o_type=Q.Q4_K):
+    t.matrix(f"blk.{i}.attn_q.weight", q_dim, d, qk_type)
+    t.matrix(f"blk.{i}.attn_k.weight", kv_dim, d, qk_type)
+    t.matrix(f"blk.{i}.attn_v.weight", kv_dim, d, v_type)
+    t.matrix(f"blk.{i}.attn_output.weight", d, q_dim, o_type, std=RESIDUAL_STD / np.sqrt(q_dim))
+
+
+def ffn(t, i, d, ff, types=(Q.Q4_K, Q.Q4_K, Q.Q6_K)):
+    t.matrix(f"blk.{i}.ffn_gate.weight", ff, d, types[0])
+    t.matrix(f"blk.{i}.ffn_up.weight", ff, d, types[1])
+    t.matrix(f"blk.{i}.ffn_down.weight", d, ff, types[2], std=RESIDUAL_STD / np.sqrt(ff))
+
+
+def embeddings(t, n_vocab, d, embd_type=Q.Q4_K, output_type=Q.Q6_K, tied=False):
+    # tied: the logits are x·E, so E's spread is theirs (std 0.25 x sqrt(256) = 4), and a quiet E keeps
+    # the residual stream from staying near the input token's own row (a model that repeats its input)
+    t.matrix("token_embd.weight", n_vocab, d, embd_type, std=0.25 if tied else 1.0)
+    t.norm("output_norm.weight", d)
+    if not tied:
+        # a wide spread of logits, so greedy steps are decided and not near-ties
+        t.matrix("output.weight", n_vocab, d, output_type, std=4.0 / np.sqrt(d))
+
+
+def llama3(w, t):
+    """Llama 3.x: GQA, rope_freqs (llama3 scaling factors), base 500,000, untied output."""
+    L, d, H, KV, ff, hd = 3, 256, 4, 2, 512, 64
+    n_vocab = copy_tokenizer(w, "smollm2")
+    common_keys(w, "llama", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=8192, rope_base=500000.0)
+    w.add_vocab_size(n_vocab)
+    embeddings(t, n_vocab, d)
+    t.vector("rope_freqs.weight", llama3_freq_factors(hd, 500000.0))
+    for i in range(L):
+        t.norm(f"blk.{i}.attn_norm.weight", d)
+        attention(t, i, d, H * hd, KV * hd)
+        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        ffn(t, i, d, ff)
+
+
+def llama_tied(w, t):
+    """A llama with tied embeddings, all Q8_0 as a Q8_0 download is (Mistral-7B's block: llama.cpp reads
+    no sliding window for the llama architecture). No F16 matrices: neither reckon's F16 dot nor
+    llama.cpp's (tinyBLAS at any batch) is the per-row path the ggml numerics reproduce bit for bit."""
+    L, d, H, KV, ff, hd = 2, 256, 8, 2, 768, 32
+    n_vocab = copy_tokenizer(w, "smollm2")
+    common_keys(w, "llama", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=8192, rope_base=1000000.0)
+    w.add_file_type(7)  # MOSTLY_Q8_0
+    embeddings(t, n_vocab, d, embd_type=Q.Q8_0, tied=True)
+    for i in range(L):
+        t.norm(f"blk.{i}.attn_norm.weight", d)
+        attention(t, i, d, H * hd, KV * hd, v_type=Q.Q8_0, qk_type=Q.Q8_0, o_type=Q.Q8_0)
+        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        ffn(t, i, d, ff, types=(Q.Q8_0, Q.Q8_0, Q.Q8_0))
+
+
+def qwen3(w, t):
+    """Qwen3: per-head q/k RMSNorm, head size set apart from d_model/heads, GQA, tied embeddings."""
+    L, d, H, KV, ff, hd = 3, 256, 8, 2, 512, 64
+    n_vocab = copy_tokenizer(w, "qwen2")
+    common_keys(w, "qwen3", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
+    embeddings(t, n_vocab, d, embd_type=Q.Q6_K, tied=True)
+    for i in range(L):
+        t.norm(f"blk.{i}.attn_norm.weight", d)
+        attention(t, i, d, H * hd, KV * hd)
+        t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+        t.norm(f"blk.{i}.attn_k_norm.weight", hd)
+        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        ffn(t, i, d, ff)
+
+
+def qwen3moe_recipe(L, d, H, KV, hd, n_expert, n_used, ff_exp):
+    def make(w, t):
+        n_vocab = copy_tokenizer(w, "qwen2")
+        common_keys(w, "qwen3moe", layers=L, d=d, heads=H, kv_heads=KV, ff=3 * d, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(ff_exp)
+        embeddings(t, n_vocab, d)
+        for i in range(L):
+            t.norm(f"blk.{i}.attn_norm.weight", d)
+            attention(t, i, d, H * hd, KV * hd)
+            t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+            t.norm(f"blk.{i}.attn_k_norm.weight", hd)
+            t.norm(f"blk.{i}.ffn_norm.weight", d)
+            # the router stays F32, as llama.cpp's quantizer leaves it
+            t.matrix(f"blk.{i}.ffn_gate_inp.weight", n_expert, d, Q.F32, std=2.0 / np.sqrt(d))
+            t.matrix(f"blk.{i}.ffn_gate_exps.weight", ff_exp, d, Q.Q4_K, experts=n_expert)
+            t.matrix(f"blk.{i}.ffn_up_exps.weight", ff_exp, d, Q.Q4_K, experts=n_expert)
+            t.matrix(f"blk.{i}.ffn_down_exps.weight", d, ff_exp, Q.Q6_K, std=RESIDUAL_STD / np.sqrt(ff_exp), experts=n_expert)
+    make.__doc__ = f"Qwen3-MoE: qwen3's attention, {n_expert} experts of {ff_exp}, top {n_used}, normalised softmax weights."
+    return make
+
+
+def phi3(w, t):
+    """Phi-3 / Phi-4-mini: fused qkv and gate_up, partial rotary (48 of 64), q scaled before attention,
+    short/long rope factors (llama.cpp uses the short ones up to the original context)."""
+    L, d, H, KV, ff, hd, rot = 3, 256, 4, 2, 512, 64, 48
+    n_vocab = copy_tokenizer(w, "smollm2")
+    common_keys(w, "phi3", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=131072, rope_base=10000.0, rot=rot)
+    w.add_rope_scaling_orig_ctx_len(4096)
+    embeddings(t, n_vocab, d)
+    t.vector("rope_factors_short.weight", 1.0 + np.abs(t.rng.normal((rot // 2,), 0.3)))
+    t.vector("rope_factors_long.weight", 1.0 + np.abs(t.rng.normal((rot // 2,), 3.0)))
+    for i in range(L):
+        t.norm(f"blk.{i}.attn_norm.weight", d)
+        t.matrix(f"blk.{i}.attn_qkv.weight", H * hd + 2 * KV * hd, d, Q.Q4_K)
+        t.matrix(f"blk.{i}.attn_output.weight", d, H * hd, Q.Q4_K, std=RESIDUAL_STD / np.sqrt(H * hd))
+        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        t.matrix(f"blk.{i}.ffn_up.weight", 2 * ff, d, Q.Q4_K)
+        t.matrix(f"blk.{i}.ffn_down.weight", d, ff, Q.Q6_K, std=RESIDUAL_STD / np.sqrt(ff))
+
+
+# name -> (architecture, recipe, seed)
+MODELS = {
+    "llama3-tiny": ("llama", llama3, 1),
+    "llama-tied-tiny": ("llama", llama_tied, 2),
+    "qwen3-tiny": ("qwen3", qwen3, 3),
+    "qwen3moe-tiny": ("qwen3moe", qwen3moe_recipe(2, 256, 4, 2, 64, 8, 2, 256), 4),
+    "phi3-tiny": ("phi3", phi3, 5),
+}
+# 48 layers x 64 experts x 3 x 768x1024 Q4_K/Q6_K: about 1.3 GiB of experts, 8 of 64 active
+BIG = {"qwen3moe-big": ("qwen3moe", qwen3moe_recipe(24, 1024, 16, 4, 64, 64, 8, 768), 6)}
+
+
+def write(outdir, name, arch, recipe, seed):
+    path = os.path.join(outdir, f"{name}.gguf")
+    stamp = f"{RECIPE_VERSION}:{importlib.metadata.version('gguf')}:{np.__version__}"
+    stamp_path = path + ".recipe"
+    if os.path.exists(path) and os.path.exists(stamp_path) and open(stamp_path).read() == stamp:
+        return path, False
+    tmp = path + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
+    # not the architecture's name: llama.cpp sets token attributes by model name ("phi3" wants "</s>")
+    w.add_name(f"reckon synthetic model {seed}")
+    w.add_description(f"seeded random weights (seed {seed}), scripts/make-test-models recipe {RECIPE_VERSION}: not a trained model")
+    recipe(w, Writer(w, Rng(seed)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
+    return path, True
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir")
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--moe-big", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.outdir, exist_ok=True)
+    todo = dict(MODELS)
+    if args.moe_big:
+        todo.update(BIG)
+    manifest = {}
+    for name, (arch, recipe, seed) in todo.items():
+        if args.only and name not in args.only:
+            continue
+        path, fresh = write(args.outdir, name, arch, recipe, seed)
+        manifest[name] = {"architecture": arch, "file": os.path.basename(path), "bytes": os.path.getsize(path)}
+        print(f"{'wrote' if fresh else 'kept '} {path} ({os.path.getsize(path) >> 20} MiB)", file=sys.stderr)
+    with open(os.path.join(args.outdir, "MANIFEST.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
