@@ -50,6 +50,22 @@ CHATS = [
     ("chat_system", [{"role": "system", "content": "You are a helpful assistant."},
                      {"role": "user", "content": "What is 17 * 23? Answer briefly."}]),
 ]
+# The synthetic files' templates (Llama 3.2's, Qwen3's, Phi-3.5's) with tools, a tool round trip and, where
+# the template reads it, enable_thinking=false; rendered as Hugging Face transformers renders them
+# (`hf_render`). Names and arguments match crates/engine/tests/parity_real.rs's `chat_case`.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL_CHATS = [
+    ("chat_tools", [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "What is the weather in Paris?"}], [WEATHER], {}),
+    ("chat_tool_result", [{"role": "user", "content": "What is the weather in Paris?"},
+                          {"role": "assistant", "content": "", "tool_calls": [
+                              {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                          {"role": "tool", "content": "{\"temp_c\": 21}", "tool_call_id": "call_1", "name": "get_weather"}],
+     [WEATHER], {}),
+    ("chat_no_think", [{"role": "user", "content": "What is 17 * 23?"}], [], {"enable_thinking": False}),
+]
+
 # Gemma-3-270M's GGUF has no chat template. Its prompts are rendered by llama.cpp's own built-in "gemma"
 # template (llama_chat_apply_template), an independent renderer of Gemma's turn format, so the fixture
 # checks reckon's fallback template rather than copying it.
@@ -119,6 +135,27 @@ def chat_text(llm, meta, messages):
     return env.from_string(tmpl).render(messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
 
 
+def hf_render(tmpl, messages, tools, kwargs, bos, eos):
+    """A template rendered as transformers' apply_chat_template does (its sandboxed environment with
+    trim_blocks, lstrip_blocks and loopcontrols; tojson as json.dumps without key sorting). No
+    strftime_now: Llama 3.2's template then dates itself "26 Jul 2024", and the test puts that date in
+    place of today's in reckon's render."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2.ext
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(tmpl).render(messages=messages, tools=tools or None, add_generation_prompt=True,
+                                        bos_token=bos, eos_token=eos, **kwargs)
+
+
 def top2_gap(logits):
     top = np.argpartition(-logits, 2)[:2]
     a, b = sorted(logits[top], reverse=True)
@@ -157,6 +194,16 @@ def record(name):
     meta = llm.metadata
     if synthetic:
         prompts = [(n, t, False) for n, t in PLAIN_PROMPTS[:SYNTHETIC_PROMPTS]]
+        tmpl = meta.get("tokenizer.chat_template")
+        if tmpl is not None:
+            bos = llm.detokenize([llm.token_bos()], special=True).decode() if llm.token_bos() >= 0 else ""
+            eos = llm.detokenize([llm.token_eos()], special=True).decode() if llm.token_eos() >= 0 else ""
+            for n, msgs in CHATS:
+                prompts.append((n, hf_render(tmpl, msgs, [], {}, bos, eos), True))
+            for n, msgs, tools, kwargs in TOOL_CHATS:
+                if kwargs and not all(k in tmpl for k in kwargs):
+                    continue
+                prompts.append((n, hf_render(tmpl, msgs, tools, kwargs, bos, eos), True))
     else:
         prompts = [(n, t, False) for n, t in PLAIN_PROMPTS]
         prompts += [(n, chat_text(llm, meta, msgs), True) for n, msgs in CHATS]

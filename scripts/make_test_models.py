@@ -5,7 +5,8 @@ scripts/make-test-models, which pins the package versions (the files' bytes, and
 fixtures' sha256s, depend on them).
 
 Each file has its architecture's real tensor layout and every metadata key llama.cpp reads for it, a real
-tokenizer's metadata copied from a fetched model (so text round trips), and the quant types of a real
+tokenizer's metadata copied from a fetched model (so text round trips; Qwen3's four added tokens named),
+the architecture's real chat template where one is at hand (Llama 3.2's, Qwen3's, Phi-3.5's), and the quant types of a real
 Q4_K_M download (Q4_K with Q6_K for attn_v / ffn_down / output, F32 norms and router), or Q8_0/F16 where
 a file says so. K-quant blocks are written as seeded random bytes with their scales chosen for a
 weight standard deviation near 1/sqrt(fan-in): `gguf` quantizes only the legacy types, and random
@@ -21,7 +22,7 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 
 # Bumped whenever a recipe changes, so an old file is rewritten.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 5
 # The sub-blocks' output projections write the residual stream this much louder than 1/sqrt(fan-in):
 # with tied embeddings a random model otherwise repeats its input token (x stays near its embedding).
 RESIDUAL_STD = 4.0
@@ -30,6 +31,39 @@ TOKENIZERS = {
     "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",  # GPT-2 style BPE, 49,152 tokens
     "qwen2": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",  # Qwen's BPE, 151,936 ids (Qwen3 shares it)
 }
+
+
+# The models' own chat templates, as llama.cpp keeps them for its tests (models/templates/, fetched from
+# the models' Hugging Face repositories by its scripts/get_chat_template.py), out of the llama-cpp-python
+# sdist on PyPI that bench/setup-llamacpp builds.
+SDIST = ("llama_cpp_python-0.3.36.tar.gz", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+TEMPLATES = {
+    "llama3.2": ("meta-llama-Llama-3.2-3B-Instruct.jinja", "5816fce10444e03c2e9ee1ef8a4a1ea61ae7e69e438613f3b17b69d0426223a4"),
+    "qwen3": ("Qwen-Qwen3-0.6B.jinja", "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"),
+    "phi3.5": ("microsoft-Phi-3.5-mini-instruct.jinja", "78d976a442bcde2f0be15aafbb8e3050e1104f86732266f68403251b89982a90"),
+}
+# Qwen3's vocabulary is Qwen2.5's with four of its padding ids named (its tokenizer.json's added tokens).
+QWEN3_TOKENS = {151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
+
+
+def chat_template(name):
+    import tarfile, urllib.request
+    cache = os.path.join(os.path.dirname(MODELS_DIR.rstrip("/")), SDIST[0])
+    if not os.path.exists(cache) or sha256_of(cache) != SDIST[1]:
+        index = "https://pypi.org/simple/llama-cpp-python/"
+        req = urllib.request.Request(index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+        files = json.load(urllib.request.urlopen(req, timeout=120))["files"]
+        url = next(f["url"] for f in files if f["filename"] == SDIST[0])
+        urllib.request.urlretrieve(url, cache + ".tmp")
+        if sha256_of(cache + ".tmp") != SDIST[1]:
+            sys.exit(f"{url}: sha256 mismatch")
+        os.replace(cache + ".tmp", cache)
+    member, digest = TEMPLATES[name]
+    with tarfile.open(cache) as tar:
+        data = tar.extractfile(f"llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/{member}").read()
+    if hashlib.sha256(data).hexdigest() != digest:
+        sys.exit(f"{member}: sha256 mismatch")
+    return data.decode()
 
 
 class Rng:
@@ -101,23 +135,33 @@ class Writer:
         self.w.add_tensor(name, np.asarray(values, dtype=np.float32))
 
 
-def copy_tokenizer(w, source):
+def copy_tokenizer(w, source, template=None, rename=None):
+    """The source model's tokenizer keys; `template` (a TEMPLATES name) replaces its chat template and
+    `rename` ({id: text}) names tokens (user-defined, as added tokens are)."""
     path = os.path.join(MODELS_DIR, TOKENIZERS[source])
     if not os.path.exists(path):
         sys.exit(f"{path} is missing: scripts/fetch-models first (its tokenizer is copied)")
     r = gguf.GGUFReader(path)
     n_vocab = 0
     for key, field in r.fields.items():
-        if not key.startswith("tokenizer."):
+        if not key.startswith("tokenizer.") or (template and key == "tokenizer.chat_template"):
             continue
         main = field.types[0]
         if main == gguf.GGUFValueType.ARRAY:
             sub = field.types[-1]
-            w.add_key_value(key, field.contents(), main, sub)
+            values = field.contents()
+            for i, text in (rename or {}).items():
+                if key == "tokenizer.ggml.tokens":
+                    values[i] = text
+                elif key == "tokenizer.ggml.token_type":
+                    values[i] = 4  # USER_DEFINED
+            w.add_key_value(key, values, main, sub)
             if key == "tokenizer.ggml.tokens":
                 n_vocab = len(field.data)
         else:
             w.add_key_value(key, field.contents(), main)
+    if template:
+        w.add_chat_template(chat_template(template))
     return n_vocab
 
 
@@ -180,7 +224,7 @@ def embeddings(t, n_vocab, d, embd_type=Q.Q4_K, output_type=Q.Q6_K, tied=False):
 def llama3(w, t):
     """Llama 3.x: GQA, rope_freqs (llama3 scaling factors), base 500,000, untied output."""
     L, d, H, KV, ff, hd = 3, 256, 4, 2, 512, 64
-    n_vocab = copy_tokenizer(w, "smollm2")
+    n_vocab = copy_tokenizer(w, "smollm2", template="llama3.2")
     common_keys(w, "llama", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=8192, rope_base=500000.0)
     w.add_vocab_size(n_vocab)
     embeddings(t, n_vocab, d)
@@ -211,7 +255,7 @@ def llama_tied(w, t):
 def qwen3(w, t):
     """Qwen3: per-head q/k RMSNorm, head size set apart from d_model/heads, GQA, tied embeddings."""
     L, d, H, KV, ff, hd = 3, 256, 8, 2, 512, 64
-    n_vocab = copy_tokenizer(w, "qwen2")
+    n_vocab = copy_tokenizer(w, "qwen2", template="qwen3", rename=QWEN3_TOKENS)
     common_keys(w, "qwen3", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
     embeddings(t, n_vocab, d, embd_type=Q.Q6_K, tied=True)
     for i in range(L):
@@ -225,7 +269,7 @@ def qwen3(w, t):
 
 def qwen3moe_recipe(L, d, H, KV, hd, n_expert, n_used, ff_exp):
     def make(w, t):
-        n_vocab = copy_tokenizer(w, "qwen2")
+        n_vocab = copy_tokenizer(w, "qwen2", template="qwen3", rename=QWEN3_TOKENS)
         common_keys(w, "qwen3moe", layers=L, d=d, heads=H, kv_heads=KV, ff=3 * d, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_used)
@@ -250,7 +294,7 @@ def phi3(w, t):
     """Phi-3 / Phi-4-mini: fused qkv and gate_up, partial rotary (48 of 64), q scaled before attention,
     short/long rope factors (llama.cpp uses the short ones up to the original context)."""
     L, d, H, KV, ff, hd, rot = 3, 256, 4, 2, 512, 64, 48
-    n_vocab = copy_tokenizer(w, "smollm2")
+    n_vocab = copy_tokenizer(w, "smollm2", template="phi3.5")
     common_keys(w, "phi3", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=131072, rope_base=10000.0, rot=rot)
     w.add_rope_scaling_orig_ctx_len(4096)
     embeddings(t, n_vocab, d)
@@ -317,14 +361,15 @@ def main():
     todo = dict(MODELS)
     if args.moe_big:
         todo.update(BIG)
-    manifest = {}
+    manifest_path = os.path.join(args.outdir, "MANIFEST.json")
+    manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
     for name, (arch, recipe, seed) in todo.items():
         if args.only and name not in args.only:
             continue
         path, fresh = write(args.outdir, name, arch, recipe, seed)
         manifest[name] = {"architecture": arch, "file": os.path.basename(path), "bytes": os.path.getsize(path)}
         print(f"{'wrote' if fresh else 'kept '} {path} ({os.path.getsize(path) >> 20} MiB)", file=sys.stderr)
-    with open(os.path.join(args.outdir, "MANIFEST.json"), "w") as f:
+    with open(manifest_path, "w") as f:
         json.dump(manifest, f, indent=1)
 
 

@@ -34,6 +34,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
     }
     let params: u64 = by_type.values().map(|v| v.2).sum();
     let weight_bytes: u64 = by_type.values().map(|v| v.1).sum();
+    // A mixture of experts runs n_used of n_expert experts a token: the rest of the expert tensors is
+    // neither computed nor read by a decode step.
+    let inactive = |t: &reckon_engine::gguf::TensorInfo, x: u64| match cfg.moe {
+        Some(m) if t.name.contains("_exps.") => x / m.n_expert as u64 * (m.n_expert - m.n_used) as u64,
+        _ => 0,
+    };
+    let active_params = params - file.header().tensors.iter().map(|t| inactive(t, t.num_elements())).sum::<u64>();
+    let active_weight_bytes = weight_bytes - file.header().tensors.iter().map(|t| inactive(t, t.num_bytes)).sum::<u64>();
     // f16 keys and values of every layer.
     let kv_bytes_per_token = cfg.kv_f16_bytes_per_token() as u64;
     // Per kind of layer, f16, and what an 8,192-token sequence holds with every layer's blocks in one
@@ -57,6 +65,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         "gguf_version": file.header().version,
         "file_bytes": file.file_size(),
         "parameters": params,
+        "active_parameters": active_params,
+        "experts": cfg.moe.map(|m| json!({"count": m.n_expert, "used_per_token": m.n_used, "feed_forward_length": m.ffn_dim})),
         "context_length": cfg.context_length,
         "layers": cfg.n_layers,
         "embedding_length": cfg.d_model,
@@ -76,6 +86,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         "tensors_by_type": by_type.iter().map(|(k, v)| (k.to_string(), json!({"count": v.0, "bytes": v.1, "elements": v.2}))).collect::<BTreeMap<_, _>>(),
         "memory": {
             "weights_bytes": weight_bytes,
+            "active_weights_bytes": active_weight_bytes,
             "kv_f16_bytes_per_token": kv_bytes_per_token,
             "kv_f16_bytes_at_4096": kv_bytes_per_token * 4096,
             "kv_f16_bytes_at_context_length": kv_bytes_per_token * cfg.context_length as u64,
@@ -100,6 +111,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("file size:       {:.1} MiB, {:.1} M parameters", mib(file.file_size()), params as f64 / 1e6);
     println!("context length:  {}", cfg.context_length);
     println!("layers:          {} × d_model {}, ffn {}", cfg.n_layers, cfg.d_model, cfg.ffn_dim);
+    if let Some(m) = cfg.moe {
+        println!("experts:         {} of {} a token, ffn {} each: {:.1} M active parameters, {:.1} MiB of active weights",
+            m.n_used, m.n_expert, m.ffn_dim, active_params as f64 / 1e6, mib(active_weight_bytes));
+    }
     println!("attention:       {} heads, {} kv heads, head dim {}, rope base {}", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base);
     if let Some(w) = cfg.sliding_window {
         println!("sliding window:  {w} tokens on {} of every {} layers (local rope base {})", cfg.swa_period - 1, cfg.swa_period, cfg.rope_base_local);

@@ -104,6 +104,12 @@ impl ChatTemplate {
     /// `render` with tool definitions (`[{"type": "function", "function": {"name", "description",
     /// "parameters"}}]`), which the template places itself; none given, `tools` is undefined.
     pub fn render_with_tools(&self, messages: &[ChatMessage], tools: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, &serde_json::Map::new())
+    }
+
+    /// `render_with_tools` with extra template variables (`chat_template_kwargs`, as vLLM and SGLang take
+    /// them: Qwen3's `enable_thinking`). They cannot replace the variables this sets.
+    pub fn render_with_kwargs(&self, messages: &[ChatMessage], tools: &[serde_json::Value], add_generation_prompt: bool, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
         let tmpl = self.env.get_template("chat").expect("added in new");
         let ctx = minijinja::context! {
             messages => messages,
@@ -111,6 +117,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
+            ..minijinja::Value::from_serialize(kwargs)
         };
         tmpl.render(ctx).map_err(|e| Error::Template(format!("rendering failed: {e}")))
     }

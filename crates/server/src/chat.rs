@@ -23,6 +23,10 @@ struct ChatRequest {
     tool_choice: Option<Value>,
     parallel_tool_calls: Option<bool>,
     response_format: Option<Value>,
+    /// Extra variables for the chat template (vLLM's, SGLang's and llama-server's name): Qwen3's
+    /// `enable_thinking`, for one.
+    #[serde(default)]
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     params: CommonParams,
 }
@@ -205,7 +209,8 @@ pub fn prepare_chat(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
     let format = response_format(req.response_format.as_ref())?;
     let tools = tool_set(&req)?;
-    let (text, prefill) = tools::prompt_text(state, chat_messages(&req.messages)?, &tools, "messages")?;
+    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let (text, prefill) = tools::prompt_text(state, chat_messages(&req.messages)?, &tools, &kwargs, "messages")?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     tools::log_request(state, "chat", &text, prompt.len(), &tools);
     let mut params = req.params.to_params(state, prompt)?;

@@ -214,7 +214,7 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
 /// The request's prompt: token ids, the forced start of the answer (a required tool call), and what to
 /// parse the answer for.
 fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions, String), ApiError> {
-    let (text, prefill) = tools::prompt_text(state, conversation(req)?, tools, "messages")?;
+    let (text, prefill) = tools::prompt_text(state, conversation(req)?, tools, &Default::default(), "messages")?;
     let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let parse = tools::parse_options(&state.template, tools, &text);
     Ok((ids, prefill, parse, text))

@@ -5,7 +5,9 @@
 //! Tool calls are written the Qwen/Hermes way, which the fallback prompt for templates without tools
 //! also asks for:
 //!   <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
-//! Small coder models often drop the tags and answer with the JSON alone, bare or in a ```json fence;
+//! Llama 3.x's templates ask for the JSON alone, `{"name": ..., "parameters": {...}}`, sometimes after
+//! `<|python_tag|>`; small coder models often drop the tags and answer with the JSON alone, bare or in a
+//! ```json fence;
 //! an answer that starts that way is held back and, if it parses as one call or a list of calls to the
 //! offered tools, returned as calls (else as the text it was).
 //!
@@ -18,6 +20,8 @@ use serde_json::Value;
 
 const CALL_OPEN: &str = "<tool_call>";
 const CALL_CLOSE: &str = "</tool_call>";
+/// Llama 3.x's marker before a tool call it writes as JSON (where the tokenizer's text keeps it).
+const PYTHON_TAG: &str = "<|python_tag|>";
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 
@@ -161,6 +165,18 @@ impl OutputParser {
                     let rest = trimmed[THINK_OPEN.len()..].to_string();
                     self.pending = rest;
                     self.mode = Mode::Reasoning;
+                    return true;
+                }
+                if self.tools_on() && (PYTHON_TAG.starts_with(trimmed) || trimmed.starts_with(PYTHON_TAG)) {
+                    if !trimmed.starts_with(PYTHON_TAG) {
+                        if end {
+                            self.mode = Mode::Text;
+                            return true;
+                        }
+                        return false;
+                    }
+                    self.pending = trimmed[PYTHON_TAG.len()..].trim_start().to_string();
+                    self.mode = Mode::Bare;
                     return true;
                 }
                 // leading whitespace (before a call, after reasoning) is not part of the answer
@@ -452,6 +468,8 @@ mod tests {
             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}",
             "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n```",
             "  [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}]",
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
+            "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
         ] {
             let (_, p) = feed(opts(&["get_weather"]), text, 4);
             assert_eq!(p.calls(), &[Call { name: "get_weather".into(), arguments: "{\"city\":\"Rome\"}".into() }], "{text}");

@@ -264,7 +264,7 @@ pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     if !system.is_empty() {
         messages.insert(0, ChatMessage::new("system", &system.join("\n\n")));
     }
-    let (text, prefill) = tools::prompt_text(state, messages, &tools, "input")?;
+    let (text, prefill) = tools::prompt_text(state, messages, &tools, &Default::default(), "input")?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("input")))?;
     tools::log_request(state, "responses", &text, prompt.len(), &tools);
     let format = crate::chat::response_format(req.text.as_ref().and_then(|t| t.get("format")))?;

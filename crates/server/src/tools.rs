@@ -164,9 +164,16 @@ pub fn log_request(state: &AppState, api: &str, prompt_text: &str, prompt_tokens
     }
 }
 
+/// Template variables a request may not set through `chat_template_kwargs`: the ones the server sets.
+const RESERVED_KWARGS: [&str; 5] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
+
 /// The prompt text of a conversation, after the request limits on its message and tool counts (a 400
-/// naming `param` or `tools`); template errors are 400s naming `param`.
-pub fn prompt_text(state: &AppState, messages: Vec<ChatMessage>, tools: &ToolSet, param: &str) -> Result<(String, Option<String>), ApiError> {
+/// naming `param` or `tools`); template errors are 400s naming `param`. `kwargs`: the request's extra
+/// template variables (`chat_template_kwargs`).
+pub fn prompt_text(state: &AppState, messages: Vec<ChatMessage>, tools: &ToolSet, kwargs: &serde_json::Map<String, Value>, param: &str) -> Result<(String, Option<String>), ApiError> {
+    if let Some(k) = kwargs.keys().find(|k| RESERVED_KWARGS.contains(&k.as_str())) {
+        return Err(ApiError::invalid(format!("chat_template_kwargs: {k:?} is set by the server (from the request's own fields)"), Some("chat_template_kwargs")));
+    }
     let limits = state.limits;
     if messages.len() > limits.max_messages {
         return Err(ApiError::invalid(format!("{param}: at most {} messages are allowed. Given: {}", limits.max_messages, messages.len()), Some(param)));
@@ -174,7 +181,7 @@ pub fn prompt_text(state: &AppState, messages: Vec<ChatMessage>, tools: &ToolSet
     if tools.tools.len() > limits.max_tools {
         return Err(ApiError::invalid(format!("tools: at most {} tools are allowed. Given: {}", limits.max_tools, tools.tools.len()), Some("tools")));
     }
-    render_prompt(&state.template, messages, tools).map_err(|e| ApiError::invalid(e.to_string(), Some(param)))
+    render_prompt(&state.template, messages, tools, kwargs).map_err(|e| ApiError::invalid(e.to_string(), Some(param)))
 }
 
 /// A call the model made, with the id the API gives it.
@@ -205,19 +212,19 @@ pub fn template_call(name: &str, arguments: &str) -> Value {
 
 /// The prompt text for `messages` with `tools`, ending where the model's answer begins (with the forced
 /// start of a call when one is required; the same text is the parser's first input).
-pub fn render_prompt(template: &ChatTemplate, messages: Vec<ChatMessage>, tools: &ToolSet) -> Result<(String, Option<String>), reckon_engine::Error> {
+pub fn render_prompt(template: &ChatTemplate, messages: Vec<ChatMessage>, tools: &ToolSet, kwargs: &serde_json::Map<String, Value>) -> Result<(String, Option<String>), reckon_engine::Error> {
     let prefill = if tools.active() { tools.prefill() } else { None };
     let mut text = if !tools.active() {
         if template.supports_tools() {
             // the template renders calls and results in the history itself
-            template.render(&messages, true)?
+            template.render_with_kwargs(&messages, &[], true, kwargs)?
         } else {
-            template.render(&flatten_tool_turns(messages), true)?
+            template.render_with_kwargs(&flatten_tool_turns(messages), &[], true, kwargs)?
         }
     } else if template.supports_tools() {
-        template.render_with_tools(&messages, &tools.template_json(), true)?
+        template.render_with_kwargs(&messages, &tools.template_json(), true, kwargs)?
     } else {
-        template.render(&fallback_messages(messages, tools), true)?
+        template.render_with_kwargs(&fallback_messages(messages, tools), &[], true, kwargs)?
     };
     if let Some(p) = &prefill {
         text.push_str(p);
@@ -322,7 +329,7 @@ mod tests {
         call.tool_calls = vec![template_call("f", "{\"x\": 1}")];
         let mut result = ChatMessage::new("tool", "42");
         result.tool_call_id = Some("call_1".into());
-        let (text, prefill) = render_prompt(&tmpl, vec![ChatMessage::new("user", "hi"), call, result], &set).unwrap();
+        let (text, prefill) = render_prompt(&tmpl, vec![ChatMessage::new("user", "hi"), call, result], &set, &Default::default()).unwrap();
         assert!(prefill.is_none());
         assert!(text.starts_with("[system]# Tools"), "{text}");
         assert!(text.contains("{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}"), "{text}");

@@ -53,3 +53,25 @@ fn responses_and_messages_return_reasoning() {
     assert!(datas.iter().any(|d| d["content_block"]["type"] == "thinking"), "{}", s.body);
     assert!(datas.iter().any(|d| d["delta"]["type"] == "thinking_delta"), "{}", s.body);
 }
+
+/// Qwen3's switch, as its template reads it: `enable_thinking` false closes an empty `<think>` block in
+/// the generation prompt.
+const SWITCH_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+#[test]
+fn chat_template_kwargs_reach_the_template() {
+    let mut state = tiny_state(config(2048, 16, 64));
+    state.template = Arc::new(ChatTemplate::new(SWITCH_TEMPLATE.into(), "", "").unwrap());
+    let addr = serve(state);
+    let thinking = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 8, json!({}))).json();
+    assert!(!thinking["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or("").is_empty(), "{thinking}");
+    let off = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 8, json!({"chat_template_kwargs": {"enable_thinking": false}}))).json();
+    let msg = &off["choices"][0]["message"];
+    assert!(msg["reasoning_content"].as_str().unwrap_or("").is_empty(), "{off}");
+    assert!(!msg["content"].as_str().unwrap().is_empty(), "{off}");
+    // the variables the server sets are not the request's to replace
+    let bad = post(addr, "/v1/chat/completions", &tiny_chat("Think.", 8, json!({"chat_template_kwargs": {"add_generation_prompt": false}})));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert_eq!(bad.json()["error"]["param"], "chat_template_kwargs");
+}

@@ -151,12 +151,17 @@ impl Model {
 
     /// Bytes one decode token reads from memory at `depth` cells of context: every weight tensor as the
     /// file stores it (the token embedding table only where it is also the output matrix: otherwise one
-    /// row is read), and the keys and values each layer attends (a sliding-window layer its window).
+    /// row is read; of a mixture of experts, the experts a token uses), and the keys and values each layer attends (a sliding-window layer its window).
     /// The ceiling on decode speed is the read bandwidth divided by this.
     pub fn decode_bytes_per_token(&self, depth: usize, dtypes: KvDtypes) -> u64 {
         let tensors = &self.file.header().tensors;
         let tied = !tensors.iter().any(|t| t.name == "output.weight");
-        let weights: u64 = tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(|t| t.num_bytes).sum();
+        // a mixture of experts reads its chosen experts' rows only
+        let read = |t: &crate::gguf::TensorInfo| match self.config.moe {
+            Some(m) if t.name.contains("_exps.") => t.num_bytes / m.n_expert as u64 * m.n_used as u64,
+            _ => t.num_bytes,
+        };
+        let weights: u64 = tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(read).sum();
         let c = &self.config;
         let per_layer_cell = (dtypes.k.bytes(c.kv_dim()) + dtypes.v.bytes(c.kv_dim())) as u64;
         let kv: u64 = (0..c.n_layers).map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell).sum();
