@@ -68,29 +68,46 @@ impl MoeWeights {
             choose(row, m, &mut ms.chosen);
         }
         super::resize(&mut ms.slots, n * m.n_used * d);
-        for e in 0..m.n_expert {
-            // the (token, slot) pairs that chose expert e, in token order
-            let rows: Vec<usize> = (0..n * m.n_used).filter(|&r| ms.chosen[r].0 as usize == e).collect();
-            if rows.is_empty() {
-                continue;
+        // each expert's (token, slot) rows, in token order
+        let mut rows: Vec<Vec<usize>> = vec![Vec::new(); m.n_expert];
+        for (r, &(e, _)) in ms.chosen.iter().enumerate() {
+            rows[e as usize].push(r);
+        }
+        // Experts that the same tokens chose share one gather and one parallel run of their gate and up
+        // matrices (a decode step: all of its token's experts at once, not a run per expert).
+        let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new(); // (tokens, experts)
+        for (e, r) in rows.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let tokens: Vec<usize> = r.iter().map(|&r| r / m.n_used).collect();
+            match groups.iter_mut().find(|g| g.0 == tokens) {
+                Some(g) => g.1.push(e),
+                None => groups.push((tokens, vec![e])),
             }
-            let k = rows.len();
+        }
+        for (tokens, experts) in &groups {
+            let k = tokens.len();
             super::resize(&mut ms.x, k * d);
-            for (dst, &r) in ms.x.chunks_exact_mut(d).zip(&rows) {
-                let t = r / m.n_used;
+            for (dst, &t) in ms.x.chunks_exact_mut(d).zip(tokens) {
                 dst.copy_from_slice(&s.xn[t * d..(t + 1) * d]);
             }
-            super::resize(&mut ms.gate, k * ff);
-            super::resize(&mut ms.up, k * ff);
-            let (g, u) = (self.gate[e].view(ctx.file), self.up[e].view(ctx.file));
-            matmul_many(&ms.x, &mut s.act_q, &mut [(g, &mut ms.gate[..]), (u, &mut ms.up[..])]);
+            let per = k * ff;
+            super::resize(&mut ms.gate, experts.len() * per);
+            super::resize(&mut ms.up, experts.len() * per);
+            let mut jobs: Vec<(crate::kernels::matmul::QMatrix, &mut [f32])> = Vec::with_capacity(2 * experts.len());
+            for ((&e, g), u) in experts.iter().zip(ms.gate.chunks_exact_mut(per)).zip(ms.up.chunks_exact_mut(per)) {
+                jobs.push((self.gate[e].view(ctx.file), g));
+                jobs.push((self.up[e].view(ctx.file), u));
+            }
+            matmul_many(&ms.x, &mut s.act_q, &mut jobs);
+            drop(jobs);
             // one call per row, as ggml (swiglu's last partial vector is per row)
             ms.gate.chunks_exact_mut(ff).zip(ms.up.chunks_exact(ff)).for_each(|(g, u)| swiglu(g, u));
             super::resize(&mut ms.y, k * d);
-            self.down[e].view(ctx.file).matmul(&ms.gate, &mut s.act_q, &mut ms.y);
-            for (y, &r) in ms.y.chunks_exact(d).zip(&rows) {
-                let w = ms.chosen[r].1;
-                ms.slots[r * d..(r + 1) * d].iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
+            for (&e, h) in experts.iter().zip(ms.gate.chunks_exact(per)) {
+                self.down[e].view(ctx.file).matmul(h, &mut s.act_q, &mut ms.y);
+                for (y, &r) in ms.y.chunks_exact(d).zip(&rows[e]) {
+                    let w = ms.chosen[r].1;
+                    ms.slots[r * d..(r + 1) * d].iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
+                }
             }
         }
         // the chosen experts' outputs added in order of their weight, as ggml's chain of adds
