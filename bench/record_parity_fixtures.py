@@ -26,7 +26,7 @@ MODELS = {
 # Synthetic random-weight files of the other architectures (scripts/make-test-models writes them): five
 # plain prompts and a shorter teacher-forced text, so their fixtures stay small.
 TEST_MODELS_DIR = os.environ.get("RECKON_TEST_MODELS") or os.path.expanduser("~/.cache/reckon/test-models")
-SYNTHETIC = ["llama3-tiny", "llama-tied-tiny", "qwen3-tiny", "qwen3moe-tiny", "phi3-tiny"]
+SYNTHETIC = ["llama3-tiny", "llama-tied-tiny", "qwen3-tiny", "qwen3moe-tiny", "phi3-tiny", "lfm2-tiny"]
 SYNTHETIC_PROMPTS = 5
 SYNTHETIC_TEACHER_TOKENS = 512
 N_GREEDY = 64

@@ -41,6 +41,7 @@ TEMPLATES = {
     "llama3.2": ("meta-llama-Llama-3.2-3B-Instruct.jinja", "5816fce10444e03c2e9ee1ef8a4a1ea61ae7e69e438613f3b17b69d0426223a4"),
     "qwen3": ("Qwen-Qwen3-0.6B.jinja", "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"),
     "phi3.5": ("microsoft-Phi-3.5-mini-instruct.jinja", "78d976a442bcde2f0be15aafbb8e3050e1104f86732266f68403251b89982a90"),
+    "lfm2.5": ("LFM2.5-Instruct.jinja", "f05bf4b967dc993bdc7a2fe6e43759ee218eb0eb340d68b063e1c4f8ad148176"),
 }
 # Qwen3's vocabulary is Qwen2.5's with four of its padding ids named (its tokenizer.json's added tokens).
 QWEN3_TOKENS = {151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
@@ -61,7 +62,7 @@ def chat_template(name):
     member, digest = TEMPLATES[name]
     with tarfile.open(cache) as tar:
         data = tar.extractfile(f"llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/{member}").read()
-    if hashlib.sha256(data).hexdigest() != digest:
+    if digest is not None and hashlib.sha256(data).hexdigest() != digest:
         sys.exit(f"{member}: sha256 mismatch")
     return data.decode()
 
@@ -309,6 +310,33 @@ def phi3(w, t):
         t.matrix(f"blk.{i}.ffn_down.weight", d, ff, Q.Q6_K, std=RESIDUAL_STD / np.sqrt(ff))
 
 
+def lfm2(w, t):
+    """LFM2 (Liquid's hybrid): most layers a gated short convolution over the last 3 positions (its state:
+    2 positions per channel and layer, beside the KV cache), the others GQA attention with q/k norms;
+    every layer a SwiGLU feed-forward. LFM2-350M's pattern, shortened: conv conv attn conv attn conv."""
+    L, d, H, KV, ff, hd = 6, 256, 4, 2, 512, 64
+    attn = {2, 4}
+    n_vocab = copy_tokenizer(w, "smollm2", template="lfm2.5")
+    common_keys(w, "lfm2", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=32768, rope_base=1000000.0)
+    w.add_head_count_kv([KV if i in attn else 0 for i in range(L)])
+    w.add_shortconv_l_cache(3)
+    w.add_vocab_size(n_vocab)
+    t.matrix("token_embd.weight", n_vocab, d, Q.Q4_K, std=0.25)
+    t.norm("token_embd_norm.weight", d)  # llama.cpp's name for LFM2's final norm
+    for i in range(L):
+        t.norm(f"blk.{i}.attn_norm.weight", d)
+        if i in attn:
+            attention(t, i, d, H * hd, KV * hd)
+            t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+            t.norm(f"blk.{i}.attn_k_norm.weight", hd)
+        else:
+            t.matrix(f"blk.{i}.shortconv.conv.weight", d, 3, Q.F32, std=0.5)
+            t.matrix(f"blk.{i}.shortconv.in_proj.weight", 3 * d, d, Q.Q4_K, std=2.0 / np.sqrt(d))
+            t.matrix(f"blk.{i}.shortconv.out_proj.weight", d, d, Q.Q4_K, std=RESIDUAL_STD / np.sqrt(d))
+        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        ffn(t, i, d, ff)
+
+
 # name -> (architecture, recipe, seed)
 MODELS = {
     "llama3-tiny": ("llama", llama3, 1),
@@ -316,6 +344,7 @@ MODELS = {
     "qwen3-tiny": ("qwen3", qwen3, 3),
     "qwen3moe-tiny": ("qwen3moe", qwen3moe_recipe(2, 256, 4, 2, 64, 8, 2, 256), 4),
     "phi3-tiny": ("phi3", phi3, 5),
+    "lfm2-tiny": ("lfm2", lfm2, 7),
 }
 # 48 layers x 64 experts x 3 x 768x1024 Q4_K/Q6_K: about 1.3 GiB of experts, 8 of 64 active
 BIG = {"qwen3moe-big": ("qwen3moe", qwen3moe_recipe(24, 1024, 16, 4, 64, 64, 8, 768), 6)}

@@ -36,7 +36,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     let mut sampling = args.sampling.params(&loaded.sampling.params);
     let ctx = context_size(&loaded, args.ctx_size);
     let kv = args.model.kv_choice(&loaded.model.config, super::run::BLOCK_SIZE, false)?;
-    let (engine, tokenizer, template) = start_engine(loaded, ctx, &kv);
+    let (engine, tokenizer, template) = start_engine(loaded, ctx, &kv)?;
     let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("reckon chat: {} ({} tokens of context). Empty line or Ctrl-D quits; /reset starts over.", args.model.model, ctx);
     let stdin = std::io::stdin();

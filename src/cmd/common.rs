@@ -201,7 +201,15 @@ impl ModelArgs {
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
         let dtypes = self.kv_dtypes(cfg, block_size)?;
         let sparse = self.sparse_attention()?;
-        Ok(KvChoice { spec: self.spec()?, spec_prefill: self.spec_prefill()?, dtypes, window: self.kv_window()?, sparse, hybrid: !self.no_hybrid_kv, disk_tier })
+        // A hybrid model's conv state is not rolled back over rejected guesses yet: the command's default
+        // speculation is off for it (said at start); `--spec` given is refused by the engine.
+        let spec = if cfg.short_conv.is_some() && self.spec.is_none() && self.default_spec != SpecArg::Off {
+            tracing::warn!("speculative decoding is off: {} has recurrent (short-convolution) layers, whose state is not rolled back yet", cfg.arch.name());
+            None
+        } else {
+            self.spec()?
+        };
+        Ok(KvChoice { spec, spec_prefill: self.spec_prefill()?, dtypes, window: self.kv_window()?, sparse, hybrid: !self.no_hybrid_kv, disk_tier })
     }
 
     /// `--spec-prefill-keep` and its settings, or none.
@@ -445,6 +453,14 @@ impl KvArgs {
     pub fn engine_config(&self, model: &Model, draft: Option<&Model>, kv: &KvChoice, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
         let cfg = &model.config;
         let kv_dtypes = kv.dtypes;
+        // A hybrid model's conv state is not snapshotted per block yet: no prefix cache for it (said
+        // at start, not silent; the engine refuses it, and the options that need the state, outright).
+        let prefix_caching = if prefix_caching && cfg.short_conv.is_some() {
+            tracing::warn!("prefix caching is off: {} has recurrent (short-convolution) layers, whose state is not snapshotted per block yet", cfg.arch.name());
+            false
+        } else {
+            prefix_caching
+        };
         let mut config = EngineConfig {
             block_size: self.block_size,
             num_blocks: 0,

@@ -67,6 +67,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         "parameters": params,
         "active_parameters": active_params,
         "experts": cfg.moe.map(|m| json!({"count": m.n_expert, "used_per_token": m.n_used, "feed_forward_length": m.ffn_dim})),
+        // a hybrid model's recurrent state: f32, per sequence, whatever its length
+        "recurrent_state": cfg.short_conv.as_ref().map(|sc| json!({"kind": "short_convolution", "layers": sc.is_conv.iter().filter(|&&c| c).count(), "l_cache": sc.l_cache, "bytes_per_sequence": sc.state_len(cfg.d_model) * 4})),
         "context_length": cfg.context_length,
         "layers": cfg.n_layers,
         "embedding_length": cfg.d_model,
@@ -116,6 +118,11 @@ pub fn run(args: InfoArgs) -> Result<()> {
             m.n_used, m.n_expert, m.ffn_dim, active_params as f64 / 1e6, mib(active_weight_bytes));
     }
     println!("attention:       {} heads, {} kv heads, head dim {}, rope base {}", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base);
+    if let Some(sc) = &cfg.short_conv {
+        let n = sc.is_conv.iter().filter(|&&c| c).count();
+        println!("recurrent:       {n} of {} layers are short convolutions over {} positions: {:.1} KiB of state a sequence (f32), beside the KV of the {} attention layers (reckon allocates KV cells for every layer for now)",
+            cfg.n_layers, sc.l_cache, (sc.state_len(cfg.d_model) * 4) as f64 / 1024.0, cfg.n_layers - n);
+    }
     if let Some(w) = cfg.sliding_window {
         println!("sliding window:  {w} tokens on {} of every {} layers (local rope base {})", cfg.swa_period - 1, cfg.swa_period, cfg.rope_base_local);
     }

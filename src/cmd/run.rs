@@ -43,14 +43,16 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 /// on so a conversation's next turn reuses the last one's blocks.
 pub const BLOCK_SIZE: usize = 16;
 
-pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> (EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate) {
-    let mut config = EngineConfig { block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, sparse_attention: kv.sparse, hybrid_kv: kv.hybrid, spec: kv.spec.clone(), spec_prefill: kv.spec_prefill, ..EngineConfig::default() };
+pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> Result<(EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate)> {
+    // (a hybrid model's conv state is not snapshotted for the prefix cache yet)
+    let prefix_caching = loaded.model.config.short_conv.is_none();
+    let mut config = EngineConfig { prefix_caching, block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, sparse_attention: kv.sparse, hybrid_kv: kv.hybrid, spec: kv.spec.clone(), spec_prefill: kv.spec_prefill, ..EngineConfig::default() };
     // the most one sequence of the whole context holds, and a block per layer group to spare
     let layout = config.kv_layout(&loaded.model, false);
     config.num_blocks = layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();
     let tokenizer = Arc::new(loaded.tokenizer);
-    let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, None).expect("no disk tier; the draft's and scorer's vocabularies were checked at load");
-    (engine, tokenizer, loaded.template)
+    let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, None).context("starting the engine")?;
+    Ok((engine, tokenizer, loaded.template))
 }
 
 pub fn run(mut args: RunArgs) -> Result<()> {
@@ -78,7 +80,7 @@ pub fn run(mut args: RunArgs) -> Result<()> {
     };
     let prompt = loaded.tokenizer.encode(&text, true, true)?;
     let kv = args.model.kv_choice(&loaded.model.config, BLOCK_SIZE, false)?;
-    let (engine, _, _) = start_engine(loaded, ctx, &kv);
+    let (engine, _, _) = start_engine(loaded, ctx, &kv)?;
     let params = GenerateParams { sampling, ..GenerateParams::greedy(prompt, args.max_tokens) };
     let stats = stream(&engine, params)?;
     if !args.raw {

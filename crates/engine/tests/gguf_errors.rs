@@ -244,9 +244,9 @@ fn load_and_run(bytes: Vec<u8>, numerics: Numerics) -> Outcome {
     let tokens: Vec<u32> = [0, 1, 5, 42, vocab - 1].iter().map(|&t| (t % vocab) as u32).collect();
     let table: Vec<u32> = (0..4).collect();
     let (mut kv, mut s) = (model.new_kv(4, 4), Scratch::default());
-    let prefill = SeqInput { tokens: &tokens, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+    let prefill = SeqInput { tokens: &tokens, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None };
     assert_eq!(model.forward(&[prefill], &mut kv, &mut s).len(), tokens.len() * vocab);
-    let decode = SeqInput { tokens: &tokens[1..2], start_pos: tokens.len(), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::Last };
+    let decode = SeqInput { tokens: &tokens[1..2], start_pos: tokens.len(), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::Last, state: None };
     assert_eq!(model.forward(&[decode], &mut kv, &mut s).len(), vocab);
     Outcome::Ran
 }

@@ -37,7 +37,7 @@ fn single_run_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
     let mut kv = model.new_kv(4, 64);
     let table: Vec<u32> = (0..64).collect();
     let mut s = Scratch::default();
-    let input = SeqInput { tokens: prompt, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+    let input = SeqInput { tokens: prompt, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None };
     model.forward(&[input], &mut kv, &mut s).to_vec()
 }
 
@@ -56,8 +56,8 @@ fn logits_have_the_requested_rows() {
         let (a, b) = (tokens(1, 5, spec.vocab), tokens(2, 3, spec.vocab));
         let mut s = Scratch::default();
         let seqs = [
-            SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
-            SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::Last },
+            SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All, state: None },
+            SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::Last, state: None },
         ];
         let logits = model.forward(&seqs, &mut kv, &mut s);
         assert_eq!(logits.len(), (5 + 1) * spec.vocab, "{}", spec.arch);
@@ -90,7 +90,7 @@ fn batch_of_n_sequences_equals_n_single_runs() {
             let t = tables(prompts.len(), 16);
             let mut kv = model.new_kv(4, 64);
             let mut s = Scratch::default();
-            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_tables: std::slice::from_ref(bt), logits: LogitsWanted::All }).collect();
+            let seqs: Vec<SeqInput> = prompts.iter().zip(&t).map(|(p, bt)| SeqInput { tokens: p, start_pos: 0, block_tables: std::slice::from_ref(bt), logits: LogitsWanted::All, state: None }).collect();
             let batched = model.forward(&seqs, &mut kv, &mut s).to_vec();
             let singles: Vec<f32> = prompts.iter().flat_map(|p| single_run_logits(&model, p)).collect();
             assert_eq!(batched, singles, "{} ({}): batched logits differ from single runs", spec.arch, model.numerics().name());
@@ -113,14 +113,14 @@ fn mixed_prefill_chunks_and_decodes_equal_a_single_prefill() {
             // Step 3: B's last 4 alone.
             let step = |kv: &mut _, s: &mut Scratch, seqs: &[SeqInput]| model.forward(seqs, kv, s).to_vec();
             let out1 = step(&mut kv, &mut s, &[
-                SeqInput { tokens: &a[..11], start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All },
-                SeqInput { tokens: &b[..7], start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
+                SeqInput { tokens: &a[..11], start_pos: 0, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::All, state: None },
+                SeqInput { tokens: &b[..7], start_pos: 0, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All, state: None },
             ]);
             let out2 = step(&mut kv, &mut s, &[
-                SeqInput { tokens: &b[7..16], start_pos: 7, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All },
-                SeqInput { tokens: &a[11..], start_pos: 11, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::Last },
+                SeqInput { tokens: &b[7..16], start_pos: 7, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All, state: None },
+                SeqInput { tokens: &a[11..], start_pos: 11, block_tables: std::slice::from_ref(&t[0]), logits: LogitsWanted::Last, state: None },
             ]);
-            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All }]);
+            let out3 = step(&mut kv, &mut s, &[SeqInput { tokens: &b[16..], start_pos: 16, block_tables: std::slice::from_ref(&t[1]), logits: LogitsWanted::All, state: None }]);
             let got_a: Vec<f32> = [&out1[..11 * v], &out2[9 * v..]].concat();
             let got_b: Vec<f32> = [&out1[11 * v..], &out2[..9 * v], &out3[..]].concat();
             assert_eq!(got_a, ref_a, "{} ({}): sequence A", spec.arch, model.numerics().name());
@@ -170,7 +170,7 @@ fn bad_batches_stop_at_a_check() {
     for (toks, blocks) in batches {
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let (mut kv, mut s) = (model.new_kv(4, 2), Scratch::default());
-            model.forward(&[SeqInput { tokens: toks, start_pos: 0, block_tables: &[blocks.to_vec()], logits: LogitsWanted::Last }], &mut kv, &mut s).to_vec()
+            model.forward(&[SeqInput { tokens: toks, start_pos: 0, block_tables: &[blocks.to_vec()], logits: LogitsWanted::Last, state: None }], &mut kv, &mut s).to_vec()
         }));
         assert!(step.is_err(), "tokens {toks:?} with blocks {blocks:?} ran");
     }
@@ -196,7 +196,7 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             let table: Vec<u32> = (0..(n / bs) as u32).rev().collect();
             let mut s = Scratch::default();
             let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-            let input = SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+            let input = SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None };
             let whole = model.forward_at(&[input], &[], Attention::Window(w), &mut kv, &mut s).to_vec();
             // garbage keys that score high against some query: ±large (a tiny random model's attention is
             // so peaked that small garbage gets no weight at all)
@@ -214,19 +214,19 @@ fn a_kv_window_reads_its_sinks_and_recent_blocks_and_nothing_between() {
             let mut steps = Vec::new();
             for pos in 0..n {
                 w.dead_blocks(pos, bs).for_each(|b| spoil(&mut kv_steps, b));
-                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+                let input = SeqInput { tokens: &toks[pos..pos + 1], start_pos: pos, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None };
                 steps.extend_from_slice(model.forward_at(&[input], &[], Attention::Window(w), &mut kv_steps, &mut s));
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert!(bits(&whole) == bits(&steps), "{:?} {}: skipped blocks were read, or chunking changed the result", spec.arch, model.numerics().name());
             let mut kv = model.new_kv_with(dtypes, bs, n / bs);
-            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All }], &mut kv, &mut s).to_vec();
+            let full = model.forward(&[SeqInput { tokens: &toks, start_pos: 0, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None }], &mut kv, &mut s).to_vec();
             let first_gap = (0..n).find(|&p| !w.gap(p, bs).is_empty()).unwrap();
             assert_eq!(first_gap, w.window + w.sink_end(bs) + bs - 1);
             assert!(bits(&whole[..first_gap * vocab]) == bits(&full[..first_gap * vocab]));
             assert!(whole[first_gap * vocab..] != full[first_gap * vocab..], "the window changed nothing");
             // the sinks are read: decode the last token again (the same bits), then with block 0 spoiled
-            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+            let last = SeqInput { tokens: &toks[n - 1..], start_pos: n - 1, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state: None };
             assert!(bits(model.forward_at(&[last], &[], Attention::Window(w), &mut kv_steps, &mut s)) == bits(&whole[(n - 1) * vocab..]));
             let changed = [1.0, -1.0].iter().any(|&sign| {
                 spoil_with(&mut kv_steps, 0, sign);
@@ -256,7 +256,7 @@ fn sparse_attention_is_the_same_however_the_prompt_is_chunked_or_batched() {
                 let mut kv = model.new_kv(bs, 32);
                 let mut out = Vec::new();
                 for (i, part) in toks.chunks(chunk).enumerate() {
-                    let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: std::slice::from_ref(table), logits: LogitsWanted::All };
+                    let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: std::slice::from_ref(table), logits: LogitsWanted::All, state: None };
                     out.extend_from_slice(model.forward_at(&[input], &[], sparse.map_or(Attention::Full, Attention::Sparse), &mut kv, s));
                 }
                 out
@@ -269,8 +269,8 @@ fn sparse_attention_is_the_same_however_the_prompt_is_chunked_or_batched() {
             // beside another sequence, in one step
             let mut kv = model.new_kv(bs, 32);
             let inputs = [
-                SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&tb), logits: LogitsWanted::All },
-                SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&ta), logits: LogitsWanted::All },
+                SeqInput { tokens: &b, start_pos: 0, block_tables: std::slice::from_ref(&tb), logits: LogitsWanted::All, state: None },
+                SeqInput { tokens: &a, start_pos: 0, block_tables: std::slice::from_ref(&ta), logits: LogitsWanted::All, state: None },
             ];
             let both = model.forward_at(&inputs, &[], Attention::Sparse(sparse), &mut kv, &mut s).to_vec();
             assert!(bits(&both[n * vocab..]) == bits(&whole), "{:?} {}: a batch changed the result", spec.arch, model.numerics().name());
@@ -301,7 +301,7 @@ fn a_sparse_prefill_keeps_each_token_at_its_position() {
             let tables = std::slice::from_ref(&table);
             let mut s = Scratch::default();
             let run = |tokens: &[u32], positions: Option<&[usize]>, kv: &mut reckon_engine::kv::KvStorage, s: &mut Scratch| {
-                let seq = SeqInput { tokens, start_pos: 0, block_tables: tables, logits: LogitsWanted::Last };
+                let seq = SeqInput { tokens, start_pos: 0, block_tables: tables, logits: LogitsWanted::Last, state: None };
                 model.forward_at(&[seq], &[positions], Attention::Full, kv, s).to_vec()
             };
             let mut full = model.new_kv(4, 16);
@@ -355,9 +355,9 @@ fn sparse_prefill_scoring_uses_the_models_own_attention() {
             let tables = std::slice::from_ref(&table);
             let mut s = Scratch::default();
             let quiet = Keep(Mutex::new(Vec::new()));
-            model.forward_layers(&[SeqInput { tokens: &prompt[..n - w], start_pos: 0, block_tables: tables, logits: LogitsWanted::None }], c.n_layers, &mut kv, &mut s, &quiet);
+            model.forward_layers(&[SeqInput { tokens: &prompt[..n - w], start_pos: 0, block_tables: tables, logits: LogitsWanted::None, state: None }], c.n_layers, &mut kv, &mut s, &quiet);
             let keep = Keep(Mutex::new(Vec::new()));
-            model.forward_layers(&[SeqInput { tokens: &prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None }], c.n_layers, &mut kv, &mut s, &keep);
+            model.forward_layers(&[SeqInput { tokens: &prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None, state: None }], c.n_layers, &mut kv, &mut s, &keep);
             let got = keep.0.into_inner().unwrap();
             let (q_dim, kv_dim, hd, group) = (c.q_dim(), c.kv_dim(), c.head_dim, c.n_heads / c.n_kv_heads);
             for layer in 0..c.n_layers {

@@ -223,7 +223,9 @@ pub fn quality(model: &Model, tokens: &[u32], chunk: usize, dtypes: &[KvDtypes])
     let mut base: Vec<f32> = Vec::new();
     let mut base_lp = vec![0f64; vocab];
     for (i, part) in tokens.chunks(chunk.max(1)).enumerate() {
-        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All };
+        // one sequence: a hybrid model's state slot 0 of each arm's storage
+        let state = model.config.short_conv.as_ref().map(|_| 0);
+        let input = SeqInput { tokens: part, start_pos: i * chunk.max(1), block_tables: std::slice::from_ref(&table), logits: LogitsWanted::All, state };
         for (a, (kv, scratch)) in arms.iter_mut().enumerate() {
             let logits = model.forward(std::slice::from_ref(&input), kv, scratch);
             if a == 0 {

@@ -38,7 +38,7 @@ fn main() {
     // Prefill every sequence to DEPTH with distinct tokens.
     let prompts: Vec<Vec<u32>> = (0..max_b).map(|s| (0..depth).map(|i| ((s * 7919 + i * 104729) % 5000 + 100) as u32).collect()).collect();
     for s in 0..max_b {
-        let input = SeqInput { tokens: &prompts[s], start_pos: 0, block_tables: std::slice::from_ref(&tables[s]), logits: LogitsWanted::Last };
+        let input = SeqInput { tokens: &prompts[s], start_pos: 0, block_tables: std::slice::from_ref(&tables[s]), logits: LogitsWanted::Last, state: None };
         model.forward(&[input], &mut kv, &mut scratch);
         if let Some(kv_small) = kv_small.as_mut() {
             model_small.forward(&[input], kv_small, &mut scratch);
@@ -55,7 +55,7 @@ fn main() {
         let tok = [42u32];
         let (mut times, mut times_small) = (Vec::new(), Vec::new());
         for r in 0..reps {
-            let inputs: Vec<SeqInput> = (0..b).map(|s| SeqInput { tokens: &tok, start_pos: if same_pos { depth } else { depth + r }, block_tables: std::slice::from_ref(&tables[s]), logits: LogitsWanted::Last }).collect();
+            let inputs: Vec<SeqInput> = (0..b).map(|s| SeqInput { tokens: &tok, start_pos: if same_pos { depth } else { depth + r }, block_tables: std::slice::from_ref(&tables[s]), logits: LogitsWanted::Last, state: None }).collect();
             let t = Instant::now();
             model.forward(&inputs, &mut kv, &mut scratch);
             times.push(t.elapsed().as_secs_f64() * 1e3);

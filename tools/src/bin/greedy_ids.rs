@@ -12,7 +12,7 @@ fn main() {
     let mut start = 0;
     let t0 = std::time::Instant::now();
     for _ in 0..n {
-        let inp = SeqInput { tokens: &toks[start..], start_pos: start, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::Last };
+        let inp = SeqInput { tokens: &toks[start..], start_pos: start, block_tables: std::slice::from_ref(&table), logits: LogitsWanted::Last, state: None };
         let logits = model.forward(&[inp], &mut kv, &mut scratch);
         let next = logits.iter().enumerate().fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
         start = toks.len();

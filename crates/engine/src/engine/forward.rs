@@ -8,7 +8,8 @@ use crate::model::{LogitsWanted, Model, Scratch, SeqInput};
 
 /// The logits of the plan's sampling chunks: one row per chunk that samples, `1 + draft` rows for a
 /// speculating one, in plan order (`[rows, vocab]`).
-pub(super) fn run<'s>(model: &Model, config: &EngineConfig, plan: &StepPlan, scheduler: &Scheduler, kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
+/// `states`: each chunk's recurrent-state slot (a hybrid model's; None otherwise).
+pub(super) fn run<'s>(model: &Model, config: &EngineConfig, plan: &StepPlan, scheduler: &Scheduler, states: &[Option<u32>], kv: &mut KvStorage, scratch: &'s mut Scratch) -> &'s [f32] {
     // a speculating chunk's tokens: its newest token, then its guesses
     let guessed: Vec<Vec<u32>> = plan
         .chunks
@@ -24,7 +25,8 @@ pub(super) fn run<'s>(model: &Model, config: &EngineConfig, plan: &StepPlan, sch
     let inputs: Vec<SeqInput> = plan
         .chunks
         .iter()
-        .map(|c| {
+        .zip(states)
+        .map(|(c, &state)| {
             let req = scheduler.request(c.id).expect("planned requests exist");
             let logits = match (c.samples, c.draft) {
                 (false, _) => LogitsWanted::None,
@@ -33,7 +35,7 @@ pub(super) fn run<'s>(model: &Model, config: &EngineConfig, plan: &StepPlan, sch
             };
             let tokens = if c.draft > 0 { &guessed_iter.next().expect("one per speculating chunk")[..] } else { &req.tokens[c.start..c.start + c.len] };
             debug_assert_eq!(tokens.len(), c.len);
-            SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits }
+            SeqInput { tokens, start_pos: c.start, block_tables: req.blocks.tables(), logits, state }
         })
         .collect();
     // a sparsely prefilled request's cells sit at their positions in the full prompt

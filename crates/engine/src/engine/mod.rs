@@ -23,6 +23,7 @@ pub mod slow;
 pub mod sparse;
 pub mod spec;
 mod spec_prefill;
+mod state_slots;
 mod stats;
 mod stop;
 mod validate;
@@ -71,6 +72,8 @@ pub struct Engine {
     spec_prefill: spec_prefill::SpecPrefill,
     /// The host's state as the steps show it, and the fallback (`engine::slow`).
     slow: slow::SlowStage,
+    /// A hybrid model's recurrent-state slot per request (`engine::state_slots`).
+    state_slots: state_slots::StateSlots,
 }
 
 impl Engine {
@@ -89,6 +92,21 @@ impl Engine {
         if config.sparse_attention.is_some() && config.kv_window.is_some() {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
+        if model.config.short_conv.is_some() {
+            // The convolution layers' state is per sequence and is neither snapshotted per block nor
+            // rolled back yet: what would need it is refused, not run wrong.
+            let name = model.config.arch.name();
+            let refused = [
+                (config.prefix_caching, "prefix caching (--no-prefix-cache)"),
+                (config.spec.is_some(), "speculative decoding"),
+                (config.spec_prefill.is_some(), "sparse prefill"),
+                (config.sparse_attention.is_some(), "sparse attention"),
+                (config.kv_window.is_some(), "a KV window"),
+            ];
+            if let Some((_, what)) = refused.iter().find(|r| r.0) {
+                return Err(invalid(format!("{name} has recurrent (short-convolution) layers, whose per-sequence state is not snapshotted yet: {what} is not available for it")));
+            }
+        }
         let drafter = draft.map(|d| spec::Drafter::new(d, &model, &config).map_err(invalid)).transpose()?;
         let layout = config.kv_layout(&model, disk.is_some());
         let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
@@ -102,7 +120,7 @@ impl Engine {
             max_background_chunk: config.spec_prefill.map_or(usize::MAX, |s| s.recover_slice),
         };
         let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
-        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, spec_prefill: Default::default(), slow: slow::SlowStage::new(config.slow_state) })
+        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, spec_prefill: Default::default(), slow: slow::SlowStage::new(config.slow_state), state_slots: Default::default() })
     }
 
     /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
@@ -291,7 +309,14 @@ impl Engine {
         if let Some(d) = self.drafter.as_mut() {
             self.draft_secs += d.run(plan, &mut self.scheduler);
         }
-        let logits = forward::run(&self.model, &self.config, plan, &self.scheduler, &mut self.kv, &mut self.scratch);
+        let states: Vec<Option<u32>> = if self.model.config.short_conv.is_some() {
+            let scheduler = &self.scheduler;
+            self.state_slots.release_gone(|id| scheduler.request(id).is_some());
+            plan.chunks.iter().map(|c| Some(self.state_slots.slot(c.id))).collect()
+        } else {
+            vec![None; plan.chunks.len()]
+        };
+        let logits = forward::run(&self.model, &self.config, plan, &self.scheduler, &states, &mut self.kv, &mut self.scratch);
         if self.config.rest_pool_between_steps {
             // The pool's workers park now: while the token events go out, the HTTP threads they wake find
             // a free core instead of preempting this thread (on a 2-core host, each wake-up landed on

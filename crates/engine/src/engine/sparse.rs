@@ -296,13 +296,13 @@ impl ScoringPass {
         if self.done < n - w {
             let end = (self.done + max_tokens.max(1)).min(n - w);
             let quiet = Queries(Mutex::new(Vec::new()));
-            let seq = SeqInput { tokens: &self.prompt[self.done..end], start_pos: self.done, block_tables: tables, logits: LogitsWanted::None };
+            let seq = SeqInput { tokens: &self.prompt[self.done..end], start_pos: self.done, block_tables: tables, logits: LogitsWanted::None, state: None };
             model.forward_layers(&[seq], self.layers, &mut self.kv, &mut self.scratch, &quiet);
             self.done = end;
             return false;
         }
         let armed = Queries(Mutex::new(Vec::new()));
-        let seq = SeqInput { tokens: &self.prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None };
+        let seq = SeqInput { tokens: &self.prompt[n - w..], start_pos: n - w, block_tables: tables, logits: LogitsWanted::None, state: None };
         model.forward_layers(&[seq], self.layers, &mut self.kv, &mut self.scratch, &armed);
         self.done = n;
         self.attention = Some(self.read_attention(model, armed.0.into_inner().expect("not poisoned")));

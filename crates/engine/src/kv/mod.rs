@@ -12,6 +12,7 @@
 //! - `disk_tier` (+ `offload`): blocks evicted from memory kept as files, and read back for a later hit.
 
 mod block_pool;
+pub mod conv_state;
 pub mod disk_tier;
 mod free_queue;
 pub mod layout;
@@ -23,6 +24,7 @@ pub mod sparse;
 mod sparse_state;
 pub mod window;
 
+pub use conv_state::ConvStates;
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use layout::KvLayout;

@@ -104,6 +104,8 @@ pub struct KvStorage {
     /// Sparse attention's key bounds and picks of each (layer, block) (`kv::sparse_state`); only once
     /// `keep_sparse_state` asked for them.
     sparse: Option<SparseState>,
+    /// A hybrid model's recurrent state per sequence slot (`SeqInput::state`).
+    pub conv_states: super::ConvStates,
 }
 
 impl KvStorage {
@@ -120,7 +122,7 @@ impl KvStorage {
         let (k_bytes, v_bytes) = (cells * shape.dtypes.k.bytes(shape.kv_dim), cells * shape.dtypes.v.bytes(shape.kv_dim));
         // Even (32-value blocks of even byte sizes), so every part starts f16-aligned.
         debug_assert!(k_bytes % 2 == 0 && v_bytes % 2 == 0);
-        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, sparse: None }
+        KvStorage { shape, layout, data: HugeBuf::zeroed(shape.num_layers * (k_bytes + v_bytes) / 2), k_bytes, v_bytes, sparse: None, conv_states: Default::default() }
     }
 
     /// Keeps sparse attention's state from now on (`SparseState`): per-block key bounds and the picks of

@@ -48,6 +48,10 @@ pub(super) struct LayerCtx<'a> {
     /// Sparse attention over each query's history (`kv::sparse`), in this layer.
     pub sparse: Option<crate::kv::SparseAttention>,
     pub tracer: Option<&'a dyn Tracer>,
+    /// Each token's sequence (an index into the step's sequences), and each sequence's recurrent-state
+    /// slot (`SeqInput::state`): a hybrid model's convolution layers read them.
+    pub seq_of: &'a [usize],
+    pub states: &'a [Option<u32>],
 }
 
 impl LayerCtx<'_> {

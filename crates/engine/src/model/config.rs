@@ -14,6 +14,7 @@ pub enum Arch {
     Qwen3Moe,
     Phi3,
     Gemma3,
+    Lfm2,
 }
 
 impl Arch {
@@ -25,7 +26,8 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "phi3" => Ok(Arch::Phi3),
             "gemma3" => Ok(Arch::Gemma3),
-            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma3)"))),
+            "lfm2" => Ok(Arch::Lfm2),
+            other => Err(Error::Unsupported(format!("architecture {other:?} (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma3, lfm2)"))),
         }
     }
 
@@ -37,6 +39,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -75,6 +78,30 @@ pub struct ModelConfig {
     pub rope_freq_factors: Option<&'static str>,
     /// A mixture-of-experts feed-forward in every layer (qwen3moe).
     pub moe: Option<MoeConfig>,
+    /// Gated short-convolution layers in place of attention in some layers (lfm2): a recurrent state
+    /// per sequence (`kv::ConvStates`).
+    pub short_conv: Option<ShortConv>,
+}
+
+/// Which layers are short convolutions, over how many positions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShortConv {
+    /// Positions a convolution reads (its own and the `l_cache - 1` before it): lfm2's 3.
+    pub l_cache: usize,
+    /// Per layer: a convolution (true) or attention.
+    pub is_conv: Vec<bool>,
+}
+
+impl ShortConv {
+    /// f32 values of one sequence's state: per conv layer, `d_model` channels of `l_cache - 1`.
+    pub fn state_len(&self, d_model: usize) -> usize {
+        self.is_conv.iter().filter(|&&c| c).count() * d_model * (self.l_cache - 1)
+    }
+
+    /// Index among the conv layers of conv layer `il`.
+    pub fn conv_index(&self, il: usize) -> usize {
+        self.is_conv[..il].iter().filter(|&&c| c).count()
+    }
 }
 
 /// A mixture-of-experts feed-forward: a router picks `n_used` of `n_expert` SwiGLU experts per token.
@@ -100,6 +127,7 @@ impl ModelConfig {
             Arch::Qwen3Moe => super::qwen3moe::config(&meta)?,
             Arch::Phi3 => super::phi3::config(&meta)?,
             Arch::Gemma3 => super::gemma3::config(&meta)?,
+            Arch::Lfm2 => super::lfm2::config(&meta)?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -186,6 +214,9 @@ impl Meta<'_> {
         }
         let head_dim = self.usize("attention.key_length").unwrap_or(d_model / n_heads);
         self.check_rope_scaling()?;
+        if matches!(self.file.get(&self.key("attention.head_count_kv")), Some(v) if v.as_array().is_some()) && self.arch != Arch::Lfm2 {
+            return Err(Error::Unsupported(format!("{} as a per-layer list (a hybrid layout {} does not have)", self.key("attention.head_count_kv"), self.arch.name())));
+        }
         let vocab_size = match self.usize("vocab_size") {
             Ok(v) => v,
             Err(_) => self.file.get_str_array("tokenizer.ggml.tokens")?.len(),
@@ -212,6 +243,7 @@ impl Meta<'_> {
             embed_scale: None,
             rope_freq_factors: None,
             moe: None,
+            short_conv: None,
         })
     }
 }

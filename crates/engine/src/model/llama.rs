@@ -48,30 +48,36 @@ impl Layer {
     /// The block on the step's residual stream. Its last add (x += the FFN's output in `s.proj`) is owed
     /// to the next reader of x, which does it inside its own parallel pass.
     pub fn forward(&self, ctx: &LayerCtx, kv: &mut KvStorage, s: &mut Scratch) {
-        let c = ctx.cfg;
-        let n = ctx.queries.len();
         let add_proj = s.residual.take_owed();
         attention(ctx, &self.attn, &NormedInput { weight: &self.attn_norm, add_proj }, kv, s);
         ctx.trace("attn_out", &s.proj);
+        ffn(ctx, &self.ffn_norm, &self.ffn, s);
+    }
+}
+
+/// The feed-forward sub-block on the residual stream after a mixing sub-block left its output in
+/// `s.proj` (its add owed): `x += proj; x += Wdown·(silu(Wgate·n2) ⊙ Wup·n2)`, this add owed in turn.
+pub(super) fn ffn(ctx: &LayerCtx, ffn_norm: &[f32], ffn: &FfnWeights, s: &mut Scratch) {
+        let c = ctx.cfg;
+        let n = ctx.queries.len();
         resize(&mut s.gate, n * c.ffn_dim);
         resize(&mut s.up, n * c.ffn_dim);
-        let (w_gate, w_up) = (self.ffn.gate.view(ctx.file), self.ffn.up.view(ctx.file));
-        let ffn_input = NormedInput { weight: &self.ffn_norm, add_proj: true };
+        let (w_gate, w_up) = (ffn.gate.view(ctx.file), ffn.up.view(ctx.file));
+        let ffn_input = NormedInput { weight: ffn_norm, add_proj: true };
         normed_matmul(&ffn_input, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, &mut [(w_gate, &mut s.gate[..]), (w_up, &mut s.up[..])]);
         ctx.trace("ffn_inp", &s.residual.x);
         // SwiGLU in the down projection's fill. One call per row, as ggml: swiglu's last partial vector
         // (if ffn_dim % 16 != 0) is per row.
-        let (ffn, up) = (c.ffn_dim, &s.up[..]);
+        let (ff, up) = (c.ffn_dim, &s.up[..]);
         let swiglu = |first: usize, last: usize, gate: &mut [f32]| {
-            gate.chunks_exact_mut(ffn).zip(up[first * ffn..last * ffn].chunks_exact(ffn)).for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
+            gate.chunks_exact_mut(ff).zip(up[first * ff..last * ff].chunks_exact(ff)).for_each(|(g, u)| crate::kernels::ggml::math::swiglu(g, u))
         };
-        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(self.ffn.down.view(ctx.file), &mut s.proj[..])]);
+        matmul_many_filled(&mut s.gate, &swiglu, &mut s.act_q, &mut [(ffn.down.view(ctx.file), &mut s.proj[..])]);
         ctx.trace("ffn_out", &s.proj);
         s.residual.owe_add();
         if ctx.tracer.is_some() {
             s.residual.settle(&s.proj);
             ctx.trace("l_out", &s.residual.x);
         }
-    }
 }
 

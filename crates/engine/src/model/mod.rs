@@ -8,6 +8,7 @@
 mod block;
 pub mod config;
 mod gemma3;
+mod lfm2;
 mod llama;
 mod moe;
 mod phi3;
@@ -48,6 +49,10 @@ pub struct SeqInput<'a> {
     /// One block table per layer group of the storage's layout (`kv::layout`; one for most models).
     pub block_tables: &'a [Vec<u32>],
     pub logits: LogitsWanted,
+    /// A hybrid model's recurrent-state slot for this sequence (`KvStorage::conv_states`): its conv
+    /// layers' last positions, carried from step to step, zeroed when `start_pos` is 0. None for a model
+    /// without such layers.
+    pub state: Option<u32>,
 }
 
 /// Activations of one forward step, kept between steps so their memory is reused.
@@ -260,13 +265,15 @@ impl Model {
             .collect();
         debug_assert!(!positions.is_empty(), "a step has tokens");
         let c = &self.config;
+        let seq_of: Vec<usize> = seqs.iter().enumerate().flat_map(|(i, s)| std::iter::repeat_n(i, s.tokens.len())).collect();
+        let states: Vec<Option<u32>> = seqs.iter().map(|s| s.state).collect();
         self.embed(seqs, scratch);
         for il in 0..layers {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
             let (g, kv_layer) = layout.place(il);
             // sparse attention in full-attention layers (a sliding-window layer reads its window)
             let sparse = sparse.filter(|_| c.layer_window(il).is_none());
-            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, sparse, tracer };
+            let ctx = LayerCtx { cfg: c, file: &self.file, layer: il, kv_layer, rope, queries: &queries[g], positions: &positions, numerics: self.numerics, sparse, tracer, seq_of: &seq_of, states: &states };
             self.weights.layers.forward(&ctx, kv, scratch);
         }
     }
@@ -293,7 +300,9 @@ impl Model {
         let tables = vec![(0..kv.shape.num_blocks as u32).collect::<Vec<u32>>()];
         let mut scratch = Scratch::default();
         for (i, part) in tokens.chunks(chunk).enumerate() {
-            let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: &tables, logits: LogitsWanted::All };
+            // one sequence: recurrent-state slot 0 of this storage
+            let state = self.config.short_conv.as_ref().map(|_| 0);
+            let input = SeqInput { tokens: part, start_pos: i * chunk, block_tables: &tables, logits: LogitsWanted::All, state };
             self.forward_at(&[input], &[], attention, &mut kv, &mut scratch).chunks_exact(self.config.vocab_size).for_each(&mut f);
         }
     }

@@ -5,7 +5,7 @@
 
 use super::block::LayerCtx;
 use super::config::{Arch, ModelConfig};
-use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe, Scratch};
+use super::{gemma3, lfm2, llama, phi3, qwen2, qwen3, qwen3moe, Scratch};
 use crate::kv::KvStorage;
 use crate::error::{Error, Result};
 use crate::gguf::GgufFile;
@@ -48,6 +48,7 @@ pub(super) enum Layers {
     Llama(Vec<llama::Layer>),
     Qwen3Moe(Vec<qwen3moe::Layer>),
     Gemma3(Vec<gemma3::Layer>),
+    Lfm2(Vec<lfm2::Layer>),
 }
 
 impl Layers {
@@ -60,6 +61,7 @@ impl Layers {
             Arch::Phi3 => Layers::Llama((0..n).map(|i| phi3::load_layer(ld, cfg, i)).collect::<Result<_>>()?),
             Arch::Qwen3Moe => Layers::Qwen3Moe((0..n).map(|i| qwen3moe::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
             Arch::Gemma3 => Layers::Gemma3((0..n).map(|i| gemma3::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
+            Arch::Lfm2 => Layers::Lfm2((0..n).map(|i| lfm2::Layer::load(ld, cfg, i)).collect::<Result<_>>()?),
         })
     }
 
@@ -68,6 +70,7 @@ impl Layers {
             Layers::Llama(layers) => layers[ctx.layer].forward(ctx, kv, s),
             Layers::Qwen3Moe(layers) => layers[ctx.layer].forward(ctx, kv, s),
             Layers::Gemma3(layers) => layers[ctx.layer].forward(ctx, kv, s),
+            Layers::Lfm2(layers) => layers[ctx.layer].forward(ctx, kv, s),
         }
     }
 
@@ -76,6 +79,7 @@ impl Layers {
             Layers::Llama(layers) => layers.iter_mut().flat_map(llama::Layer::matrices_mut).collect(),
             Layers::Qwen3Moe(layers) => layers.iter_mut().flat_map(qwen3moe::Layer::matrices_mut).collect(),
             Layers::Gemma3(layers) => layers.iter_mut().flat_map(gemma3::Layer::matrices_mut).collect(),
+            Layers::Lfm2(layers) => layers.iter_mut().flat_map(lfm2::Layer::matrices_mut).collect(),
         }
     }
 }
@@ -155,7 +159,7 @@ pub(super) fn load_weights(file: &GgufFile, cfg: &ModelConfig, numerics: Numeric
     };
     let layers = Layers::load(&ld, cfg)?;
     let rope_factors = cfg.rope_freq_factors.map(|name| ld.vector(name, cfg.rot_dim / 2)).transpose()?;
-    let weights = Weights { rope_factors, embed, output_norm: ld.vector("output_norm.weight", d)?, output, layers };
+    let weights = Weights { rope_factors, embed, output_norm: ld.vector(if cfg.arch == Arch::Lfm2 { "token_embd_norm.weight" } else { "output_norm.weight" }, d)?, output, layers };
     Ok(match numerics {
         Numerics::Ggml => weights,
         Numerics::Packed => pack_weights(file, weights),

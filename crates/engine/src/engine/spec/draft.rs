@@ -45,7 +45,7 @@ impl Drafter {
                 let (from, to) = c.draft_span.expect("filtered");
                 let req = scheduler.request(c.id).expect("planned requests exist");
                 let logits = if guessing(c) { LogitsWanted::Last } else { LogitsWanted::None };
-                SeqInput { tokens: &req.tokens[from..to], start_pos: from, block_tables: req.blocks.tables(), logits }
+                SeqInput { tokens: &req.tokens[from..to], start_pos: from, block_tables: req.blocks.tables(), logits, state: None }
             })
             .collect();
         let tokens: usize = inputs.iter().map(|i| i.tokens.len()).sum();
@@ -61,7 +61,7 @@ impl Drafter {
                 .filter(|(c, _)| c.draft > j)
                 .map(|(c, g)| {
                     let req = scheduler.request(c.id).expect("planned requests exist");
-                    SeqInput { tokens: &g[j - 1..j], start_pos: c.start + j, block_tables: req.blocks.tables(), logits: LogitsWanted::Last }
+                    SeqInput { tokens: &g[j - 1..j], start_pos: c.start + j, block_tables: req.blocks.tables(), logits: LogitsWanted::Last, state: None }
                 })
                 .collect();
             if inputs.is_empty() {
