@@ -453,14 +453,6 @@ impl KvArgs {
     pub fn engine_config(&self, model: &Model, draft: Option<&Model>, kv: &KvChoice, max_model_len: usize, max_running: usize, max_waiting: usize, prefix_caching: bool) -> Result<EngineConfig> {
         let cfg = &model.config;
         let kv_dtypes = kv.dtypes;
-        // A hybrid model's conv state is not snapshotted per block yet: no prefix cache for it (said
-        // at start, not silent; the engine refuses it, and the options that need the state, outright).
-        let prefix_caching = if prefix_caching && cfg.short_conv.is_some() {
-            tracing::warn!("prefix caching is off: {} has recurrent (short-convolution) layers, whose state is not snapshotted per block yet", cfg.arch.name());
-            false
-        } else {
-            prefix_caching
-        };
         let mut config = EngineConfig {
             block_size: self.block_size,
             num_blocks: 0,
@@ -485,7 +477,9 @@ impl KvArgs {
         // layer, counted per token
         let bs = self.block_size.max(1);
         let bounds_bytes = kv.sparse.map_or(0, |s| reckon_engine::kv::KvStorage::sparse_state_bytes_per_block(layout.slots(), cfg.kv_dim(), s.budget_blocks(bs)).div_ceil(bs));
-        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes + bounds_bytes)?;
+        // a hybrid model's conv-state snapshot at every block's end (`kv::conv_state`), counted per token
+        let snapshot_bytes = cfg.short_conv.as_ref().map_or(0, |sc| (sc.state_len(cfg.d_model) * 4).div_ceil(bs));
+        config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes + bounds_bytes + snapshot_bytes)?;
         Ok(config)
     }
 }

@@ -44,9 +44,7 @@ pub fn context_size(loaded: &Loaded, requested: Option<usize>) -> usize {
 pub const BLOCK_SIZE: usize = 16;
 
 pub fn start_engine(loaded: Loaded, ctx: usize, kv: &KvChoice) -> Result<(EngineHandle, Arc<reckon_engine::tokenizer::Tokenizer>, reckon_engine::template::ChatTemplate)> {
-    // (a hybrid model's conv state is not snapshotted for the prefix cache yet)
-    let prefix_caching = loaded.model.config.short_conv.is_none();
-    let mut config = EngineConfig { prefix_caching, block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, sparse_attention: kv.sparse, hybrid_kv: kv.hybrid, spec: kv.spec.clone(), spec_prefill: kv.spec_prefill, ..EngineConfig::default() };
+    let mut config = EngineConfig { block_size: BLOCK_SIZE, max_running: 1, max_waiting: 1, max_model_len: ctx, kv_dtypes: kv.dtypes, kv_window: kv.window, sparse_attention: kv.sparse, hybrid_kv: kv.hybrid, spec: kv.spec.clone(), spec_prefill: kv.spec_prefill, ..EngineConfig::default() };
     // the most one sequence of the whole context holds, and a block per layer group to spare
     let layout = config.kv_layout(&loaded.model, false);
     config.num_blocks = layout.max_blocks_held(ctx, BLOCK_SIZE, config.max_batch_tokens) + layout.num_groups();

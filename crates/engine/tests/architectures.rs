@@ -1,6 +1,6 @@
 //! The other architectures through the engine (llama 3.x rope factors, tied Q8_0 llama, qwen3, qwen3moe,
 //! phi3, the lfm2 hybrid; the synthetic files of scripts/make-test-models), in both numerics: at
-//! temperature 0 a prompt gives the same tokens cold and alone, after a prefix-cache hit (not lfm2 yet),
+//! temperature 0 a prompt gives the same tokens cold and alone, after a prefix-cache hit,
 //! concurrently in small prefill chunks beside other prompts, and under KV exhaustion that preempts and
 //! recomputes. llama.cpp parity on the
 //! same files is parity_real.rs. A file that was not generated is skipped with a note, unless
@@ -61,15 +61,12 @@ fn check(name: &str, numerics: Numerics) {
     let reference: Vec<Vec<u32>> = prompts.iter().map(|q| run(&cold, q).0).collect();
     let label = format!("{name} ({})", numerics.name());
 
-    // a hybrid model (recurrent conv state, not snapshotted yet) runs without the prefix cache
-    let hybrid = model.config.short_conv.is_some();
-    let cached: Vec<usize> = if hybrid { vec![] } else { warm_run(&model, &tokenizer, config, &prompts, &reference, &label) };
-    if !hybrid {
-        assert_eq!(cached, [0, 128, 128, 160, 0], "{label}: cached tokens per request");
-    }
+    // (lfm2: each hit resumes its conv state from the snapshot at its last block's end)
+    let cached = warm_run(&model, &tokenizer, config, &prompts, &reference, &label);
+    assert_eq!(cached, [0, 128, 128, 160, 0], "{label}: cached tokens per request");
 
     // concurrently, in prefill chunks of 40 tokens, with shared blocks
-    let busy = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: !hybrid, max_batch_tokens: 40, ..config });
+    let busy = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: true, max_batch_tokens: 40, ..config });
 
     let got: Vec<Vec<u32>> = std::thread::scope(|s| {
         let handles: Vec<_> = prompts.iter().map(|q| s.spawn(|| run(&busy, q).0)).collect();
@@ -117,9 +114,9 @@ fn phi3_cached_concurrent_and_preempted_equal_cold() {
 }
 
 /// The hybrid: conv state per request slot, carried across prefill chunks, zeroed at position 0 when a
-/// preempted request is recomputed (no prefix cache: its state is not snapshotted yet).
+/// preempted request is recomputed, taken from the snapshot at the last block's end after a cache hit.
 #[test]
-fn lfm2_hybrid_concurrent_and_preempted_equal_cold() {
+fn lfm2_hybrid_cached_concurrent_and_preempted_equal_cold() {
     check("lfm2-tiny", Numerics::Ggml);
     check("lfm2-tiny", Numerics::Packed);
 }
@@ -130,6 +127,30 @@ fn lfm2_refuses_what_its_state_cannot_do_yet() {
     let Some(file) = open_test_model("lfm2-tiny") else { return };
     let tokenizer: Arc<dyn reckon_engine::engine::Detokenizer> = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let model = Arc::new(Model::load_with(file, Numerics::Ggml).unwrap());
-    let err = reckon_engine::engine::spawn_with(model, tokenizer, EngineConfig::default(), None).err().expect("prefix caching refused");
-    assert!(err.to_string().contains("prefix caching"), "{err}");
+    let spec = reckon_engine::engine::spec::SpecConfig { k: 4, min_n: 1, max_n: 3, auto: false, draft: false };
+    let err = reckon_engine::engine::spawn_with(model, tokenizer, EngineConfig { spec: Some(spec), ..EngineConfig::default() }, None).err().expect("speculation refused");
+    assert!(err.to_string().contains("speculative decoding"), "{err}");
+}
+
+/// The conv state a cache hit resumes from, at the logits: a sequence that starts at a block boundary on
+/// another sequence's blocks (the prefix cache's hit) gets bit for bit the logits of a cold run of its
+/// whole prompt. Only the two positions after the hit read the restored state, so greedy tokens alone
+/// could miss a wrong one.
+#[test]
+fn lfm2_a_hit_resumes_the_conv_state_of_its_last_block_bit_for_bit() {
+    use reckon_engine::model::{LogitsWanted, Scratch, SeqInput};
+    let Some(file) = open_test_model("lfm2-tiny") else { return };
+    let model = Model::load_with(file, Numerics::Ggml).unwrap();
+    let text: Vec<u32> = parity_fixture("lfm2-tiny")["teacher_forced"]["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let (prompt, hit) = (&text[..50], 32);
+    let v = model.config.vocab_size;
+    let cold = model.logits_of(prompt, 512);
+    let mut kv = model.new_kv(16, 16);
+    let mut s = Scratch::default();
+    let a_table = vec![(0..4u32).collect::<Vec<u32>>()];
+    // sequence A (slot 0) computes the shared prefix; B (slot 1) has A's first two blocks and goes on
+    model.forward(&[SeqInput { tokens: &prompt[..hit], start_pos: 0, block_tables: &a_table, logits: LogitsWanted::None, state: Some(0) }], &mut kv, &mut s);
+    let b_table = vec![vec![0, 1, 7, 8]];
+    let got = model.forward(&[SeqInput { tokens: &prompt[hit..], start_pos: hit, block_tables: &b_table, logits: LogitsWanted::All, state: Some(1) }], &mut kv, &mut s).to_vec();
+    assert_eq!(got, cold[hit * v..], "logits after a hit differ from a cold run");
 }

@@ -134,12 +134,6 @@ impl Detokenizer for NoText {
 /// Runs the pp test (if n_prompt > 0) and the tg test (if n_gen > 0).
 pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<BenchResult>, LabError> {
     let (vocab, numerics) = (model.config.vocab_size, model.numerics().name());
-    // A hybrid model's conv state is not snapshotted for the prefix cache yet, and a depth is reused
-    // through it: without it every repetition would prefill the depth again inside its timing.
-    let hybrid = model.config.short_conv.is_some();
-    if hybrid && spec.n_depth > 0 {
-        return Err(LabError::Request(format!("a depth needs the prefix cache, which {} (recurrent conv layers) does not have yet", model.config.arch.name())));
-    }
     let mut rng = Rng::new(1234);
     let depth = random_tokens(&mut rng, spec.n_depth, vocab);
     // Room for the cached depth and a few repetitions' own tokens besides.
@@ -151,7 +145,7 @@ pub fn run(model: Arc<Model>, model_name: &str, spec: &BenchSpec) -> Result<Vec<
         max_running: 1,
         max_waiting: 1,
         max_model_len: spec.n_depth + per_rep + 1,
-        prefix_caching: !hybrid,
+        prefix_caching: true,
         kv_dtypes: spec.kv_dtypes,
         kv_window: spec.kv_window,
         sparse_attention: spec.sparse_attention,

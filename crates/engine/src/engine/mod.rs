@@ -93,18 +93,20 @@ impl Engine {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
         if model.config.short_conv.is_some() {
-            // The convolution layers' state is per sequence and is neither snapshotted per block nor
-            // rolled back yet: what would need it is refused, not run wrong.
+            // The convolution layers' state is snapshotted at every block's end (a prefix-cache hit resumes
+            // from it) but not written to the disk tier, nor rolled back over rejected guesses, nor kept
+            // for positions a window or sparse prefill skips: what would need that is refused, not run
+            // wrong.
             let name = model.config.arch.name();
             let refused = [
-                (config.prefix_caching, "prefix caching (--no-prefix-cache)"),
+                (disk.is_some() && config.prefix_caching, "the prefix cache's disk tier"),
                 (config.spec.is_some(), "speculative decoding"),
                 (config.spec_prefill.is_some(), "sparse prefill"),
                 (config.sparse_attention.is_some(), "sparse attention"),
                 (config.kv_window.is_some(), "a KV window"),
             ];
             if let Some((_, what)) = refused.iter().find(|r| r.0) {
-                return Err(invalid(format!("{name} has recurrent (short-convolution) layers, whose per-sequence state is not snapshotted yet: {what} is not available for it")));
+                return Err(invalid(format!("{name} has recurrent (short-convolution) layers, whose state goes with its sequence: {what} is not available for it")));
             }
         }
         let drafter = draft.map(|d| spec::Drafter::new(d, &model, &config).map_err(invalid)).transpose()?;
@@ -312,7 +314,17 @@ impl Engine {
         let states: Vec<Option<u32>> = if self.model.config.short_conv.is_some() {
             let scheduler = &self.scheduler;
             self.state_slots.release_gone(|id| scheduler.request(id).is_some());
-            plan.chunks.iter().map(|c| Some(self.state_slots.slot(c.id))).collect()
+            let (slots, kv) = (&mut self.state_slots, &mut self.kv);
+            plan.chunks
+                .iter()
+                .map(|c| {
+                    let (slot, fresh) = slots.slot(c.id);
+                    if fresh {
+                        kv.conv_states.forget(slot);
+                    }
+                    Some(slot)
+                })
+                .collect()
         } else {
             vec![None; plan.chunks.len()]
         };

@@ -5,7 +5,8 @@
 //!   x += Wout·y,                            n1 = rmsnorm(x)
 //! the rest are qwen3-style attention (per-head q/k norms, NeoX RoPE); every layer ends with a SwiGLU
 //! feed-forward (llama's). A convolution's state is the last 2 positions of b ⊙ x per channel, carried per
-//! sequence in `KvStorage::conv_states` (zeroed at position 0). GGUF keys: `shortconv.l_cache`, and
+//! sequence in `KvStorage::conv_states` (zeroed at position 0), with a snapshot at every block's end so a
+//! prefix-cache hit resumes from its last block (`kv::conv_state`). GGUF keys: `shortconv.l_cache`, and
 //! `attention.head_count_kv` per layer (0 for a convolution). The final norm is `token_embd_norm.weight`.
 
 use super::block::{normed_matmul, FfnWeights, LayerCtx, NormedInput};
@@ -121,16 +122,18 @@ impl ConvLayer {
         normed_matmul(&NormedInput { weight: &self.norm, add_proj }, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
         // bx = b ⊙ x, in place in s.v
         s.v.iter_mut().zip(&s.q).for_each(|(x, &b)| *x *= b);
-        let layer = sc.conv_index(ctx.layer);
-        let per_slot = sc.state_len(d);
+        let (layer, layers) = (sc.conv_index(ctx.layer), sc.is_conv.iter().filter(|&&c| c).count());
+        let bs = kv.shape.block_size;
         resize(&mut s.attn, n * d);
         let mut window = vec![0.0f32; sc.l_cache];
-        for (t, seq) in ctx.seq_of.iter().enumerate() {
-            let slot = ctx.states[*seq].expect("a hybrid model's sequences have state slots");
-            let state = &mut kv.conv_states.slot_mut(slot, per_slot)[layer * d * keep..(layer + 1) * d * keep];
-            if ctx.positions[t] == 0 && (t == 0 || ctx.seq_of[t - 1] != *seq) {
-                state.fill(0.0);
-            }
+        for (t, &seq) in ctx.seq_of.iter().enumerate() {
+            let slot = ctx.states[seq].expect("a hybrid model's sequences have state slots");
+            let (pos, table) = (ctx.positions[t], ctx.queries[t].block_table);
+            debug_assert_eq!(pos, ctx.queries[t].pos, "no window or sparse prefill with conv layers");
+            // the state at this token: the slot's own, or (first token of a chunk after a cache hit or a
+            // recompute) the snapshot of the block that ends here
+            let ending = (pos > 0 && pos % bs == 0).then(|| table[pos / bs - 1]);
+            let (state, absorbed) = kv.conv_states.at(slot, layer, layers, d * keep, pos, ending);
             let bx = &s.v[t * d..(t + 1) * d];
             let out = &mut s.attn[t * d..(t + 1) * d];
             for ch in 0..d {
@@ -145,6 +148,10 @@ impl ConvLayer {
                 }
                 out[ch] = sum;
                 hist.copy_from_slice(&window[1..]);
+            }
+            *absorbed = pos + 1;
+            if (pos + 1) % bs == 0 {
+                kv.conv_states.snapshot(slot, layer, table[pos / bs]);
             }
         }
         // y = c ⊙ conv
