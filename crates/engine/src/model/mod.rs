@@ -265,8 +265,11 @@ impl Model {
             .collect();
         debug_assert!(!positions.is_empty(), "a step has tokens");
         let c = &self.config;
-        let seq_of: Vec<usize> = seqs.iter().enumerate().flat_map(|(i, s)| std::iter::repeat_n(i, s.tokens.len())).collect();
-        let states: Vec<Option<u32>> = seqs.iter().map(|s| s.state).collect();
+        // (a hybrid model's conv layers read them; empty for the others)
+        let (seq_of, states): (Vec<usize>, Vec<Option<u32>>) = match c.short_conv {
+            Some(_) => (seqs.iter().enumerate().flat_map(|(i, s)| std::iter::repeat_n(i, s.tokens.len())).collect(), seqs.iter().map(|s| s.state).collect()),
+            None => Default::default(),
+        };
         self.embed(seqs, scratch);
         for il in 0..layers {
             let rope = if c.layer_window(il).is_some() { &self.rope_local } else { &self.rope_global };
