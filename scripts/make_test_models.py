@@ -253,6 +253,15 @@ def llama_tied(w, t):
         ffn(t, i, d, ff, types=(Q.Q8_0, Q.Q8_0, Q.Q8_0))
 
 
+def qwen3_attention(t, i, d, H, KV, hd):
+    """Qwen3's attention sub-block and the norm before its feed-forward (qwen3 and qwen3moe)."""
+    t.norm(f"blk.{i}.attn_norm.weight", d)
+    attention(t, i, d, H * hd, KV * hd)
+    t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+    t.norm(f"blk.{i}.attn_k_norm.weight", hd)
+    t.norm(f"blk.{i}.ffn_norm.weight", d)
+
+
 def qwen3(w, t):
     """Qwen3: per-head q/k RMSNorm, head size set apart from d_model/heads, GQA, tied embeddings."""
     L, d, H, KV, ff, hd = 3, 256, 8, 2, 512, 64
@@ -260,11 +269,7 @@ def qwen3(w, t):
     common_keys(w, "qwen3", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
     embeddings(t, n_vocab, d, embd_type=Q.Q6_K, tied=True)
     for i in range(L):
-        t.norm(f"blk.{i}.attn_norm.weight", d)
-        attention(t, i, d, H * hd, KV * hd)
-        t.norm(f"blk.{i}.attn_q_norm.weight", hd)
-        t.norm(f"blk.{i}.attn_k_norm.weight", hd)
-        t.norm(f"blk.{i}.ffn_norm.weight", d)
+        qwen3_attention(t, i, d, H, KV, hd)
         ffn(t, i, d, ff)
 
 
@@ -277,11 +282,7 @@ def qwen3moe_recipe(L, d, H, KV, hd, n_expert, n_used, ff_exp):
         w.add_expert_feed_forward_length(ff_exp)
         embeddings(t, n_vocab, d)
         for i in range(L):
-            t.norm(f"blk.{i}.attn_norm.weight", d)
-            attention(t, i, d, H * hd, KV * hd)
-            t.norm(f"blk.{i}.attn_q_norm.weight", hd)
-            t.norm(f"blk.{i}.attn_k_norm.weight", hd)
-            t.norm(f"blk.{i}.ffn_norm.weight", d)
+            qwen3_attention(t, i, d, H, KV, hd)
             # the router stays F32, as llama.cpp's quantizer leaves it
             t.matrix(f"blk.{i}.ffn_gate_inp.weight", n_expert, d, Q.F32, std=2.0 / np.sqrt(d))
             t.matrix(f"blk.{i}.ffn_gate_exps.weight", ff_exp, d, Q.Q4_K, experts=n_expert)
