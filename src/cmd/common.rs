@@ -433,6 +433,11 @@ pub struct KvArgs {
     /// the engine thread).
     #[arg(long)]
     pub no_pool_rest: bool,
+    /// A hybrid recurrent model (LFM2): keep the recurrent state after every N-th block of a sequence.
+    /// A prefix-cache hit resumes from such a block, so hits come in steps of N blocks, and the
+    /// snapshots take 1/N of one snapshot per block of --kv-memory.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub state_snapshot_every: u32,
 }
 
 impl KvArgs {
@@ -470,6 +475,7 @@ impl KvArgs {
             spec: kv.spec.clone(),
             spec_prefill: kv.spec_prefill,
             slow_state: Default::default(),
+            state_snapshot_every: self.state_snapshot_every as usize,
         };
         let layout = config.kv_layout(model, kv.disk_tier);
         let draft_bytes = draft.map_or(0, |d| kv_dtypes.bytes_per_token(d.config.n_layers, d.config.kv_dim()));
@@ -477,8 +483,9 @@ impl KvArgs {
         // layer, counted per token
         let bs = self.block_size.max(1);
         let bounds_bytes = kv.sparse.map_or(0, |s| reckon_engine::kv::KvStorage::sparse_state_bytes_per_block(layout.slots(), cfg.kv_dim(), s.budget_blocks(bs)).div_ceil(bs));
-        // a hybrid model's conv-state snapshot at every block's end (`kv::conv_state`), counted per token
-        let snapshot_bytes = cfg.short_conv.as_ref().map_or(0, |sc| (sc.state_len(cfg.d_model) * 4).div_ceil(bs));
+        // a hybrid model's conv-state snapshot at every N-th block's end (`kv::conv_state`), per token
+        let every = self.state_snapshot_every.max(1) as usize;
+        let snapshot_bytes = cfg.short_conv.as_ref().map_or(0, |sc| (sc.state_len(cfg.d_model) * 4).div_ceil(bs * every));
         config.num_blocks = self.num_blocks(kv_dtypes.bytes_per_token(layout.slots(), cfg.kv_dim()) + draft_bytes + bounds_bytes + snapshot_bytes)?;
         Ok(config)
     }

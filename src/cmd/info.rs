@@ -49,10 +49,10 @@ pub fn run(args: InfoArgs) -> Result<()> {
     // chunks, the server's defaults), and how many such sequences 1 GiB holds at once.
     let (bs, chunk, depth, budget) = (16, 512, 8192, 1usize << 30);
     let cell = KvDtypes::F16.bytes_per_token(1, cfg.kv_dim());
-    let hybrid = KvLayout::hybrid(&(0..cfg.n_layers).map(|il| cfg.layer_window(il)).collect::<Vec<_>>());
+    let hybrid = if cfg.short_conv.is_some() { KvLayout::attention_only(&(0..cfg.n_layers).map(|il| cfg.has_kv(il)).collect::<Vec<_>>()) } else { KvLayout::hybrid(&(0..cfg.n_layers).map(|il| cfg.layer_window(il)).collect::<Vec<_>>()) };
     let per_seq = |l: &KvLayout| l.max_blocks_held(depth, bs, chunk) * l.page_bytes(cell, bs);
     let fits = |l: &KvLayout| budget / l.page_bytes(cell, bs) / l.max_blocks_held(depth, bs, chunk);
-    let uniform = KvLayout::uniform(cfg.n_layers);
+    let uniform = if cfg.short_conv.is_some() { hybrid.clone() } else { KvLayout::uniform(cfg.n_layers) };
     let layouts: Vec<(&str, &KvLayout)> = if hybrid.is_hybrid() { vec![("one_group", &uniform), ("hybrid", &hybrid)] } else { vec![("one_group", &uniform)] };
     let kinds = hybrid.memory_by_kind(cell, bs, chunk);
     let name = file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string();
@@ -95,7 +95,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "total_at_4096_bytes": weight_bytes + kv_bytes_per_token * 4096,
             "kv_f16_by_layer_type": kinds.iter().map(|k| (k.label(), json!({"layers": k.layers, "bytes_per_token": k.bytes_per_token, "max_positions_per_sequence": k.max_positions}))).collect::<BTreeMap<_, _>>(),
             "kv_f16_at_8192": layouts.iter().map(|(n, l)| (n.to_string(), json!({"layer_groups": l.num_groups(), "block_bytes": l.page_bytes(cell, bs), "bytes_per_sequence": per_seq(l), "sequences_in_1GiB": fits(l)}))).collect::<BTreeMap<_, _>>(),
-            "kv_bytes_per_token_by_dtype": KvDtype::ALL.iter().filter(|d| KvDtypes { k: **d, v: **d }.check_shape(cfg.head_dim, 16).is_ok()).map(|&d| (d.name(), KvDtypes { k: d, v: d }.bytes_per_token(cfg.n_layers, cfg.kv_dim()))).collect::<BTreeMap<_, _>>(),
+            "kv_bytes_per_token_by_dtype": KvDtype::ALL.iter().filter(|d| KvDtypes { k: **d, v: **d }.check_shape(cfg.head_dim, 16).is_ok()).map(|&d| (d.name(), KvDtypes { k: d, v: d }.bytes_per_token(cfg.kv_layers(), cfg.kv_dim()))).collect::<BTreeMap<_, _>>(),
         },
     });
     if args.json {
@@ -120,7 +120,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("attention:       {} heads, {} kv heads, head dim {}, rope base {}", cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.rope_base);
     if let Some(sc) = &cfg.short_conv {
         let n = sc.is_conv.iter().filter(|&&c| c).count();
-        println!("recurrent:       {n} of {} layers are short convolutions over {} positions: {:.1} KiB of state a sequence (f32), beside the KV of the {} attention layers (reckon allocates KV cells for every layer for now)",
+        println!("recurrent:       {n} of {} layers are short convolutions over {} positions: {:.1} KiB of state a sequence (f32), beside the KV of the {} attention layers",
             cfg.n_layers, sc.l_cache, (sc.state_len(cfg.d_model) * 4) as f64 / 1024.0, cfg.n_layers - n);
     }
     if let Some(w) = cfg.sliding_window {

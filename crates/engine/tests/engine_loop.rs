@@ -31,7 +31,7 @@ fn model() -> Arc<Model> {
 }
 
 fn config(num_blocks: usize, max_batch_tokens: usize) -> EngineConfig {
-    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, sparse_attention: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default() }
+    EngineConfig { block_size: 4, num_blocks, max_batch_tokens, max_running: 32, max_waiting: 64, max_model_len: 256, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: Default::default(), kv_window: None, sparse_attention: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default(), state_snapshot_every: 1 }
 }
 
 fn prompt(seed: u64, n: usize) -> Vec<u32> {

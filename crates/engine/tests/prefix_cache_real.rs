@@ -56,7 +56,7 @@ fn check_prompts(name: &str, kv: &str, kv_window: Option<KvWindow>, sparse_atten
     ];
     // (a hybrid layout's blocks are pages of fewer layers: more of them)
     let num_blocks = if hybrid_kv { 1024 } else { 128 };
-    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, sparse_attention, hybrid_kv, spec: None, spec_prefill: None, slow_state: Default::default() };
+    let config = EngineConfig { block_size: 16, num_blocks, max_batch_tokens: 512, max_running: 8, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse(kv).unwrap(), kv_window, sparse_attention, hybrid_kv, spec: None, spec_prefill: None, slow_state: Default::default(), state_snapshot_every: 1 };
     let cold = spawn(model.clone(), tokenizer.clone(), EngineConfig { prefix_caching: false, hybrid_kv: false, num_blocks: 128, ..config });
     let reference: Vec<Vec<u32>> = prompts.iter().map(|p| run(&cold, p).0).collect();
     let warm = spawn(model.clone(), tokenizer.clone(), config);
@@ -171,7 +171,7 @@ fn sparse_prefill_caches_only_a_true_prefix_and_recovery_restores_it_smollm2() {
     let model = Arc::new(Model::load(file).unwrap());
     let prompt = text_tokens(name)[..1500].to_vec();
     let sparse = SparsePrefillConfig { keep: 0.3, min_tokens: 512, layers: 4, ..SparsePrefillConfig::default() };
-    let config = EngineConfig { block_size: 16, num_blocks: 512, max_batch_tokens: 512, max_running: 4, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse("f16").unwrap(), kv_window: None, sparse_attention: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default() };
+    let config = EngineConfig { block_size: 16, num_blocks: 512, max_batch_tokens: 512, max_running: 4, max_waiting: 16, max_model_len: 2048, prefix_caching: true, max_prefill_tokens_while_decoding: usize::MAX, rest_pool_between_steps: true, kv_dtypes: KvDtypes::parse("f16").unwrap(), kv_window: None, sparse_attention: None, hybrid_kv: false, spec: None, spec_prefill: None, slow_state: Default::default(), state_snapshot_every: 1 };
     let full = run(&spawn(model.clone(), tokenizer.clone(), config), &prompt).0;
     let kept = plan(&model, &prompt, 0, &sparse).expect("thinned");
     let genuine = SparsePrompt::new(kept.clone(), prompt.len()).unwrap().genuine_prefix();

@@ -46,6 +46,10 @@ pub struct EngineConfig {
     pub spec_prefill: Option<sparse::SparsePrefillConfig>,
     /// Slow-state detection and its fallback (`engine::slow`).
     pub slow_state: slow::SlowStateConfig,
+    /// A hybrid recurrent model's state snapshot interval in blocks (`--state-snapshot-every`): every
+    /// N-th block of a sequence keeps the state after it, so prefix-cache hits come in steps of N
+    /// blocks and the snapshots take 1/N of a snapshot per block (`kv::conv_state`).
+    pub state_snapshot_every: usize,
 }
 
 impl EngineConfig {
@@ -73,8 +77,15 @@ impl EngineConfig {
             // KV computed under sparse attention is another KV: its files are never served to dense
             // attention or another configuration
             version: kv_numerics_version(model.numerics()) ^ self.sparse_attention.map_or(0, |s| s.code() << 8),
+            // (implied by the model's fingerprint: not in the file's header)
+            state_len: kv.conv_states.snapshot_len() as u64,
         };
         DiskOffload::open(&d, format, self.kv_window).map(Some)
+    }
+
+    /// State snapshot slots of a hybrid recurrent model's pool: one per `state_snapshot_every` blocks.
+    pub fn state_snapshot_slots(&self) -> usize {
+        self.num_blocks.div_ceil(self.state_snapshot_every.max(1))
     }
 
     /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's
@@ -103,6 +114,7 @@ impl Default for EngineConfig {
             spec: None,
             spec_prefill: None,
             slow_state: Default::default(),
+            state_snapshot_every: 1,
         }
     }
 }

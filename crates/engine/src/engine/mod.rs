@@ -32,6 +32,8 @@ mod scheduler_hybrid_tests;
 #[cfg(test)]
 mod scheduler_prefix_tests;
 #[cfg(test)]
+mod scheduler_state_tests;
+#[cfg(test)]
 mod scheduler_tests;
 #[cfg(test)]
 mod scheduler_window_tests;
@@ -93,13 +95,11 @@ impl Engine {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
         if model.config.short_conv.is_some() {
-            // The convolution layers' state is snapshotted at every block's end (a prefix-cache hit resumes
-            // from it) but not written to the disk tier, nor rolled back over rejected guesses, nor kept
-            // for positions a window or sparse prefill skips: what would need that is refused, not run
-            // wrong.
+            // The convolution layers' state is snapshotted at block ends (a prefix-cache hit resumes from
+            // it, also from the disk tier) but not rolled back over rejected guesses, nor kept for
+            // positions a window or sparse prefill skips: what would need that is refused, not run wrong.
             let name = model.config.arch.name();
             let refused = [
-                (disk.is_some() && config.prefix_caching, "the prefix cache's disk tier"),
                 (config.spec.is_some(), "speculative decoding"),
                 (config.spec_prefill.is_some(), "sparse prefill"),
                 (config.sparse_attention.is_some(), "sparse attention"),
@@ -108,20 +108,31 @@ impl Engine {
             if let Some((_, what)) = refused.iter().find(|r| r.0) {
                 return Err(invalid(format!("{name} has recurrent (short-convolution) layers, whose state goes with its sequence: {what} is not available for it")));
             }
+            if config.state_snapshot_every == 0 {
+                return Err(invalid("state snapshots are taken every N blocks, N at least 1".into()));
+            }
         }
         let drafter = draft.map(|d| spec::Drafter::new(d, &model, &config).map_err(invalid)).transpose()?;
         let layout = config.kv_layout(&model, disk.is_some());
         let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
         let offload = config.open_disk_tier(&model, &kv, disk)?;
         let root = offload.as_ref().map_or(0, |o| o.root());
-        let pool = BlockPool::with_hasher(config.num_blocks, crate::kv::sha256_block_hash, root);
+        let mut pool = BlockPool::with_hasher(config.num_blocks, crate::kv::sha256_block_hash, root);
+        let recurrent = model.config.short_conv.is_some();
+        if recurrent {
+            pool = pool.with_state_slots(config.state_snapshot_slots());
+        }
         let scheduler_config = SchedulerConfig {
             max_batch_tokens: config.max_batch_tokens,
             max_prefill_tokens_while_decoding: config.max_prefill_tokens_while_decoding,
             max_running: config.max_running,
             max_background_chunk: config.spec_prefill.map_or(usize::MAX, |s| s.recover_slice),
         };
-        let scheduler = Scheduler::new(scheduler_config, KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout));
+        let mut manager = KvCacheManager::new(config.block_size, pool, config.prefix_caching).with_window(config.kv_window).with_layout(&layout);
+        if recurrent {
+            manager = manager.with_state_snapshots(config.state_snapshot_every);
+        }
+        let scheduler = Scheduler::new(scheduler_config, manager);
         Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, spec_prefill: Default::default(), slow: slow::SlowStage::new(config.slow_state), state_slots: Default::default() })
     }
 
@@ -231,8 +242,11 @@ impl Engine {
     /// A disk read finished: the request may be admitted, with the blocks read.
     pub fn restored(&mut self, r: RestoredBlocks) {
         let (id, first, loaded) = (r.id, r.first, r.blocks.iter().map(Option::is_some).collect());
+        // (a hybrid recurrent model's block file may carry the state after the block: more bytes)
+        let block_bytes = self.kv.block_bytes();
+        let states = if self.model.config.short_conv.is_some() { r.blocks.iter().map(|b| b.as_ref().is_some_and(|b| b.len() > block_bytes)).collect() } else { Vec::new() };
         if self.offload.as_mut().is_some_and(|o| o.restored(r)) {
-            self.scheduler.offer_restored(id, first, loaded);
+            self.scheduler.offer_restored(id, first, loaded, states);
         }
     }
 
@@ -287,6 +301,10 @@ impl Engine {
     /// use is dropped. The draft model's time starts at zero.
     fn prepare(&mut self, plan: &mut StepPlan) {
         self.draft_secs = 0.0;
+        if self.model.config.short_conv.is_some() {
+            // which blocks keep a state snapshot, and where, as admission and allocation left it
+            self.kv.conv_states.map_snapshots(self.scheduler.pool().state_slots());
+        }
         if let Some(offload) = self.offload.as_mut() {
             offload.save_evicted(&self.kv, std::mem::take(&mut plan.evicted));
             for r in &plan.restores {

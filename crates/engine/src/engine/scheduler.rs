@@ -342,13 +342,14 @@ impl Scheduler {
 
     /// Tells the scheduler the engine read blocks `first..first + loaded.len()` of a waiting request's
     /// prompt from the disk tier and holds the keys and values of those with `loaded[i]` (see
-    /// `Restore`). Ends a `hold`.
-    pub fn offer_restored(&mut self, id: RequestId, first: usize, loaded: Vec<bool>) {
+    /// `Restore`), and, for a hybrid recurrent model, the state snapshot after those with `states[i]`
+    /// (empty: none). Ends a `hold`.
+    pub fn offer_restored(&mut self, id: RequestId, first: usize, loaded: Vec<bool>, states: Vec<bool>) {
         if let Some(req) = self.requests.get_mut(&id) {
             if req.status == RequestStatus::WaitingForDisk {
                 req.status = RequestStatus::Waiting;
             }
-            self.kv.offer_restored(&mut req.blocks, first, loaded);
+            self.kv.offer_restored(&mut req.blocks, first, loaded, states);
         }
     }
 

@@ -195,7 +195,7 @@ fn restored_blocks_continue_the_memory_hit() {
     let (_, hashes, in_memory) = s.probe(2).unwrap();
     assert_eq!((hashes.len(), in_memory), (5, 2));
     // the engine read blocks 1-4 from disk; block 1 is in memory anyway, so 2-4 are restored
-    s.offer_restored(2, 1, vec![true; 4]);
+    s.offer_restored(2, 1, vec![true; 4], Vec::new());
     let plan = step(&mut s);
     assert_eq!(plan.chunks, vec![chunk(2, 20, 1)]);
     let table = s.request(2).unwrap().blocks.table().to_vec();
@@ -222,7 +222,7 @@ fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
     add(&mut s, 3, (200..206).collect(), 100);
     step(&mut s); // seq 3 holds two blocks from now on: 5 free, 2 of them seq 2's hit
     add(&mut s, 2, prompt.clone(), 1);
-    s.offer_restored(2, 1, vec![true; 4]);
+    s.offer_restored(2, 1, vec![true; 4], Vec::new());
     let plan = step(&mut s);
     // 5 budget tokens after seq 3's decode, 3 free blocks: restoring 1 block (then 5 tokens) fits
     assert_eq!(plan.chunks[1], ScheduledChunk { id: 2, start: 12, len: 5, samples: false, draft: 0, draft_span: None });
@@ -233,7 +233,7 @@ fn a_short_pool_restores_fewer_blocks_and_a_gap_restores_none() {
     s.finish(2);
     s.finish(3);
     add(&mut s, 4, [&prompt[..8], &[77; 13][..]].concat(), 1);
-    s.offer_restored(4, 3, vec![true; 2]);
+    s.offer_restored(4, 3, vec![true; 2], Vec::new());
     let plan = step(&mut s);
     assert!(plan.restores.is_empty());
     assert_eq!(s.request(4).unwrap().num_cached_tokens, 8);
@@ -266,7 +266,7 @@ fn a_held_sequence_waits_for_its_disk_read_and_others_pass_it() {
     s.finish(2);
     assert!(s.has_work() && !s.has_runnable_work(), "only a held sequence is left");
     assert!(step(&mut s).is_empty());
-    s.offer_restored(1, 0, Vec::new()); // nothing was on disk after all
+    s.offer_restored(1, 0, Vec::new(), Vec::new()); // nothing was on disk after all
     assert_eq!(step(&mut s).chunks, vec![chunk(1, 0, 9)]);
 }
 
@@ -284,7 +284,7 @@ fn a_held_sequence_keeps_its_memory_prefix_until_admitted() {
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1), s.pool().num_free()), (1, 1, 4));
     add(&mut s, 3, (100..120).collect(), 1);
     assert!(step(&mut s).is_empty());
-    s.offer_restored(2, 2, Vec::new());
+    s.offer_restored(2, 2, Vec::new(), Vec::new());
     assert_eq!(step(&mut s).chunks, vec![chunk(2, 8, 1)]);
     assert_eq!((s.pool().ref_count(0), s.pool().ref_count(1)), (1, 1), "the pin became the sequence's own hold");
     s.finish(2);

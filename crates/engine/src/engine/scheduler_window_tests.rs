@@ -144,7 +144,7 @@ fn restored_blocks_in_the_window_gap_get_no_block_and_their_read_is_dropped() {
     let mut s = windowed(8, 4, 30, true);
     add(&mut s, 1, prompt(40), 1);
     assert_eq!(s.probe(1).map(|p| (p.1.len(), p.2)), Some((9, 0)));
-    s.offer_restored(1, 0, vec![true; 8]);
+    s.offer_restored(1, 0, vec![true; 8], Vec::new());
     let plan = step(&mut s);
     assert_eq!(s.request(1).unwrap().num_cached_tokens, 32);
     assert_eq!(plan.restores, vec![Restore { id: 1, skip: 0, blocks: vec![0, N, N, N, N, N, 1, 2] }]);
@@ -160,7 +160,7 @@ fn a_read_that_skipped_the_gap_restores_the_same_blocks() {
     // as above, but the reader loaded only what the query at 32 attends to: blocks 0, 6 and 7
     let mut s = windowed(8, 4, 30, true);
     add(&mut s, 1, prompt(40), 1);
-    s.offer_restored(1, 0, vec![true, false, false, false, false, false, true, true]);
+    s.offer_restored(1, 0, vec![true, false, false, false, false, false, true, true], Vec::new());
     let plan = step(&mut s);
     assert_eq!(s.request(1).unwrap().num_cached_tokens, 32);
     assert_eq!(plan.restores, vec![Restore { id: 1, skip: 0, blocks: vec![0, N, N, N, N, N, 1, 2] }]);
@@ -173,7 +173,7 @@ fn a_restore_cut_short_by_the_pool_never_takes_a_block_the_read_skipped() {
     // restore falls back to block 0 alone, then the chunk 4..8
     let mut s = windowed_chunks(8, 4, 3, true, 4);
     add(&mut s, 1, prompt(40), 1);
-    s.offer_restored(1, 0, vec![true, false, false, false, false, false, true, true]);
+    s.offer_restored(1, 0, vec![true, false, false, false, false, false, true, true], Vec::new());
     let plan = step(&mut s);
     assert_eq!(s.request(1).unwrap().num_cached_tokens, 4);
     assert_eq!(plan.restores, vec![Restore { id: 1, skip: 0, blocks: vec![0] }]);

@@ -13,6 +13,13 @@
 //! collision can never serve another prefix's keys and values. The exception is the first block of a
 //! run after a window's gap (`lookup_from`), whose parent block may be gone: there the parent's key
 //! must be equal, and the 128-bit chained SHA-256 key stands for the whole prefix.
+//!
+//! State slots (a hybrid recurrent model's, `with_state_slots`): a fixed set of recurrent-state snapshot
+//! slots, each lent to one block, in which the model leaves the sequence's state after the block's last
+//! token (`kv::conv_state`). A cached block ends a usable prefix-cache hit only if it holds a slot. A
+//! slot goes back when its block is handed out again, or released uncached; when none is free, a block
+//! that wants one takes it from a cached block nobody holds (the next to be evicted first), which then
+//! ends no hit: the slots are fewer than the blocks, and a shorter hit only costs compute.
 
 use super::free_queue::FreeQueue;
 use sha2::{Digest, Sha256};
@@ -54,6 +61,20 @@ pub struct EvictedBlock {
     pub hash: BlockHash,
     pub parent_hash: BlockHash,
     pub tokens: Box<[u32]>,
+    /// The state slot it held (its snapshot is there until the slot's next owner is computed).
+    pub state: Option<u32>,
+}
+
+/// No state slot (`BlockPool::state_slots`).
+pub const NO_STATE: u32 = u32::MAX;
+
+/// Recurrent-state snapshot slots lent to blocks (see the module doc).
+#[derive(Debug, Default)]
+struct StateSlots {
+    /// Per block, its slot or `NO_STATE`.
+    of_block: Vec<u32>,
+    /// Slots no block holds, next to lend at the end.
+    free: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -78,6 +99,8 @@ pub struct BlockPool {
     /// present tokens (speculative decoding's `draft` proposer, which shares the block ids): 0 when the
     /// block is handed out anew, raised as a request's draft computes them.
     draft_cells: Vec<u16>,
+    /// A hybrid recurrent model's snapshot slots, if any.
+    states: Option<StateSlots>,
 }
 
 impl BlockPool {
@@ -98,6 +121,57 @@ impl BlockPool {
             root,
             evicted: Vec::new(),
             draft_cells: vec![0; num_blocks],
+            states: None,
+        }
+    }
+
+    /// With `n` recurrent-state snapshot slots to lend to blocks (see the module doc).
+    pub fn with_state_slots(mut self, n: usize) -> Self {
+        let n = u32::try_from(n).expect("state slots are u32");
+        self.states = Some(StateSlots { of_block: vec![NO_STATE; self.num_blocks()], free: (0..n).rev().collect() });
+        self
+    }
+
+    /// Block `b`'s state slot.
+    pub fn state_slot(&self, b: u32) -> Option<u32> {
+        self.states.as_ref().map(|s| s.of_block[b as usize]).filter(|&s| s != NO_STATE)
+    }
+
+    /// Every block's state slot (`NO_STATE` for none; empty without slots): what the model writes.
+    pub fn state_slots(&self) -> &[u32] {
+        self.states.as_ref().map_or(&[], |s| &s.of_block)
+    }
+
+    /// Lends block `b` a state slot: a free one, or one taken from the cached block nobody holds that is
+    /// next to be evicted. False when every slot is held by blocks in use.
+    pub fn give_state(&mut self, b: u32) -> bool {
+        let Some(states) = self.states.as_mut() else { return false };
+        if states.of_block[b as usize] != NO_STATE {
+            return true;
+        }
+        let slot = match states.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let Some(from) = self.free.iter().find(|&f| states.of_block[f as usize] != NO_STATE) else { return false };
+                std::mem::replace(&mut states.of_block[from as usize], NO_STATE)
+            }
+        };
+        states.of_block[b as usize] = slot;
+        true
+    }
+
+    /// State slots `give_state` could lend now when `taking` (blocks about to be held) are held.
+    pub fn state_slots_available(&self, taking: &[u32]) -> usize {
+        let Some(states) = self.states.as_ref() else { return 0 };
+        states.free.len() + self.free.iter().filter(|&f| states.of_block[f as usize] != NO_STATE && !taking.contains(&f)).count()
+    }
+
+    fn drop_state(&mut self, b: u32) {
+        if let Some(states) = self.states.as_mut() {
+            let slot = std::mem::replace(&mut states.of_block[b as usize], NO_STATE);
+            if slot != NO_STATE {
+                states.free.push(slot);
+            }
         }
     }
 
@@ -143,6 +217,7 @@ impl BlockPool {
             self.ref_counts[b as usize] = 1;
             self.draft_cells[b as usize] = 0;
             self.evict(b);
+            self.drop_state(b);
         }
         Some(blocks)
     }
@@ -157,7 +232,8 @@ impl BlockPool {
         self.num_cached -= 1;
         self.generations[b as usize] = self.generations[b as usize].wrapping_add(1);
         let CacheEntry { hash, parent_hash, tokens, .. } = entry;
-        self.evicted.push(EvictedBlock { block: b, hash, parent_hash, tokens });
+        let state = self.state_slot(b);
+        self.evicted.push(EvictedBlock { block: b, hash, parent_hash, tokens, state });
     }
 
     /// Cached blocks evicted since the last call, in eviction order.
@@ -179,6 +255,8 @@ impl BlockPool {
                     self.free.push_back(b);
                 } else {
                     self.free.push_front(b);
+                    // (an uncached block's snapshot serves no one)
+                    self.drop_state(b);
                 }
             }
         }
@@ -254,7 +332,7 @@ impl BlockPool {
         let held = (0..self.num_blocks() as u32).filter(|&b| self.ref_counts[b as usize] > 0);
         let describe = |b: u32| {
             let e = self.entries[b as usize].as_ref()?;
-            Some(EvictedBlock { block: b, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone() })
+            Some(EvictedBlock { block: b, hash: e.hash, parent_hash: e.parent_hash, tokens: e.tokens.clone(), state: self.state_slot(b) })
         };
         self.free.iter().chain(held).filter_map(describe).collect()
     }

@@ -9,7 +9,8 @@
 //!
 //! File layout (little-endian): magic `RKNKV002`, fingerprint u128, num_layers u32, kv_dim u32,
 //! block_size u32, dtype u32 (`KvDtypes::code`, 0 = f16), numerics version u32, hash u128, parent_hash u128,
-//! tokens [u32; block_size], data_len u64, checksum u64, then the data (`KvStorage::read_block`).
+//! tokens [u32; block_size], data_len u64, checksum u64, then the data (`KvStorage::read_block`; for a
+//! hybrid recurrent model's block that kept one, followed by its state snapshot, `ConvStates`).
 //!
 //! The size bound counts this model's and format's block files; files of other models sharing the
 //! directory are left alone.
@@ -62,6 +63,9 @@ pub struct KvFormat {
     pub dtype: u32,
     /// `kv_numerics_version` of the build and numerics that wrote the file.
     pub version: u32,
+    /// Bytes of a hybrid recurrent model's state snapshot, which a block's data may carry after its
+    /// keys and values (0: none). Not in the header: the model's fingerprint implies it.
+    pub state_len: u64,
 }
 
 /// Bytes of the header before the token ids.
@@ -78,8 +82,14 @@ impl KvFormat {
         self.block_size as u64 * dtypes.bytes_per_token(self.num_layers as usize, self.kv_dim as usize) as u64
     }
 
-    fn file_len(&self) -> u64 {
-        self.header_len() as u64 + self.data_len()
+    /// Whether a file's data of `n` bytes fits: the keys and values, or those and a state snapshot.
+    fn data_len_ok(&self, n: u64) -> bool {
+        n == self.data_len() || (self.state_len > 0 && n == self.data_len() + self.state_len)
+    }
+
+    /// A header's format is this one (the state length, not in headers, aside).
+    fn matches(&self, header: &KvFormat) -> bool {
+        *self == KvFormat { state_len: self.state_len, ..*header }
     }
 }
 
@@ -186,7 +196,7 @@ fn read_header(r: &mut impl Read) -> io::Result<Option<Header>> {
     }
     let u32_at = |o: usize| u32::from_le_bytes(fixed[o..o + 4].try_into().expect("4 bytes"));
     let u128_at = |o: usize| u128::from_le_bytes(fixed[o..o + 16].try_into().expect("16 bytes"));
-    let format = KvFormat { model: u128_at(8), num_layers: u32_at(24), kv_dim: u32_at(28), block_size: u32_at(32), dtype: u32_at(36), version: u32_at(40) };
+    let format = KvFormat { model: u128_at(8), num_layers: u32_at(24), kv_dim: u32_at(28), block_size: u32_at(32), dtype: u32_at(36), version: u32_at(40), state_len: 0 };
     if format.block_size == 0 || format.block_size > 1 << 16 {
         return Ok(None);
     }
@@ -328,13 +338,13 @@ impl DiskTier {
             Ok(None) => return bad("not a reckon KV block file".into()),
             Err(e) => return bad(format!("unreadable header ({e})")),
         };
-        if h.format != self.format {
+        if !self.format.matches(&h.format) {
             return bad("another model or KV format".into());
         }
         if h.hash != hash {
             return bad("its key does not match its name".into());
         }
-        if h.data_len != self.format.data_len() {
+        if !self.format.data_len_ok(h.data_len) {
             return bad(format!("the header gives {} data bytes, the format {}", h.data_len, self.format.data_len()));
         }
         if h.parent_hash != parent_hash || h.tokens != tokens {
@@ -380,10 +390,10 @@ fn scan(dir: &Path, format: &KvFormat) -> io::Result<Index> {
         let header = fs::File::open(&path).and_then(|mut f| read_header(&mut f));
         let meta = fs::metadata(&path);
         match (header, meta) {
-            (Ok(Some(h)), Ok(m)) if h.format == *format && h.data_len == format.data_len() && m.len() == format.file_len() && path == file_name(dir, h.hash) => {
+            (Ok(Some(h)), Ok(m)) if format.matches(&h.format) && format.data_len_ok(h.data_len) && m.len() == format.header_len() as u64 + h.data_len && path == file_name(dir, h.hash) => {
                 found.push((m.modified().unwrap_or(std::time::UNIX_EPOCH), h.hash, m.len()));
             }
-            (Ok(Some(h)), Ok(_)) if h.format != *format => other_format += 1,
+            (Ok(Some(h)), Ok(_)) if !format.matches(&h.format) => other_format += 1,
             _ => unreadable += 1,
         }
     }

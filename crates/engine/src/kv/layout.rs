@@ -19,11 +19,18 @@
 //! or the hybrid layout turned off) a page holds every layer and the group's table is the sequence's only
 //! one, as before.
 //!
+//! A hybrid recurrent model (LFM2) keeps no keys or values in its convolution layers: its layout is one
+//! group whose pages hold the attention layers only (`attention_only`), a convolution layer having no
+//! slot (`place` is not asked for it).
+//!
 //! Groups of one kind whose layers do not fill the last group leave its spare slots unused (none for the
 //! models here). The layout is not combined with a StreamingLLM window (`--kv-window`), nor with the disk
 //! tier, whose files hold one table's blocks: either makes the engine use one group.
 
 use super::window::KvWindow;
+
+/// The slot of a layer that keeps no keys or values (`attention_only`).
+const NO_SLOT: usize = usize::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
@@ -39,6 +46,19 @@ impl KvLayout {
     /// One group of every layer: a page holds all `n_layers`.
     pub fn uniform(n_layers: usize) -> Self {
         KvLayout { windows: vec![None], place: (0..n_layers).map(|l| (0, l)).collect(), slots: n_layers }
+    }
+
+    /// One group of the layers with `has_kv` (in order, a slot each); the others have no slot.
+    pub fn attention_only(has_kv: &[bool]) -> Self {
+        let mut next = 0;
+        let place = has_kv
+            .iter()
+            .map(|&a| {
+                next += a as usize;
+                (0, if a { next - 1 } else { NO_SLOT })
+            })
+            .collect();
+        KvLayout { windows: vec![None], place, slots: next }
     }
 
     /// Groups for layers whose windows are `layer_windows` (`None`: global): the layers of each kind in
@@ -98,7 +118,8 @@ impl KvLayout {
         self.windows[g].map(|window| KvWindow { window, sinks: 0 })
     }
 
-    /// Model layer `layer`'s group and its slot within a page.
+    /// Model layer `layer`'s group and its slot within a page (a layer without keys and values gets a
+    /// slot past the page's: any use of it panics).
     pub fn place(&self, layer: usize) -> (usize, usize) {
         self.place[layer]
     }
@@ -114,7 +135,7 @@ impl KvLayout {
     /// per layer type.
     pub fn layer_kinds(&self) -> Vec<(usize, Option<usize>)> {
         let mut kinds: Vec<(usize, Option<usize>)> = Vec::new();
-        for &(g, _) in &self.place {
+        for &(g, _) in self.place.iter().filter(|p| p.1 != NO_SLOT) {
             let w = self.windows[g];
             match kinds.iter_mut().find(|(_, k)| *k == w) {
                 Some((n, _)) => *n += 1,
@@ -222,6 +243,15 @@ mod tests {
         let uniform = KvLayout::uniform(18);
         assert_eq!(uniform.memory_by_kind(cell, bs, 512), vec![LayerKindMemory { layers: 18, window: None, bytes_per_token: 18 * 1024, max_positions: None }]);
         assert_eq!(KvLayout::hybrid(&gemma3(18)).page_bytes(cell, bs), 3 * 1024 * 16);
+    }
+
+    #[test]
+    fn a_recurrent_hybrid_keeps_pages_of_its_attention_layers_only() {
+        // LFM2-style: conv conv attn conv attn conv
+        let l = KvLayout::attention_only(&[false, false, true, false, true, false]);
+        assert_eq!((l.num_groups(), l.slots(), l.num_layers()), (1, 2, 6));
+        assert_eq!([2, 4].map(|x| l.place(x)), [(0, 0), (0, 1)]);
+        assert_eq!(l.layer_kinds(), vec![(2, None)]);
     }
 
     #[test]

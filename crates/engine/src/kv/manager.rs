@@ -18,6 +18,12 @@
 //! every windowed group holds over its sink blocks and the window before the prefix's end. What a query
 //! attends to depends on its position alone, so a block computed by another request holds what this
 //! one would compute: an agent session under a window keeps its cache turn after turn.
+//!
+//! A hybrid recurrent model (`with_state_snapshots(every)`): a prefix-cache hit must also restore the
+//! recurrent state at its end, which the model snapshots into the state slot of a block
+//! (`BlockPool::give_state`). Every `every`-th block of a sequence asks for a slot as it is allocated, so
+//! a hit is cut to the longest prefix whose last block holds one: a multiple of `every` blocks when the
+//! slots suffice. Larger `every`: fewer snapshots kept, hits in coarser steps.
 
 use super::block_pool::{BlockHash, BlockPool, EvictedBlock};
 use super::layout::KvLayout;
@@ -36,6 +42,8 @@ pub struct RequestBlocks {
     /// loaded)`: `loaded[i]` unless the read skipped block `first + i` (a window's gap: no query after
     /// the read attends to it). Usable at first admission if the memory hit reaches `first`.
     restorable: Option<(usize, Vec<bool>)>,
+    /// With recurrent state: which of the restorable blocks came with the state after them.
+    restorable_states: Vec<bool>,
     /// Cached blocks of the prefix held while the request waits for a disk read, so the read still
     /// continues them at admission.
     pinned: Vec<u32>,
@@ -124,12 +132,14 @@ pub struct KvCacheManager {
     sliding: Vec<Option<KvWindow>>,
     pool: BlockPool,
     stats: PrefixCacheStats,
+    /// A hybrid recurrent model's snapshot interval in blocks (0: no recurrent state).
+    state_every: usize,
 }
 
 impl KvCacheManager {
     pub fn new(block_size: usize, pool: BlockPool, prefix_caching: bool) -> Self {
         assert!(block_size > 0, "blocks hold at least one token");
-        KvCacheManager { block_size, prefix_caching, window: None, sliding: vec![None], pool, stats: PrefixCacheStats::default() }
+        KvCacheManager { block_size, prefix_caching, window: None, sliding: vec![None], pool, stats: PrefixCacheStats::default(), state_every: 0 }
     }
 
     /// Every sequence keeps only its sinks and its window (`kv::window`): dead blocks are released (and
@@ -147,6 +157,36 @@ impl KvCacheManager {
         assert!(self.window.is_none() || !layout.is_hybrid(), "a KV window applies to a one-group layout");
         self.sliding = (0..layout.num_groups()).map(|g| layout.kv_window(g)).collect();
         self
+    }
+
+    /// A hybrid recurrent model's prefix-cache hits end where a block holds a state snapshot: every
+    /// `every`-th block asks for a slot (the pool's, `BlockPool::with_state_slots`). One-group layouts,
+    /// no window.
+    pub fn with_state_snapshots(mut self, every: usize) -> Self {
+        assert!(every > 0 && self.sliding.len() == 1 && self.window.is_none(), "state snapshots go with one group and no window");
+        self.state_every = every;
+        self
+    }
+
+    /// Gives state slots to blocks `from..` of `table` (just allocated) that end an `every`-block run.
+    fn give_states(&mut self, table: &[u32], from: usize) {
+        if self.state_every == 0 {
+            return;
+        }
+        for (j, &b) in table.iter().enumerate().skip(from) {
+            if (j + 1) % self.state_every == 0 {
+                self.pool.give_state(b);
+            }
+        }
+    }
+
+    /// The longest of the first `m` blocks of `hit` that ends on a block holding a state snapshot (all
+    /// `m` without recurrent state).
+    fn state_end(&self, hit: &[u32], m: usize) -> usize {
+        if self.state_every == 0 {
+            return m;
+        }
+        (1..=m).rev().find(|&k| self.pool.state_slot(hit[k - 1]).is_some()).unwrap_or(0)
     }
 
     pub fn num_groups(&self) -> usize {
@@ -237,7 +277,10 @@ impl KvCacheManager {
             (false, _) => 0,
             // (the hit admission would take: a read from the disk tier continues it)
             (true, Some(w)) => self.longest_windowed_hit(w, root, &hashes, tokens).len(),
-            (true, None) => self.pool.lookup(root, &hashes, tokens, self.block_size).len(),
+            (true, None) => {
+                let hit = self.pool.lookup(root, &hashes, tokens, self.block_size);
+                self.state_end(&hit, hit.len())
+            }
         };
         PrefixProbe { root, hashes, in_memory }
     }
@@ -253,9 +296,11 @@ impl KvCacheManager {
     }
 
     /// The engine read prompt blocks `first..first + loaded.len()` from the disk tier: it holds the
-    /// keys and values of those with `loaded[i]` (see `RequestBlocks::restorable`).
-    pub fn offer_restored(&mut self, blocks: &mut RequestBlocks, first: usize, loaded: Vec<bool>) {
+    /// keys and values of those with `loaded[i]` (see `RequestBlocks::restorable`), and, with recurrent
+    /// state, the state snapshot after those with `states[i]` (empty: none).
+    pub fn offer_restored(&mut self, blocks: &mut RequestBlocks, first: usize, loaded: Vec<bool>, states: Vec<bool>) {
         if blocks.num_held() == 0 && !loaded.is_empty() {
+            blocks.restorable_states = states;
             blocks.restorable = Some((first, loaded));
         }
     }
@@ -290,7 +335,12 @@ impl KvCacheManager {
         };
         // A shorter restore has a shorter gap: a block the read skipped may be attended to again.
         let readable = |r: usize| dead(r).iter().zip(&loaded).all(|(&d, &l)| d || l);
-        while restore > 0 && (needed(restore) > free || !readable(restore)) {
+        // With recurrent state, a restore ends on a block read with its snapshot, and every block read
+        // with one gets a slot.
+        let states: Vec<bool> = (0..loaded.len()).map(|i| blocks.restorable_states.get(skip + i).copied().unwrap_or(false)).collect();
+        let slots = if self.state_every > 0 { self.pool.state_slots_available(&held) } else { 0 };
+        let state_ok = |r: usize| self.state_every == 0 || r == 0 || (states[r - 1] && states[..r].iter().filter(|&&s| s).count() <= slots);
+        while restore > 0 && (needed(restore) > free || !readable(restore) || !state_ok(restore)) {
             restore -= 1;
         }
         if needed(restore) > free {
@@ -307,6 +357,7 @@ impl KvCacheManager {
             self.stats.disk_hit_tokens += (restore * bs) as u64;
         }
         blocks.restorable = None;
+        blocks.restorable_states.clear();
         for (table, hit) in blocks.tables.iter_mut().zip(hits) {
             *table = hit;
         }
@@ -314,6 +365,11 @@ impl KvCacheManager {
         let dead = dead(restore);
         let mut fresh = self.pool.allocate(dead.iter().filter(|&&d| !d).count()).expect("the free blocks were counted").into_iter();
         blocks.tables[0].extend(dead.iter().map(|&d| if d { NULL_BLOCK } else { fresh.next().expect("one per live block") }));
+        for (i, &b) in blocks.tables[0][m..m + restore].iter().enumerate() {
+            if states[i] {
+                assert!(self.pool.give_state(b), "the state slots were counted");
+            }
+        }
         for (keys, table) in blocks.groups.iter_mut().zip(&blocks.tables) {
             keys.num_registered = m;
             keys.released_to = table.iter().rposition(|&b| b == NULL_BLOCK).map_or(0, |j| j + 1);
@@ -329,10 +385,16 @@ impl KvCacheManager {
         let want = num_tokens.div_ceil(self.block_size);
         let missing: usize = blocks.tables.iter().map(|t| want.saturating_sub(t.len())).sum();
         let Some(new) = self.pool.allocate(missing) else { return false };
+        let old_len = blocks.tables[0].len();
         let mut new = new.into_iter();
         for table in &mut blocks.tables {
             let n = want.saturating_sub(table.len());
             table.extend(new.by_ref().take(n));
+        }
+        if self.state_every > 0 {
+            let table = std::mem::take(&mut blocks.tables[0]);
+            self.give_states(&table, old_len);
+            blocks.tables[0] = table;
         }
         true
     }
@@ -466,6 +528,11 @@ impl KvCacheManager {
             if self.group_window(g).is_none() {
                 hit.truncate(m);
             }
+        }
+        if self.state_every > 0 {
+            let m = self.state_end(&hits[0], m);
+            hits[0].truncate(m);
+            return (m, hits);
         }
         (m, hits)
     }

@@ -25,7 +25,7 @@ mod sparse_state;
 pub mod window;
 
 pub use conv_state::ConvStates;
-pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock};
+pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock, NO_STATE};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use layout::KvLayout;
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};

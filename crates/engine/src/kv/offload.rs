@@ -115,8 +115,14 @@ impl DiskOffload {
     pub fn write_restore(&mut self, kv: &mut KvStorage, id: u64, skip: usize, blocks: &[u32]) {
         let Some(p) = self.pending.remove(&id) else { return };
         // (a `NULL_BLOCK` entry: a block a window's gap made useless; its read is dropped, or was skipped)
+        let block_bytes = kv.block_bytes();
         for (i, &b) in blocks.iter().enumerate().filter(|(_, &b)| b != crate::kv::NULL_BLOCK) {
-            kv.write_block(b, p.restored[skip + i].as_deref().expect("the scheduler restores only blocks that were read"));
+            let data = p.restored[skip + i].as_deref().expect("the scheduler restores only blocks that were read");
+            kv.write_block(b, &data[..block_bytes]);
+            // (the state after the block, which the admission gave a snapshot slot)
+            if data.len() > block_bytes {
+                kv.conv_states.write_snapshot(b, &data[block_bytes..]);
+            }
         }
     }
 
@@ -165,8 +171,13 @@ impl DiskOffload {
     }
 }
 
+/// A block's file: its keys and values, then the state snapshot it kept, if any.
 fn block_file(kv: &KvStorage, e: EvictedBlock) -> BlockFile {
-    BlockFile { hash: e.hash, parent_hash: e.parent_hash, data: kv.read_block(e.block), tokens: e.tokens }
+    let mut data = kv.read_block(e.block);
+    if let Some(s) = e.state {
+        data.extend_from_slice(&kv.conv_states.snapshot_bytes(s));
+    }
+    BlockFile { hash: e.hash, parent_hash: e.parent_hash, data, tokens: e.tokens }
 }
 
 /// How many blocks from `first` one read restores: the longest run whose blocks attended to from its

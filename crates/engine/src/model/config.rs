@@ -160,9 +160,19 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim
     }
 
-    /// KV-cache bytes one token takes: keys and values of every layer, f16.
+    /// KV-cache bytes one token takes: keys and values of every layer that keeps them, f16.
     pub fn kv_f16_bytes_per_token(&self) -> usize {
-        2 * self.n_layers * self.kv_dim() * 2
+        2 * self.kv_layers() * self.kv_dim() * 2
+    }
+
+    /// Whether layer `il` keeps keys and values (not a hybrid's recurrent layer).
+    pub fn has_kv(&self, il: usize) -> bool {
+        self.short_conv.as_ref().is_none_or(|sc| !sc.is_conv[il])
+    }
+
+    /// Layers that keep keys and values.
+    pub fn kv_layers(&self) -> usize {
+        (0..self.n_layers).filter(|&il| self.has_kv(il)).count()
     }
 
     /// The sliding window of layer `il`, or None for a global layer.

@@ -5,8 +5,8 @@
 //!   x += Wout·y,                            n1 = rmsnorm(x)
 //! the rest are qwen3-style attention (per-head q/k norms, NeoX RoPE); every layer ends with a SwiGLU
 //! feed-forward (llama's). A convolution's state is the last 2 positions of b ⊙ x per channel, carried per
-//! sequence in `KvStorage::conv_states` (zeroed at position 0), with a snapshot at every block's end so a
-//! prefix-cache hit resumes from its last block (`kv::conv_state`). GGUF keys: `shortconv.l_cache`, and
+//! sequence in `KvStorage::conv_states` (zeroed at position 0), with a snapshot at the end of the blocks that hold a
+//! state slot so a prefix-cache hit resumes from its last block (`kv::conv_state`). GGUF keys: `shortconv.l_cache`, and
 //! `attention.head_count_kv` per layer (0 for a convolution). The final norm is `token_embd_norm.weight`.
 
 use super::block::{normed_matmul, FfnWeights, LayerCtx, NormedInput};
@@ -122,7 +122,7 @@ impl ConvLayer {
         normed_matmul(&NormedInput { weight: &self.norm, add_proj }, c.norm_eps, &mut s.residual.x, &s.proj, &mut s.xn, &mut s.act_q, jobs);
         // bx = b ⊙ x, in place in s.v
         s.v.iter_mut().zip(&s.q).for_each(|(x, &b)| *x *= b);
-        let (layer, layers) = (sc.conv_index(ctx.layer), sc.is_conv.iter().filter(|&&c| c).count());
+        let layer = sc.conv_index(ctx.layer);
         let bs = kv.shape.block_size;
         resize(&mut s.attn, n * d);
         let mut window = vec![0.0f32; sc.l_cache];
@@ -133,7 +133,7 @@ impl ConvLayer {
             // the state at this token: the slot's own, or (first token of a chunk after a cache hit or a
             // recompute) the snapshot of the block that ends here
             let ending = (pos > 0 && pos % bs == 0).then(|| table[pos / bs - 1]);
-            let (state, absorbed) = kv.conv_states.at(slot, layer, layers, d * keep, pos, ending);
+            let (state, absorbed) = kv.conv_states.at(slot, layer, pos, ending);
             let bx = &s.v[t * d..(t + 1) * d];
             let out = &mut s.attn[t * d..(t + 1) * d];
             for ch in 0..d {

@@ -169,7 +169,7 @@ impl Model {
         let weights: u64 = tensors.iter().filter(|t| tied || t.name != "token_embd.weight").map(read).sum();
         let c = &self.config;
         let per_layer_cell = (dtypes.k.bytes(c.kv_dim()) + dtypes.v.bytes(c.kv_dim())) as u64;
-        let kv: u64 = (0..c.n_layers).map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell).sum();
+        let kv: u64 = (0..c.n_layers).filter(|&il| c.has_kv(il)).map(|il| c.layer_window(il).map_or(depth, |w| depth.min(w)) as u64 * per_layer_cell).sum();
         weights + kv
     }
 
@@ -177,7 +177,10 @@ impl Model {
     /// (`kv::layout`); otherwise (or without such layers) one group.
     pub fn kv_layout(&self, hybrid: bool) -> KvLayout {
         let c = &self.config;
-        if hybrid {
+        if c.short_conv.is_some() {
+            // (a convolution layer's state lives in `KvStorage::conv_states`, not in pages)
+            KvLayout::attention_only(&(0..c.n_layers).map(|il| c.has_kv(il)).collect::<Vec<_>>())
+        } else if hybrid {
             KvLayout::hybrid(&(0..c.n_layers).map(|il| c.layer_window(il)).collect::<Vec<_>>())
         } else {
             KvLayout::uniform(c.n_layers)
@@ -200,7 +203,12 @@ impl Model {
         assert_eq!(layout.num_layers(), c.n_layers, "a layout of this model's layers");
         // The packed numerics' scores are chains over keys by dimension (`kernels::attention::by_dim`).
         let key_layout = if self.numerics == Numerics::Packed { KeyLayout::ByDim } else { KeyLayout::Rows };
-        KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes, key_layout }, layout)
+        let mut kv = KvStorage::with_layout(KvShape { num_layers: layout.slots(), kv_dim: c.kv_dim(), head_dim: c.head_dim, block_size, num_blocks, dtypes, key_layout }, layout);
+        if let Some(sc) = &c.short_conv {
+            let layers = sc.is_conv.iter().filter(|&&conv| conv).count();
+            kv.conv_states = crate::kv::ConvStates::new(layers, sc.state_len(c.d_model) / layers.max(1));
+        }
+        kv
     }
 
     /// Runs one step over all `seqs`; returns logits `[rows, vocab]`, one row per wanted logit in order.

@@ -50,6 +50,7 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
         spec: None,
         spec_prefill: None,
         slow_state: Default::default(),
+        state_snapshot_every: 1,
     }
 }
 
