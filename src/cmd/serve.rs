@@ -3,7 +3,7 @@
 use crate::cmd::common::{byte_size, describe_sampling, load, KvArgs, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use reckon_engine::engine::{spawn_with_models, EngineHandle};
+use reckon_engine::engine::{spawn_engine, Engine, EngineHandle};
 use reckon_engine::kv::DiskTierConfig;
 use reckon_server::{router, AppState, DEFAULT_MAX_BODY_BYTES};
 use std::time::Duration;
@@ -78,6 +78,26 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes with a unit); larger ones get 413.
     #[arg(long)]
     pub max_body_size: Option<String>,
+    /// Publish KV-cache events (which prefix-cache blocks are stored and removed) on this ZeroMQ
+    /// endpoint, as vLLM does, for a cluster's KV-aware router: `tcp://127.0.0.1:5557` (bound; see
+    /// --kv-events-connect). docs/cluster.md gives the format.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Connect the --kv-events socket to the endpoint (an indexer that binds, as llm-d's) instead of
+    /// binding it.
+    #[arg(long, requires = "kv_events")]
+    pub kv_events_connect: bool,
+    /// Answer replay requests for missed event batches on this endpoint (a ZeroMQ ROUTER, bound).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events_replay: Option<String>,
+    /// The topic frame of every event message (llm-d's indexer wants `kv@<pod>@<model>`).
+    #[arg(long, value_name = "TOPIC")]
+    pub kv_events_topic: Option<String>,
+    /// vLLM's --kv-events-config JSON (enable_kv_cache_events, publisher, endpoint, replay_endpoint,
+    /// buffer_steps, hwm, max_queue_size, topic), with reckon's bind, encoding (array or map) and hash
+    /// (int or bytes); the --kv-events* flags override its fields.
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
     /// The model's name in the API (repeatable: the first is the one answers carry, the others are
     /// accepted too). Default: the -m value.
     #[arg(long = "served-model-name")]
@@ -149,10 +169,19 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let engine = spawn_with_models(Arc::new(loaded.model), loaded.draft.map(Arc::new), loaded.scorer.map(Arc::new), tokenizer.clone(), config, disk)
-        .with_context(|| format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display()))?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let disk_context = || format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display());
+    let mut engine = Engine::new(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, disk).with_context(disk_context)?;
+    if let Some(scorer) = loaded.scorer {
+        engine = engine.with_scorer(Arc::new(scorer))?;
+    }
+    if let Some(events) = kv_events_config(&args)? {
+        let p = rt.block_on(reckon_server::kv_events::start(events))?;
+        engine = engine.with_kv_events(p.sink);
+        eprintln!("reckon: KV-cache events on {}{}", p.endpoint, p.replay_endpoint.map_or(String::new(), |r| format!(", replay on {r}")));
+    }
+    let engine = spawn_engine(engine).with_context(disk_context)?;
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling };
     rt.block_on(async move {
         let addr = format!("{}:{}", args.host, args.port);
         let listener = listen(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
@@ -170,6 +199,31 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
         served.context("server failed")
     })
+}
+
+/// The KV-cache event publisher's configuration from --kv-events-config and the --kv-events* flags, or
+/// none.
+fn kv_events_config(args: &ServeArgs) -> Result<Option<reckon_server::kv_events::KvEventsConfig>> {
+    let mut c = match &args.kv_events_config {
+        Some(json) => serde_json::from_str(json).context("--kv-events-config")?,
+        None if args.kv_events.is_some() => reckon_server::kv_events::KvEventsConfig { bind: Some(!args.kv_events_connect), ..Default::default() },
+        None => {
+            anyhow::ensure!(args.kv_events_replay.is_none() && args.kv_events_topic.is_none(), "--kv-events-replay and --kv-events-topic go with --kv-events (or --kv-events-config)");
+            return Ok(None);
+        }
+    };
+    if let Some(e) = &args.kv_events {
+        c.endpoint = e.clone();
+        c.bind = Some(!args.kv_events_connect);
+    }
+    if let Some(r) = &args.kv_events_replay {
+        c.replay_endpoint = Some(r.clone());
+    }
+    if let Some(t) = &args.kv_events_topic {
+        c.topic = t.clone();
+    }
+    anyhow::ensure!(!args.no_prefix_cache || !c.enabled(), "KV-cache events describe the prefix cache; drop --no-prefix-cache");
+    Ok(c.enabled().then_some(c))
 }
 
 /// A listener with a 4,096-connection accept queue (the kernel caps it at `net.core.somaxconn`): a flood

@@ -682,3 +682,54 @@ fn a_grammar_that_fails_mid_answer_ends_its_request_with_an_error() {
     wait_idle(&engine);
     assert_eq!(engine.stats().failed_requests.load(Ordering::Relaxed), 1);
 }
+
+/// KV-cache events through the engine (`Engine::with_kv_events`): a prompt's full blocks are stored in
+/// memory, chained, with their token ids; blocks evicted from memory are removed there and stored on the
+/// disk tier under the same keys, parents and tokens.
+#[test]
+fn kv_events_follow_blocks_from_memory_to_the_disk_tier() {
+    use reckon_engine::engine::{spawn_engine, Engine};
+    use reckon_engine::kv::{KvEvent, Medium};
+    use std::sync::Mutex;
+    let model = model();
+    let dir = temp_dir("kv-events");
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
+    let seen: Arc<Mutex<Vec<KvEvent>>> = Default::default();
+    let sink = seen.clone();
+    let engine = Engine::new(model, None, Arc::new(Names), config(16, 64), disk).unwrap().with_kv_events(Arc::new(move |e| sink.lock().unwrap().extend(e)));
+    let engine = spawn_engine(engine).unwrap();
+    let a = prompt(31, 33); // 8 full blocks of 4 and a token
+    drain(engine.submit(GenerateParams::greedy(a.clone(), 2)).unwrap().1);
+    let stored: Vec<(u128, Option<u128>, Vec<u32>)> = seen.lock().unwrap().iter().filter_map(|e| match e {
+        KvEvent::BlockStored { hash, parent, tokens, medium: Medium::Memory } => Some((*hash, *parent, tokens.to_vec())),
+        _ => None,
+    }).collect();
+    assert_eq!(stored.len(), 8);
+    for (j, (_, parent, tokens)) in stored.iter().enumerate() {
+        assert_eq!(tokens[..], a[j * 4..(j + 1) * 4]);
+        assert_eq!(*parent, j.checked_sub(1).map(|p| stored[p].0), "block {j}'s parent");
+    }
+    // another prompt takes the 16-block pool: a's blocks go to disk
+    drain(engine.submit(GenerateParams::greedy(prompt(32, 50), 2)).unwrap().1);
+    for i in 0..1000 {
+        let on_disk = seen.lock().unwrap().iter().filter(|e| matches!(e, KvEvent::BlockStored { medium: Medium::Disk, .. })).count();
+        if on_disk >= 4 {
+            break;
+        }
+        assert!(i < 999, "no disk events");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let events = seen.lock().unwrap().clone();
+    let removed: Vec<u128> = events.iter().filter_map(|e| match e { KvEvent::BlockRemoved { hash, medium: Medium::Memory } => Some(*hash), _ => None }).collect();
+    let on_disk: Vec<(u128, Option<u128>, Vec<u32>)> = events.iter().filter_map(|e| match e {
+        KvEvent::BlockStored { hash, parent, tokens, medium: Medium::Disk } => Some((*hash, *parent, tokens.to_vec())),
+        _ => None,
+    }).collect();
+    assert!(removed.len() >= 4, "a's blocks left memory: {removed:?}");
+    for d in &on_disk {
+        assert!(stored.contains(d), "a block on disk is one stored in memory, same key, parent and tokens");
+        assert!(removed.contains(&d.0), "and removed from memory");
+    }
+    engine.shutdown(std::time::Duration::ZERO);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

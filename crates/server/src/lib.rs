@@ -2,6 +2,7 @@
 //! the engine's token events come back as JSON or server-sent events.
 
 pub mod front;
+pub mod kv_events;
 mod chat;
 mod error;
 mod messages;

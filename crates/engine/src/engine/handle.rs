@@ -142,6 +142,12 @@ pub fn spawn_with_models(model: Arc<Model>, draft: Option<Arc<Model>>, scorer: O
     if let Some(s) = scorer {
         engine = engine.with_scorer(s)?;
     }
+    spawn_engine(engine)
+}
+
+/// Runs `engine` (built with `Engine::new` and its `with_*` options) on a thread of its own.
+pub fn spawn_engine(engine: Engine) -> std::io::Result<EngineHandle> {
+    let config = *engine.config();
     let (commands, rx) = mpsc::unbounded_channel();
     let (stats, limits) = (engine.stats().clone(), engine.limits());
     let (kv_layout, kv_cell_bytes) = (engine.kv_layout().clone(), engine.kv_cell_bytes());

@@ -41,7 +41,7 @@ mod scheduler_window_tests;
 pub use config::EngineConfig;
 use sample::Sampled;
 pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
-pub use handle::{spawn, spawn_with, spawn_with_draft, spawn_with_models, EngineHandle};
+pub use handle::{spawn, spawn_engine, spawn_with, spawn_with_draft, spawn_with_models, EngineHandle};
 pub use stats::EngineStats;
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
 pub use scheduler::{Restore, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
@@ -76,6 +76,8 @@ pub struct Engine {
     slow: slow::SlowStage,
     /// A hybrid model's recurrent-state slot per request (`engine::state_slots`).
     state_slots: state_slots::StateSlots,
+    /// Where each step's KV-cache events go (`kv::events`), if anywhere.
+    kv_events: Option<crate::kv::KvEventSink>,
 }
 
 impl Engine {
@@ -133,7 +135,31 @@ impl Engine {
             manager = manager.with_state_snapshots(config.state_snapshot_every);
         }
         let scheduler = Scheduler::new(scheduler_config, manager);
-        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, spec_prefill: Default::default(), slow: slow::SlowStage::new(config.slow_state), state_slots: Default::default() })
+        Ok(Engine { model, drafter, detok, kv, scratch: Scratch::default(), scheduler, offload, stats: Arc::new(EngineStats::default()), config, sampling: Default::default(), draft_secs: 0.0, spec_prefill: Default::default(), slow: slow::SlowStage::new(config.slow_state), state_slots: Default::default(), kv_events: None })
+    }
+
+    /// Sends which prefix-cache keys are stored and removed (`kv::events`), in memory and on the disk
+    /// tier, to `sink`: one call per step that changed the cache, one per disk-tier write or deletion.
+    pub fn with_kv_events(mut self, sink: crate::kv::KvEventSink) -> Engine {
+        self.scheduler.record_kv_events();
+        if let Some(o) = self.offload.as_mut() {
+            o.send_events_to(sink.clone());
+        }
+        self.kv_events = Some(sink);
+        self
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = &self.kv_events {
+            let events = self.scheduler.take_kv_events();
+            if !events.is_empty() {
+                sink(events);
+            }
+        }
     }
 
     /// Scores prompts for sparse prefill with `scorer` (a smaller model of the same vocabulary, as
@@ -275,6 +301,7 @@ impl Engine {
         let mut plan = self.scheduler.schedule();
         self.prepare(&mut plan);
         if plan.is_empty() {
+            self.publish_kv_events();
             return;
         }
         let started = Instant::now();
@@ -291,6 +318,7 @@ impl Engine {
         self.stats.count_step(secs, self.draft_secs, recovering.is_some());
         let emitting = Instant::now();
         self.update(&plan, sampled);
+        self.publish_kv_events();
         // ms: the model step and sampling; schedule_ms and emit_ms: the engine's own work around it.
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         tracing::debug!(sequences = plan.chunks.len(), tokens = plan.chunks.iter().map(|c| c.len).sum::<usize>(), ms = secs * 1e3, schedule_ms = ms(started - scheduling), emit_ms = ms(emitting.elapsed()), "step");

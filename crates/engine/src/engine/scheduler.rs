@@ -110,6 +110,16 @@ impl Scheduler {
         Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0, controller: Default::default(), draft_controller: Default::default(), spec_gain: None }
     }
 
+    /// Records KV-cache events (`kv::events`) from now on.
+    pub fn record_kv_events(&mut self) {
+        self.kv.record_events();
+    }
+
+    /// The KV-cache events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv::KvEvent> {
+        self.kv.take_events()
+    }
+
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
     }

@@ -119,15 +119,15 @@ fn a_hash_collision_never_serves_another_prefix() {
 fn a_block_whose_parent_was_evicted_is_never_served() {
     let mut pool = BlockPool::with_hasher(3, colliding_hash, 0);
     assert_eq!(pool.allocate(2), Some(vec![0, 1]));
-    pool.register(0, 7, 0, None, &[1, 2]);
-    pool.register(1, 7, 7, Some(0), &[3, 4]);
+    pool.register(0, 7, 0, None, &[1, 2], true);
+    pool.register(1, 7, 7, Some(0), &[3, 4], false);
     pool.release(&[0]);
     pool.release(&[1]);
     assert_eq!(pool.free_ids().collect::<Vec<_>>(), vec![2, 0, 1]);
     assert_eq!(pool.lookup(0, &[7, 7], &[1, 2, 3, 4], 2), vec![0, 1]);
     // block 0 is evicted and computed again for the same tokens: its old child must not follow it
     assert_eq!(pool.allocate(2), Some(vec![2, 0]));
-    pool.register(0, 7, 0, None, &[1, 2]);
+    pool.register(0, 7, 0, None, &[1, 2], true);
     assert_eq!(pool.lookup(0, &[7, 7], &[1, 2, 3, 4], 2), vec![0]);
 }
 
@@ -364,4 +364,35 @@ fn an_aborted_or_held_sparse_request_leaves_only_its_genuine_prefix() {
     s.finish(3);
     s.finish(2);
     assert_eq!(s.pool().num_free(), 32);
+}
+
+#[test]
+fn kv_events_name_each_key_once_as_it_is_stored_and_removed() {
+    use crate::kv::{KvEvent, Medium};
+    let mut s = cached_config(4).scheduler(4);
+    s.record_kv_events();
+    let prompt: Vec<u32> = (0..10).collect();
+    add(&mut s, 1, prompt.clone(), 1);
+    step(&mut s);
+    let stored = s.take_kv_events();
+    let hashes: Vec<BlockHash> = match &stored[..] {
+        [KvEvent::BlockStored { hash: h0, parent: None, tokens: t0, medium: Medium::Memory }, KvEvent::BlockStored { hash: h1, parent: Some(p1), tokens: t1, medium: Medium::Memory }] => {
+            assert_eq!((&t0[..], &t1[..], p1), (&prompt[..4], &prompt[4..8], h0), "each block's tokens, chained to its parent");
+            vec![*h0, *h1]
+        }
+        other => panic!("two blocks stored: {other:?}"),
+    };
+    // the same prompt again while the first holds its blocks: a hit, and no event
+    add(&mut s, 2, prompt.clone(), 1);
+    step(&mut s);
+    assert!(s.take_kv_events().is_empty());
+    s.finish(1);
+    s.finish(2);
+    // another prompt takes every block: the cached ones are evicted, the tail first
+    add(&mut s, 3, (50..63).collect(), 1);
+    step(&mut s);
+    let events = s.take_kv_events();
+    let removed: Vec<BlockHash> = events.iter().filter_map(|e| match e { KvEvent::BlockRemoved { hash, medium: Medium::Memory } => Some(*hash), _ => None }).collect();
+    assert_eq!(removed, vec![hashes[1], hashes[0]]);
+    assert_eq!(events.iter().filter(|e| matches!(e, KvEvent::BlockStored { .. })).count(), 3, "prompt 3's three full blocks");
 }

@@ -101,6 +101,8 @@ pub struct BlockPool {
     draft_cells: Vec<u16>,
     /// A hybrid recurrent model's snapshot slots, if any.
     states: Option<StateSlots>,
+    /// KV-cache events since the last `take_events`, when they are recorded (`kv::events`).
+    events: Option<Vec<super::KvEvent>>,
 }
 
 impl BlockPool {
@@ -122,7 +124,18 @@ impl BlockPool {
             evicted: Vec::new(),
             draft_cells: vec![0; num_blocks],
             states: None,
+            events: None,
         }
+    }
+
+    /// Records which keys are stored and removed (`kv::events`), for `take_events`.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<super::KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// With `n` recurrent-state snapshot slots to lend to blocks (see the module doc).
@@ -228,6 +241,9 @@ impl BlockPool {
         same_key.retain(|&x| x != b);
         if same_key.is_empty() {
             self.by_hash.remove(&entry.hash);
+            if let Some(events) = self.events.as_mut() {
+                events.push(super::KvEvent::BlockRemoved { hash: entry.hash, medium: super::Medium::Memory });
+            }
         }
         self.num_cached -= 1;
         self.generations[b as usize] = self.generations[b as usize].wrapping_add(1);
@@ -309,15 +325,21 @@ impl BlockPool {
     }
 
     /// Registers a full, computed block: `hash` is its key, `parent_hash` its parent's key (the sequence's
-    /// root key for a first block), `parent` the block before it in the same sequence. A block already
-    /// cached (found by a lookup) keeps its entry.
-    pub fn register(&mut self, block: u32, hash: BlockHash, parent_hash: BlockHash, parent: Option<u32>, tokens: &[u32]) {
+    /// root key for a first block, `first`), `parent` the block before it in the same sequence. A block
+    /// already cached (found by a lookup) keeps its entry.
+    pub fn register(&mut self, block: u32, hash: BlockHash, parent_hash: BlockHash, parent: Option<u32>, tokens: &[u32], first: bool) {
         if self.entries[block as usize].is_some() {
             return;
         }
         let entry = CacheEntry { hash, parent_hash, parent: parent.map(|p| (p, self.generations[p as usize])), tokens: tokens.into() };
         self.entries[block as usize] = Some(entry);
-        self.by_hash.entry(hash).or_default().push(block);
+        let same_key = self.by_hash.entry(hash).or_default();
+        same_key.push(block);
+        if same_key.len() == 1 {
+            if let Some(events) = self.events.as_mut() {
+                events.push(super::KvEvent::BlockStored { hash, parent: (!first).then_some(parent_hash), tokens: tokens.into(), medium: super::Medium::Memory });
+            }
+        }
         self.num_cached += 1;
     }
 

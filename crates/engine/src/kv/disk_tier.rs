@@ -137,16 +137,25 @@ impl Index {
     }
 
     /// Deletes least recently used files until the total fits `max_bytes`.
-    fn trim(&mut self, dir: &Path, max_bytes: u64) {
+    /// (returns the keys of the deleted files)
+    fn trim(&mut self, dir: &Path, max_bytes: u64) -> Vec<BlockHash> {
+        let mut gone = Vec::new();
         while self.total_bytes > max_bytes {
             let Some((_, &old)) = self.by_use.iter().next() else { break };
             self.remove(old);
             let _ = fs::remove_file(file_name(dir, old));
+            gone.push(old);
         }
+        gone
     }
 }
 
+/// Where the disk tier's events go (`DiskTier::send_events_to`), and the root key (a first block's
+/// parent, announced as none).
+type EventTarget = Arc<Mutex<Option<(super::KvEventSink, BlockHash)>>>;
+
 pub struct DiskTier {
+    events: EventTarget,
     dir: PathBuf,
     format: KvFormat,
     index: Arc<Mutex<Index>>,
@@ -243,6 +252,8 @@ impl DiskTier {
         let queued = Arc::new(AtomicUsize::new(0));
         let (tx, rx) = sync_channel::<BlockFile>(QUEUE_LEN);
         let (dir, idx, max_bytes, pending) = (config.dir.clone(), index.clone(), config.max_bytes, queued.clone());
+        let events: EventTarget = Default::default();
+        let target = events.clone();
         let writer = std::thread::Builder::new().name("reckon-kv-disk".into()).spawn(move || {
             for block in rx {
                 let known = idx.lock().unwrap_or_else(|e| e.into_inner()).files.contains_key(&block.hash);
@@ -251,7 +262,15 @@ impl DiskTier {
                         Ok(bytes) => {
                             let mut index = idx.lock().unwrap_or_else(|e| e.into_inner());
                             index.insert(block.hash, bytes);
-                            index.trim(&dir, max_bytes);
+                            let gone = index.trim(&dir, max_bytes);
+                            drop(index);
+                            if let Some((sink, root)) = target.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                                use super::{KvEvent, Medium};
+                                let parent = (block.parent_hash != *root).then_some(block.parent_hash);
+                                let mut events = vec![KvEvent::BlockStored { hash: block.hash, parent, tokens: block.tokens.clone(), medium: Medium::Disk }];
+                                events.extend(gone.into_iter().map(|hash| KvEvent::BlockRemoved { hash, medium: Medium::Disk }));
+                                sink(events);
+                            }
                         }
                         Err(e) => tracing::warn!("prefix cache dir {}: cannot write a block: {e}", dir.display()),
                     }
@@ -259,7 +278,14 @@ impl DiskTier {
                 pending.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
-        Ok(DiskTier { dir: config.dir.clone(), format, index, queued, writer: Some((tx, writer)) })
+        Ok(DiskTier { events, dir: config.dir.clone(), format, index, queued, writer: Some((tx, writer)) })
+    }
+
+    /// Sends which keys the directory gains and loses from now on to `sink` (`kv::events`); a block
+    /// whose parent key is `root` is announced as a sequence's first. Files already there are not
+    /// announced.
+    pub fn send_events_to(&self, sink: super::KvEventSink, root: BlockHash) {
+        *self.events.lock().unwrap_or_else(|e| e.into_inner()) = Some((sink, root));
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -319,6 +345,9 @@ impl DiskTier {
                 tracing::warn!("prefix cache dir: ignoring {}: {reason}", path.display());
                 self.index().remove(hash);
                 let _ = fs::remove_file(&path);
+                if let Some((sink, _)) = self.events.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    sink(vec![super::KvEvent::BlockRemoved { hash, medium: super::Medium::Disk }]);
+                }
                 None
             }
         }

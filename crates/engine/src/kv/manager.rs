@@ -436,7 +436,7 @@ impl KvCacheManager {
                     None => (keys.root, None),
                 };
                 if table[j] != NULL_BLOCK {
-                    self.pool.register(table[j], keys.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs]);
+                    self.pool.register(table[j], keys.hashes[j], parent_hash, parent, &tokens[j * bs..(j + 1) * bs], j == 0);
                 }
                 keys.num_registered = j + 1;
             }
@@ -477,6 +477,16 @@ impl KvCacheManager {
             keys.num_registered = 0;
             keys.released_to = 0;
         }
+    }
+
+    /// Records KV-cache events (`kv::events`) from now on.
+    pub fn record_events(&mut self) {
+        self.pool.record_events();
+    }
+
+    /// The KV-cache events since the last call.
+    pub fn take_events(&mut self) -> Vec<super::KvEvent> {
+        self.pool.take_events()
     }
 
     /// Cached blocks handed out again since the last call: their contents are about to be overwritten.

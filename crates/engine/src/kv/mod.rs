@@ -10,10 +10,12 @@
 //! - `window`: a StreamingLLM window (sinks and recent positions), whose dead blocks are released.
 //! - `sparse`: block-sparse attention over a sequence's history (which blocks a query reads; ids only).
 //! - `disk_tier` (+ `offload`): blocks evicted from memory kept as files, and read back for a later hit.
+//! - `events`: which keys the cache stores and drops, for a cluster's router.
 
 mod block_pool;
 pub mod conv_state;
 pub mod disk_tier;
+pub mod events;
 mod free_queue;
 pub mod layout;
 mod manager;
@@ -26,6 +28,7 @@ pub mod window;
 
 pub use conv_state::ConvStates;
 pub use block_pool::{sha256_block_hash, BlockHash, BlockHasher, BlockPool, EvictedBlock, NO_STATE};
+pub use events::{KvEvent, KvEventSink, Medium};
 pub use disk_tier::{kv_numerics_version, DiskTierConfig, KvFormat, KV_NUMERICS_VERSION};
 pub use layout::KvLayout;
 pub use manager::{Admission, KvCacheManager, PrefixCacheStats, PrefixProbe, RequestBlocks};

@@ -71,6 +71,13 @@ impl DiskOffload {
         self.root
     }
 
+    /// The disk tier's KV-cache events go to `sink` (`DiskTier::send_events_to`).
+    pub fn send_events_to(&self, sink: super::KvEventSink) {
+        if let Some(d) = &self.disk {
+            d.send_events_to(sink, self.root);
+        }
+    }
+
     pub fn num_files(&self) -> usize {
         self.disk.as_ref().map_or(0, |d| d.num_files())
     }
