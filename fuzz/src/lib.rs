@@ -280,6 +280,7 @@ fn server() -> &'static Server {
             grammar: Default::default(),
             max_body_bytes: reckon_server::DEFAULT_MAX_BODY_BYTES,
             sampling: Default::default(),
+            model_card: Default::default(),
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Server { rt, router: reckon_server::router(state) }

@@ -502,6 +502,8 @@ pub struct Loaded {
     pub scorer: Option<Model>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// The model file.
+    pub model_path: std::path::PathBuf,
 }
 
 /// Sets up the process (`ModelArgs::init_process`) and loads the model, its tokenizer and template.
@@ -525,7 +527,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         Some(name) => Some(load_draft(name, &tokenizer, args)?),
         None => None,
     };
-    Ok(Loaded { model, sampling, draft, scorer, tokenizer, template })
+    Ok(Loaded { model, sampling, draft, scorer, tokenizer, template, model_path: path.canonicalize().unwrap_or(path) })
 }
 
 /// The draft model `name`, checked to share the model's vocabulary token for token.

@@ -140,6 +140,13 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         api_keys.extend(keys);
     }
     anyhow::ensure!(api_keys.iter().all(|k| !k.is_empty()), "--api-key: the key is empty");
+    let events_config = kv_events_config(&args)?;
+    // The port opens first and answers 503 until the model is loaded (a readiness probe sees "loading",
+    // not a refused connection).
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = rt.block_on(listen(&addr)).with_context(|| format!("cannot listen on {addr}"))?.into_std()?;
+    let loading = reckon_server::front::LoadingResponder::start(listener).context("starting the loading responder")?;
     let loaded = load(&args.model)?;
     let cfg = &loaded.model.config;
     let max_model_len = args.ctx_size.unwrap_or(cfg.context_length.min(8192));
@@ -169,22 +176,21 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let model_card = reckon_server::ModelCard { path: loaded.model_path.display().to_string(), architecture: cfg.arch.name().to_string(), vocab_size: cfg.vocab_size };
     let disk_context = || format!("prefix cache dir {}", args.prefix_cache_dir.as_deref().unwrap_or(std::path::Path::new("")).display());
     let mut engine = Engine::new(Arc::new(loaded.model), loaded.draft.map(Arc::new), tokenizer.clone(), config, disk).with_context(disk_context)?;
     if let Some(scorer) = loaded.scorer {
         engine = engine.with_scorer(Arc::new(scorer))?;
     }
-    if let Some(events) = kv_events_config(&args)? {
+    if let Some(events) = events_config {
         let p = rt.block_on(reckon_server::kv_events::start(events))?;
         engine = engine.with_kv_events(p.sink);
         eprintln!("reckon: KV-cache events on {}{}", p.endpoint, p.replay_endpoint.map_or(String::new(), |r| format!(", replay on {r}")));
     }
     let engine = spawn_engine(engine).with_context(disk_context)?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling, model_card };
+    let listener = loading.stop()?;
     rt.block_on(async move {
-        let addr = format!("{}:{}", args.host, args.port);
-        let listener = listen(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         if !is_loopback(&args.host) && state.api_keys.is_empty() {
             eprintln!("reckon: warning: listening on {} without --api-key: anyone who can reach this port can use the model", args.host);
         }
@@ -193,7 +199,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let engine = state.engine.clone();
         let router = router(state);
         // a thread of its own accepts and answers /health probes, whatever the workers' queue holds
-        let incoming = reckon_server::front::spawn(listener.into_std()?, router.clone()).context("starting the front thread")?;
+        let incoming = reckon_server::front::spawn(listener, router.clone()).context("starting the front thread")?;
         let served = axum::serve(incoming, router).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
         // also after a server error: the engine saves its prefix cache before the process ends
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;

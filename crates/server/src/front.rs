@@ -53,6 +53,54 @@ impl axum::serve::Listener for Incoming {
 
 /// Starts the front thread on `listener` (non-blocking, already listening) and returns what it hands to
 /// the workers. `router` serves the probes.
+/// Answers every connection with 503 while the model loads (`/health` is readiness: a probe sees
+/// "loading" rather than a refused connection), on a thread of its own, until `stop`.
+pub struct LoadingResponder {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::net::TcpListener>,
+}
+
+impl LoadingResponder {
+    pub fn start(listener: std::net::TcpListener) -> std::io::Result<LoadingResponder> {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        listener.set_nonblocking(true)?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("reckon-loading".into()).spawn(move || {
+            const BODY: &str = r#"{"error":{"message":"the model is loading","type":"service_unavailable","param":null,"code":503}}"#;
+            while !flag.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        // read the request head (so closing does not reset the connection), then answer
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+                        let (mut head, mut buf) = (Vec::new(), [0u8; 4096]);
+                        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                            match conn.read(&mut buf) {
+                                Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+                                _ => break,
+                            }
+                        }
+                        let reply = format!("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}", BODY.len());
+                        let _ = conn.write_all(reply.as_bytes());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(std::time::Duration::from_millis(10)),
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+            listener
+        })?;
+        Ok(LoadingResponder { stop, thread })
+    }
+
+    /// Stops answering and gives the listener back (connections that arrive meanwhile wait in its queue).
+    pub fn stop(self) -> std::io::Result<std::net::TcpListener> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().map_err(|_| std::io::Error::other("the loading responder panicked"))
+    }
+}
+
 pub fn spawn(listener: std::net::TcpListener, router: Router) -> std::io::Result<Incoming> {
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;

@@ -58,6 +58,18 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// What a request gets for a sampling field it omits (every API alike).
     pub sampling: params::SamplingDefaults,
+    /// What the router-facing endpoints (`/server_info`, `/model_info`) say about the model.
+    pub model_card: ModelCard,
+}
+
+/// The model as the router-facing endpoints describe it.
+#[derive(Clone, Debug, Default)]
+pub struct ModelCard {
+    /// The GGUF file served.
+    pub path: String,
+    /// `general.architecture` (llama, qwen2, ...).
+    pub architecture: String,
+    pub vocab_size: usize,
 }
 
 /// The largest counts a request may carry; each is a 400 in the API's own error shape, naming the field.
@@ -85,6 +97,15 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(|State(state): State<AppState>| async move { ([(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)], metrics::render(&state)) }))
         .route("/v1/models", get(models))
+        // what routers in front of workers read (SGLang's router: server and model info, load; vLLM's
+        // and SGLang's cache reset)
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
+        .route("/model_info", get(model_info))
+        .route("/get_model_info", get(model_info))
+        .route("/get_load", get(get_load))
+        .route("/flush_cache", post(reset_prefix_cache).get(reset_prefix_cache))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(create_response))
@@ -185,6 +206,68 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
         .map(|id| json!({ "id": id, "object": "model", "created": 0, "owned_by": "reckon", "max_model_len": max_model_len, "sampling_defaults": sampling_json(&state.sampling) }))
         .collect();
     Json(json!({ "object": "list", "data": data })).into_response()
+}
+
+/// The server's configuration as SGLang's `/server_info` names it (its router reads the model name from
+/// it), with reckon's own under `reckon`.
+async fn server_info(State(state): State<AppState>) -> Json<Value> {
+    let c = state.engine.config();
+    Json(json!({
+        "served_model_name": state.model_id,
+        "model_path": state.model_card.path,
+        "context_length": c.max_model_len,
+        "max_running_requests": c.max_running,
+        "max_queued_requests": c.max_waiting,
+        "max_total_num_tokens": c.num_blocks * c.block_size,
+        "page_size": c.block_size,
+        "kv_cache_dtype": c.kv_dtypes.name(),
+        "disable_radix_cache": !c.prefix_caching,
+        "chunked_prefill_size": c.max_batch_tokens,
+        "tp_size": 1,
+        "dp_size": 1,
+        "version": env!("CARGO_PKG_VERSION"),
+        "reckon": { "engine": "reckon", "architecture": state.model_card.architecture, "aliases": state.aliases },
+    }))
+}
+
+/// The model as SGLang's `/model_info` describes it. `tokenizer_path` is null: the tokenizer is inside
+/// the GGUF file, which a router cannot load.
+async fn model_info(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "model_path": state.model_card.path,
+        "tokenizer_path": null,
+        "is_generation": true,
+        "served_model_name": state.model_id,
+        "max_context_length": state.engine.config().max_model_len,
+        "vocab_size": state.model_card.vocab_size,
+        "model_type": state.model_card.architecture,
+        "architectures": [state.model_card.architecture],
+        "weight_version": "default",
+        "preferred_sampling_params": null,
+    }))
+}
+
+/// Load as SGLang's `/get_load` reports it per data-parallel rank (its router's power-of-two policy):
+/// requests running and waiting, and the tokens their KV blocks hold.
+async fn get_load(State(state): State<AppState>) -> Json<Value> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = state.engine.stats();
+    let (running, waiting) = (s.running.load(Relaxed), s.waiting.load(Relaxed));
+    let used_blocks = s.blocks_used.load(Relaxed);
+    Json(json!([{ "dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": used_blocks * state.engine.config().block_size }]))
+}
+
+/// Drops the prefix cache in memory (vLLM's `/reset_prefix_cache`, SGLang's `/flush_cache`): 200 when
+/// it was, 400 while requests hold blocks (as SGLang answers). Needs the API key when there are keys.
+async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return e.into_response();
+    }
+    let engine = state.engine.clone();
+    match tokio::task::spawn_blocking(move || engine.reset_prefix_cache()).await {
+        Ok(true) => "Cache flushed.\n".into_response(),
+        _ => (axum::http::StatusCode::BAD_REQUEST, "Cache not flushed: requests are running.\n").into_response(),
+    }
 }
 
 /// The sampling a request gets for fields it omits, by the OpenAI extension names (`/v1/models`).

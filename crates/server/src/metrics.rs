@@ -21,6 +21,14 @@ pub struct Metrics {
     itl: Histogram,
     e2e: Histogram,
     queue: Histogram,
+    /// When the server started (seconds since the epoch).
+    started: f64,
+}
+
+impl Metrics {
+    fn started_unix_secs(&self) -> f64 {
+        self.started
+    }
 }
 
 impl Default for Metrics {
@@ -31,6 +39,7 @@ impl Default for Metrics {
             itl: histogram("reckon_inter_token_latency_seconds", "Time between a request's tokens, on every API, streamed or not."),
             e2e: histogram("reckon_e2e_request_latency_seconds", "Arrival to the end of the request."),
             queue: histogram("reckon_request_queue_time_seconds", "Arrival to first scheduled step."),
+            started: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
         }
     }
 }
@@ -142,6 +151,10 @@ pub fn render(state: &AppState) -> String {
     // vLLM's label names; cache_dtype as `--kv-dtype` spells it (vLLM: "auto" for the model's dtype, "fp8").
     let info = out.opts("vllm:cache_config_info", "KV-cache configuration.").const_label("block_size", block_size.to_string()).const_label("num_gpu_blocks", num_blocks.to_string()).const_label("cache_dtype", state.engine.config().kv_dtypes.name());
     out.gauge_with(info, 1.0);
+    // The Gateway API Inference Extension's model-server protocol reads LoRA adapters from this gauge's
+    // labels (vLLM's: the value is the time of the last change). reckon serves none: empty lists.
+    let lora = out.opts("vllm:lora_requests_info", "Running stats on LoRA requests (reckon serves no adapters).").const_label("max_lora", "0").const_label("running_lora_adapters", "").const_label("waiting_lora_adapters", "");
+    out.gauge_with(lora, state.metrics.started_unix_secs());
     out.gauge("reckon_kv_blocks_free", "KV-cache blocks free.", (num_blocks - used.min(num_blocks)) as f64);
     out.gauge("reckon_slow_state", "1 while the engine sees a slow host and runs its fallback (docs/reliability.md).", if s.slow_state.load(Ordering::Relaxed) { 1.0 } else { 0.0 });
     // Per kind of layer (`kv::layout`): what a token costs there, and how many positions a sequence keeps

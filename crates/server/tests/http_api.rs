@@ -451,3 +451,35 @@ fn metrics_escape_the_model_name() {
         assert!(!series.contains('{') || series.ends_with('}'), "{line:?}");
     }
 }
+
+/// What routers in front of workers read: SGLang's router takes the model name from /model_info and
+/// /server_info (and their old /get_* names), the load from /get_load; the cache reset answers as vLLM's
+/// and SGLang's do; the Gateway API Inference Extension's endpoint picker reads the LoRA gauge's labels.
+#[test]
+fn router_facing_endpoints_and_the_lora_gauge() {
+    let addr = tiny_server(config(2048, 16, 64));
+    for path in ["/model_info", "/get_model_info"] {
+        let m = get(addr, path).json();
+        assert_eq!((m["served_model_name"].as_str(), m["is_generation"].as_bool(), m["max_context_length"].as_u64()), (Some(TINY), Some(true), Some(2048)), "{path}: {m}");
+    }
+    for path in ["/server_info", "/get_server_info"] {
+        let s = get(addr, path).json();
+        assert_eq!((s["served_model_name"].as_str(), s["page_size"].as_u64(), s["dp_size"].as_u64()), (Some(TINY), Some(16), Some(1)), "{path}: {s}");
+        assert_eq!(s["max_total_num_tokens"].as_u64(), Some(config(2048, 16, 64).num_blocks as u64 * 16));
+    }
+    let load = get(addr, "/get_load").json();
+    assert_eq!(load, json!([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]));
+    // a prompt fills the cache; with nothing running, a reset empties it
+    assert_eq!(post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 4, json!({}))).status, 200);
+    let cached = |addr| Metrics::read(addr, TINY).text.lines().find_map(|l| l.strip_prefix("reckon_prefix_cache_blocks{model_name=\"tiny\"} ").map(|v| v.parse::<f64>().unwrap())).unwrap();
+    assert!(cached(addr) > 0.0);
+    for path in ["/flush_cache", "/reset_prefix_cache"] {
+        let r = post(addr, path, &json!({}));
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    let metrics = Metrics::read(addr, TINY);
+    assert!(metrics.text.lines().any(|l| l.starts_with("vllm:lora_requests_info{max_lora=\"0\",model_name=\"tiny\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}")), "{}", metrics.text);
+    // (the stats are published after the engine's next step: poke it)
+    assert_eq!(post(addr, "/v1/completions", &json!({"model": TINY, "prompt": [1, 2, 3], "max_tokens": 1})).status, 200);
+    assert!(cached(addr) < 2.0, "the reset dropped the cached blocks");
+}

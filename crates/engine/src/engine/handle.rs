@@ -27,6 +27,8 @@ enum Command {
     Shutdown { deadline: Instant, ack: Ack },
     /// A disk read for a waiting request finished.
     Restored(RestoredBlocks),
+    /// Drop the prefix cache (`Engine::reset_prefix_cache`); the answer says whether it was.
+    ResetPrefixCache(std::sync::mpsc::Sender<bool>),
 }
 
 /// The client side of the engine.
@@ -89,6 +91,13 @@ impl EngineHandle {
         if self.commands.send(Command::Shutdown { deadline: Instant::now() + drain, ack }).is_ok() {
             let _ = done.recv();
         }
+    }
+
+    /// Drops every cached prefix in memory if no request holds a block (`Engine::reset_prefix_cache`);
+    /// blocks until the engine answers (false also when it has stopped).
+    pub fn reset_prefix_cache(&self) -> bool {
+        let (ack, done) = std::sync::mpsc::channel();
+        self.commands.send(Command::ResetPrefixCache(ack)).is_ok() && done.recv().unwrap_or(false)
     }
 
     /// Whether a shutdown has started.
@@ -220,6 +229,9 @@ impl Loop {
                 }
             },
             Command::Restored(r) => self.engine.restored(r),
+            Command::ResetPrefixCache(ack) => {
+                let _ = ack.send(self.engine.reset_prefix_cache());
+            }
         }
     }
 
@@ -236,6 +248,9 @@ impl Loop {
                     let _ = events.send(Event::Error(RequestError::ShuttingDown.to_string()));
                 }
                 Command::Shutdown { ack, .. } => acks.push(ack),
+                Command::ResetPrefixCache(ack) => {
+                    let _ = ack.send(false);
+                }
                 Command::Abort(_) | Command::Restored(_) => {}
             }
         }

@@ -153,6 +153,16 @@ impl Engine {
         &self.config
     }
 
+    /// Drops every cached prefix in memory (the disk tier keeps its files) when no request holds a
+    /// block: false, and nothing dropped, while requests run or wait on a disk read. A background
+    /// recovery (`engine::spec_prefill`) is stopped first.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.stop_recovery();
+        let done = self.scheduler.reset_prefix_cache();
+        self.publish_kv_events();
+        done
+    }
+
     fn publish_kv_events(&mut self) {
         if let Some(sink) = &self.kv_events {
             let events = self.scheduler.take_kv_events();

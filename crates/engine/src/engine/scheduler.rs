@@ -110,6 +110,11 @@ impl Scheduler {
         Scheduler { config, kv, requests: HashMap::new(), waiting: VecDeque::new(), running: Vec::new(), num_preemptions: 0, controller: Default::default(), draft_controller: Default::default(), spec_gain: None }
     }
 
+    /// Drops every cached prefix if no request holds a block (`BlockPool::reset_cache`).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.kv.reset_cache()
+    }
+
     /// Records KV-cache events (`kv::events`) from now on.
     pub fn record_kv_events(&mut self) {
         self.kv.record_events();

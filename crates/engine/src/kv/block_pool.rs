@@ -343,6 +343,26 @@ impl BlockPool {
         self.num_cached += 1;
     }
 
+    /// Drops every cached prefix (vLLM's `reset_prefix_cache`, SGLang's `flush_cache`), if no sequence
+    /// holds a block; false (nothing dropped) otherwise. Records `AllBlocksCleared`.
+    pub fn reset_cache(&mut self) -> bool {
+        if self.ref_counts.iter().any(|&c| c > 0) {
+            return false;
+        }
+        for b in 0..self.num_blocks() as u32 {
+            if self.entries[b as usize].take().is_some() {
+                self.generations[b as usize] = self.generations[b as usize].wrapping_add(1);
+            }
+            self.drop_state(b);
+        }
+        self.by_hash.clear();
+        self.num_cached = 0;
+        if let Some(events) = self.events.as_mut() {
+            events.push(super::KvEvent::AllBlocksCleared);
+        }
+        true
+    }
+
     /// The parent key of every sequence's first block.
     pub fn root(&self) -> BlockHash {
         self.root

@@ -479,6 +479,11 @@ impl KvCacheManager {
         }
     }
 
+    /// Drops every cached prefix if no request holds a block (`BlockPool::reset_cache`).
+    pub fn reset_cache(&mut self) -> bool {
+        self.pool.reset_cache()
+    }
+
     /// Records KV-cache events (`kv::events`) from now on.
     pub fn record_events(&mut self) {
         self.pool.record_events();
