@@ -506,6 +506,17 @@ pub struct Loaded {
     pub model_path: std::path::PathBuf,
 }
 
+/// A model's tokenizer and chat template, without its weights (a client that renders and tokenizes
+/// prompts as the server does).
+pub fn load_tokenizer(name: &str) -> Result<(Tokenizer, ChatTemplate)> {
+    let path = model_path(name)?;
+    let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
+    let template = ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id()))?;
+    Ok((tokenizer, template))
+}
+
 /// Sets up the process (`ModelArgs::init_process`) and loads the model, its tokenizer and template.
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     args.init_process()?;

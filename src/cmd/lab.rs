@@ -47,6 +47,11 @@ pub enum LabCommand {
     /// load: every request must end whole or with a clean error, no KV block may leak, /health must stay
     /// fast, the log must hold no panic.
     Soak(super::lab_soak::SoakArgs),
+    /// Replicas behind a real router (sglang-router from PyPI): `lab prefix`'s multi-session agent
+    /// workload under round-robin, the router's cache-aware policy and a picker fed by the replicas'
+    /// KV-cache events (prefix-cache hit rate, TTFT, throughput); with --failover, a replica killed and
+    /// one drained mid-run, counting what clients saw.
+    Cluster(super::lab_cluster::ClusterArgs),
     /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
     /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
     /// (self-contained: plots inline as SVG).
@@ -307,6 +312,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::Spec(a) => run_spec(a),
         LabCommand::Serve(a) => super::lab_serve::run(a),
         LabCommand::Soak(a) => super::lab_soak::run(a),
+        LabCommand::Cluster(a) => super::lab_cluster::run(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {

@@ -4,8 +4,8 @@ vllm/distributed/kv_events.py (array_like, tagged; field order and types), so a 
 the decode. Checks: every BlockStored carries its block's 16 token ids (the prompt's, sent as ids) and
 its parent's hash, a chain from a first block with none; evictions produce BlockRemoved for stored
 hashes; sequence numbers are gapless from 0; the replay socket returns missed batches, byte-identical to
-the live ones, then the end marker; the map encoding (`"encoding": "map"`) carries the same fields by
-name. Run by scripts/test-clients."""
+the live ones, then the end marker; the map encoding (`"encoding": "map"`, vLLM v0.34.0's events) carries
+the same fields by name in an array batch. Run by scripts/test-clients."""
 
 import re
 import time
@@ -56,6 +56,37 @@ class KVEventBatch(EventBatch):
 
 
 DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
+
+
+# vLLM v0.34.0's: the batch still array_like, the events tagged maps (fields at their defaults omitted)
+class Event34(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored34(Event34, tag="BlockStored"):
+    block_hashes: list[Union[bytes, int]]
+    parent_block_hash: Optional[Union[bytes, int]]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list] = None
+    group_idx: Optional[int] = None
+
+
+class BlockRemoved34(Event34, tag="BlockRemoved"):
+    block_hashes: list[Union[bytes, int]]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+
+
+class AllBlocksCleared34(Event34, tag="AllBlocksCleared"):
+    pass
+
+
+class KVEventBatch34(EventBatch):
+    events: list[Union[BlockStored34, BlockRemoved34, AllBlocksCleared34]]
 
 
 def endpoints(server):
@@ -161,13 +192,14 @@ class KvEvents(unittest.TestCase):
             while not batches and time.time() < deadline:
                 batches = replay(rep, 0)
                 time.sleep(0.1)
-            batch = msgspec.msgpack.decode(batches[0][1])
-            self.assertEqual(set(batch), {"ts", "events", "data_parallel_rank"})
-            first, second = batch["events"][:2]
-            self.assertEqual(first["type"], "BlockStored")
-            self.assertEqual(set(first), {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"})
-            self.assertEqual((first["parent_block_hash"], first["token_ids"], len(first["block_hashes"][0])), (None, ids[:BLOCK], 16))
-            self.assertEqual((second["parent_block_hash"], second["token_ids"]), (first["block_hashes"][0], ids[BLOCK:2 * BLOCK]))
+            raw = msgspec.msgpack.decode(batches[0][1])
+            self.assertEqual((len(raw), raw[2]), (3, 0), "an array batch: ts, events, rank")
+            self.assertEqual(set(raw[1][0]), {"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"})
+            batch = msgspec.msgpack.decode(batches[0][1], type=KVEventBatch34)
+            first, second = batch.events[:2]
+            self.assertIsInstance(first, BlockStored34)
+            self.assertEqual((first.parent_block_hash, first.token_ids, len(first.block_hashes[0]), first.medium), (None, ids[:BLOCK], 16, "CPU"))
+            self.assertEqual((second.parent_block_hash, second.token_ids), (first.block_hashes[0], ids[BLOCK:2 * BLOCK]))
         finally:
             server.stop()
 

@@ -2,6 +2,7 @@
 
 pub mod bandwidth;
 pub mod bench;
+pub mod cluster;
 pub mod eviction;
 pub mod http;
 pub mod kv;

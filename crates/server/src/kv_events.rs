@@ -8,20 +8,22 @@
 //! endpoint) answers `[identity, "", start (8 bytes big-endian)]` with one `[identity, "", seq, batch]`
 //! per kept batch from `start` on, then `[identity, "", -1 (8 bytes), ""]`.
 //!
-//! Encodings (`Encoding`): `array`, v0.11.0's msgspec structs with `array_like=True` and `tag=True`:
-//!   EventBatch       = [ts: float, events: [event...], data_parallel_rank: int]
+//! The `EventBatch` is always vLLM's array, `[ts: float, events: [event...], data_parallel_rank: int]`.
+//! Events (`Encoding`): `array`, as in v0.11.0 through v0.20.0 (msgspec `array_like=True`, `tag=True`):
 //!   BlockStored      = ["BlockStored", block_hashes: [hash], parent_block_hash: hash | nil,
 //!                       token_ids: [int], block_size: int, lora_id: nil, medium: str]
 //!   BlockRemoved     = ["BlockRemoved", block_hashes: [hash], medium: str]
 //!   AllBlocksCleared = ["AllBlocksCleared"]
-//! and `map`, the same fields by name with the tag under `"type"` (vLLM's later releases, which dropped
-//! `array_like`; `BlockStored` then also has `lora_name: nil`).
+//! and `map`, as in v0.34.0 (events no longer `array_like`): the same fields by name with the tag
+//! under `"type"`, `BlockStored` also with `lora_name: nil` (fields at their defaults omitted, as
+//! msgspec's `omit_defaults` does). vllm-router 0.1.17's `kv_aware` policy reads `map`.
 //!
 //! A hash is reckon's 128-bit chained block key: by default its low 64 bits as an unsigned int (vLLM's
 //! int form), or its 16 bytes big-endian (`hash: bytes`, like vLLM's default byte hashes). A parent is
 //! nil for a sequence's first block. `medium` is `"CPU"` for the blocks the model reads (host memory:
-//! reckon runs on CPUs; vLLM's GPU blocks are `"GPU"`) and `"DISK"` for the disk tier. One event per
-//! block, each with its `block_size` token ids.
+//! reckon runs on CPUs; vLLM's GPU blocks are `"GPU"`; `memory_medium` renames it, for a router that
+//! discounts host memory as a slower tier) and `"DISK"` for the disk tier. One event per block, each
+//! with its `block_size` token ids.
 
 use bytes::Bytes;
 use reckon_engine::kv::{KvEvent, KvEventSink, Medium};
@@ -35,8 +37,10 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
+    /// vLLM v0.11.0-v0.20.0: events as arrays.
     #[default]
     Array,
+    /// vLLM v0.34.0: events as maps tagged by `"type"`.
     Map,
 }
 
@@ -75,6 +79,8 @@ pub struct KvEventsConfig {
     pub encoding: Encoding,
     pub hash: HashForm,
     pub data_parallel_rank: u32,
+    /// The `medium` of the blocks the model reads (`"CPU"`).
+    pub memory_medium: String,
 }
 
 impl Default for KvEventsConfig {
@@ -92,6 +98,7 @@ impl Default for KvEventsConfig {
             encoding: Encoding::Array,
             hash: HashForm::Int,
             data_parallel_rank: 0,
+            memory_medium: "CPU".into(),
         }
     }
 }
@@ -227,16 +234,15 @@ pub fn encode_batch(events: &[KvEvent], ts: f64, config: &KvEventsConfig) -> Vec
         HashForm::Bytes => write_bin(w, &h.to_be_bytes()),
     };
     let medium = |m: Medium| match m {
-        Medium::Memory => "CPU",
+        Medium::Memory => config.memory_medium.as_str(),
         Medium::Disk => "DISK",
     };
     // (writing into a Vec cannot fail)
     let mut go = || -> Result<(), Box<dyn std::error::Error>> {
         let key = |w: &mut Vec<u8>, k: &str| if map { write_str(w, k) } else { Ok(()) };
-        if map { write_map_len(&mut w, 3)?; } else { write_array_len(&mut w, 3)?; }
-        key(&mut w, "ts")?;
+        // (the batch is an array in every release)
+        write_array_len(&mut w, 3)?;
         write_f64(&mut w, ts)?;
-        key(&mut w, "events")?;
         write_array_len(&mut w, events.len() as u32)?;
         for e in events {
             match e {
@@ -282,7 +288,6 @@ pub fn encode_batch(events: &[KvEvent], ts: f64, config: &KvEventsConfig) -> Vec
                 }
             }
         }
-        key(&mut w, "data_parallel_rank")?;
         write_uint(&mut w, config.data_parallel_rank as u64)?;
         Ok(())
     };
