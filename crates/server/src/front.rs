@@ -176,6 +176,27 @@ mod tests {
         out
     }
 
+    /// While the model loads, every request gets 503 with an OpenAI-shaped error and Retry-After; after
+    /// `stop` the same listener serves the router.
+    #[test]
+    fn the_port_answers_503_while_loading_then_serves() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let loading = LoadingResponder::start(listener).unwrap();
+        for path in ["/health", "/v1/models"] {
+            let answer = get_path(addr, path);
+            assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+            assert!(answer.contains("retry-after: 1") && answer.contains(r#""message":"the model is loading""#), "{answer}");
+        }
+        let listener = loading.stop().unwrap();
+        let incoming = spawn(listener, Router::new().route("/health", get(|| async { "ok" }))).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let router = Router::new().route("/health", get(|| async { "ok" }));
+        rt.spawn(async move { axum::serve(incoming, router).await });
+        let answer = get_path(addr, "/health");
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer}");
+    }
+
     /// The workers' only thread is blocked for 3 s by a handler; a probe sent meanwhile is answered by the
     /// front thread at once, and the blocked request and others still reach the workers.
     #[test]
