@@ -281,6 +281,7 @@ fn server() -> &'static Server {
             max_body_bytes: reckon_server::DEFAULT_MAX_BODY_BYTES,
             sampling: Default::default(),
             model_card: Default::default(),
+            kv_events: None,
         };
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         Server { rt, router: reckon_server::router(state) }

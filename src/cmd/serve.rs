@@ -182,13 +182,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     if let Some(scorer) = loaded.scorer {
         engine = engine.with_scorer(Arc::new(scorer))?;
     }
+    let mut kv_event_stats = None;
     if let Some(events) = events_config {
         let p = rt.block_on(reckon_server::kv_events::start(events))?;
         engine = engine.with_kv_events(p.sink);
+        kv_event_stats = Some(p.stats);
         eprintln!("reckon: KV-cache events on {}{}", p.endpoint, p.replay_endpoint.map_or(String::new(), |r| format!(", replay on {r}")));
     }
     let engine = spawn_engine(engine).with_context(disk_context)?;
-    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling, model_card };
+    let state = AppState { engine, tokenizer, template: Arc::new(loaded.template), model_id, aliases, responses: Default::default(), grammar: Default::default(), api_keys, limits: reckon_server::RequestLimits { max_messages: args.max_messages, max_tools: args.max_tools }, log_prompts: args.log_prompts, metrics: Default::default(), max_body_bytes, sampling, model_card, kv_events: kv_event_stats };
     let listener = loading.stop()?;
     rt.block_on(async move {
         if !is_loopback(&args.host) && state.api_keys.is_empty() {

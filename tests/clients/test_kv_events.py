@@ -176,6 +176,11 @@ class KvEvents(unittest.TestCase):
                 nxt = [h for h, (parent, ids) in stored.items() if parent == chain[-1] and ids == p[j * BLOCK:(j + 1) * BLOCK]]
                 self.assertEqual(len(nxt), 1, f"block {j} of a prompt, chained to block {j - 1}")
                 chain.append(nxt[0])
+        # the publisher's own account: every batch published, none dropped
+        metrics = self.server.metrics()
+        published = re.search(r'^reckon_kv_events_batches_published_total\{[^}]*\} (\d+)', metrics, re.M)
+        dropped = re.search(r'^reckon_kv_events_batches_dropped_total\{[^}]*\} (\d+)', metrics, re.M)
+        self.assertEqual((int(published.group(1)), int(dropped.group(1))), (len(everything), 0))
         # 4 x 26 blocks do not fit in 96: the first prompts' blocks were evicted
         self.assertTrue(removed, "no BlockRemoved after the pool filled")
         self.assertTrue(set(removed) <= set(stored), "removed hashes were stored")

@@ -73,7 +73,8 @@ pub struct KvEventsConfig {
     pub buffer_steps: usize,
     /// Accepted for vLLM's configs; the socket's own queue bounds what a slow subscriber holds.
     pub hwm: usize,
-    /// Batches queued for the publisher at most; more are dropped (and counted).
+    /// Batches queued for the publisher at most; more are dropped, counted, and leave a gap in the
+    /// sequence numbers.
     pub max_queue_size: usize,
     pub topic: String,
     pub encoding: Encoding,
@@ -121,8 +122,9 @@ pub struct KvEventStats {
     pub batches_dropped: AtomicU64,
 }
 
-/// A batch as the engine handed it over, with its time.
+/// A batch as the engine handed it over, with its time and sequence number.
 struct Pending {
+    seq: u64,
     ts: f64,
     events: Vec<KvEvent>,
 }
@@ -161,9 +163,16 @@ pub async fn start(config: KvEventsConfig) -> std::io::Result<Publisher> {
     let (tx, rx) = tokio::sync::mpsc::channel::<Pending>(config.max_queue_size.max(1));
     let stats = Arc::new(KvEventStats::default());
     let dropped = stats.clone();
+    // The sequence number is taken as a batch is queued, so a batch dropped on a full queue leaves a gap
+    // a subscriber sees (and a replay cannot fill), never a silent loss. (One lock: the engine and the
+    // disk writer queue batches from their own threads, and numbers must follow queue order.)
+    let queue = std::sync::Mutex::new((0u64, tx));
     let sink: KvEventSink = Arc::new(move |events: Vec<KvEvent>| {
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-        if tx.try_send(Pending { ts, events }).is_err() {
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = q.0;
+        q.0 += 1;
+        if q.1.try_send(Pending { seq, ts, events }).is_err() {
             dropped.batches_dropped.fetch_add(1, Ordering::Relaxed);
         }
     });
@@ -174,11 +183,11 @@ pub async fn start(config: KvEventsConfig) -> std::io::Result<Publisher> {
 async fn publish(config: KvEventsConfig, mut publisher: PubSocket, mut replay: Option<RouterSocket>, mut rx: tokio::sync::mpsc::Receiver<Pending>, stats: Arc<KvEventStats>) {
     let topic = Bytes::from(config.topic.clone().into_bytes());
     let mut kept: VecDeque<(u64, Bytes)> = VecDeque::new();
-    let mut seq: u64 = 0;
     loop {
         tokio::select! {
             batch = rx.recv() => {
                 let Some(batch) = batch else { break };
+                let seq = batch.seq;
                 let payload = Bytes::from(encode_batch(&batch.events, batch.ts, &config));
                 let frames = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
                 if let Err(e) = publisher.send(ZmqMessage::try_from(frames).expect("three frames")).await {
@@ -189,7 +198,6 @@ async fn publish(config: KvEventsConfig, mut publisher: PubSocket, mut replay: O
                 if kept.len() > config.buffer_steps {
                     kept.pop_front();
                 }
-                seq += 1;
             }
             request = async { replay.as_mut().expect("polled only with a replay socket").recv().await }, if replay.is_some() => {
                 let router = replay.as_mut().expect("a replay socket");
@@ -325,6 +333,38 @@ mod tests {
         want.extend_from_slice(b"AllBlocksCleared");
         want.push(0x00);
         assert_eq!(got, want);
+    }
+
+    /// A batch dropped on a full queue keeps its sequence number: the subscriber sees a gap, which a
+    /// replay (from the kept batches) shows too.
+    #[test]
+    fn a_batch_dropped_on_a_full_queue_leaves_a_gap() {
+        use zeromq::{DealerSocket, SocketRecv, SocketSend};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let config = KvEventsConfig { endpoint: "tcp://127.0.0.1:0".into(), bind: Some(true), replay_endpoint: Some("tcp://127.0.0.1:0".into()), max_queue_size: 1, ..Default::default() };
+            let p = start(config).await.unwrap();
+            // (on this one thread the publisher runs only when the test awaits)
+            (p.sink)(vec![KvEvent::AllBlocksCleared]); // 0: queued
+            (p.sink)(vec![KvEvent::AllBlocksCleared]); // 1: the queue is full, dropped
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            (p.sink)(vec![KvEvent::AllBlocksCleared]); // 2
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert_eq!((p.stats.batches_published.load(Ordering::Relaxed), p.stats.batches_dropped.load(Ordering::Relaxed)), (2, 1));
+            let mut dealer = DealerSocket::new();
+            dealer.connect(p.replay_endpoint.as_deref().unwrap()).await.unwrap();
+            dealer.send(ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&0u64.to_be_bytes())]).unwrap()).await.unwrap();
+            let mut seqs = Vec::new();
+            loop {
+                let frames = dealer.recv().await.unwrap().into_vec();
+                let seq = i64::from_be_bytes(frames[1][..].try_into().unwrap());
+                if seq == -1 {
+                    break;
+                }
+                seqs.push(seq);
+            }
+            assert_eq!(seqs, vec![0, 2]);
+        });
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub struct AppState {
     pub sampling: params::SamplingDefaults,
     /// What the router-facing endpoints (`/server_info`, `/model_info`) say about the model.
     pub model_card: ModelCard,
+    /// The KV-cache event publisher's counters, when events are published (`/metrics`).
+    pub kv_events: Option<Arc<kv_events::KvEventStats>>,
 }
 
 /// The model as the router-facing endpoints describe it.

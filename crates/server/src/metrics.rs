@@ -155,6 +155,10 @@ pub fn render(state: &AppState) -> String {
     // labels (vLLM's: the value is the time of the last change). reckon serves none: empty lists.
     let lora = out.opts("vllm:lora_requests_info", "Running stats on LoRA requests (reckon serves no adapters).").const_label("max_lora", "0").const_label("running_lora_adapters", "").const_label("waiting_lora_adapters", "");
     out.gauge_with(lora, state.metrics.started_unix_secs());
+    if let Some(k) = &state.kv_events {
+        out.counter("reckon_kv_events_batches_published_total", "KV-cache event batches published (--kv-events).", k.batches_published.load(Ordering::Relaxed));
+        out.counter("reckon_kv_events_batches_dropped_total", "KV-cache event batches dropped on a full queue: each left a gap in the sequence numbers.", k.batches_dropped.load(Ordering::Relaxed));
+    }
     out.gauge("reckon_kv_blocks_free", "KV-cache blocks free.", (num_blocks - used.min(num_blocks)) as f64);
     out.gauge("reckon_slow_state", "1 while the engine sees a slow host and runs its fallback (docs/reliability.md).", if s.slow_state.load(Ordering::Relaxed) { 1.0 } else { 0.0 });
     // Per kind of layer (`kv::layout`): what a token costs there, and how many positions a sequence keeps

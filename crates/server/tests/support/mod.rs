@@ -65,7 +65,7 @@ fn state_of(file: GgufFile, model_id: &str, config: EngineConfig) -> AppState {
     let model = Arc::new(Model::load(file).unwrap());
     assert_eq!(model.config.vocab_size, tokenizer.vocab_size(), "the model's vocabulary is the tokenizer's");
     let engine = spawn(model, tokenizer.clone(), config);
-    AppState { engine, tokenizer, template, model_id: model_id.into(), aliases: Vec::new(), responses: Default::default(), grammar: Default::default(), api_keys: Vec::new(), limits: Default::default(), log_prompts: false, metrics: Default::default(), max_body_bytes: DEFAULT_MAX_BODY_BYTES, sampling: Default::default(), model_card: Default::default() }
+    AppState { engine, tokenizer, template, model_id: model_id.into(), aliases: Vec::new(), responses: Default::default(), grammar: Default::default(), api_keys: Vec::new(), limits: Default::default(), log_prompts: false, metrics: Default::default(), max_body_bytes: DEFAULT_MAX_BODY_BYTES, sampling: Default::default(), model_card: Default::default(), kv_events: None }
 }
 
 /// The tiny model behind an engine with `config`.
