@@ -52,6 +52,12 @@ pub enum LabCommand {
     /// KV-cache events (prefix-cache hit rate, TTFT, throughput); with --failover, a replica killed and
     /// one drained mid-run, counting what clients saw.
     Cluster(super::lab_cluster::ClusterArgs),
+    /// What an optimization costs in answers: HumanEval's 164 problems asked greedily through the chat
+    /// API of one server per arm (KV dtypes, a window, sparse attention, sparse prefill on long prompts,
+    /// speculation, the ggml numerics, llama-server via --url), every answer run against its tests in a
+    /// sandbox; pass@1 with 95% intervals, and per arm the problems gained and lost against its baseline
+    /// with McNemar's exact test.
+    Quality(super::lab_quality::QualityArgs),
     /// One page of every leg found in DIR (and two levels of subdirectories): the machines and builds,
     /// then per leg its command, table and plots. Writes DIR/report.md, and with --html DIR/report.html
     /// (self-contained: plots inline as SVG).
@@ -313,6 +319,7 @@ pub fn run(args: LabArgs) -> Result<()> {
         LabCommand::Serve(a) => super::lab_serve::run(a),
         LabCommand::Soak(a) => super::lab_soak::run(a),
         LabCommand::Cluster(a) => super::lab_cluster::run(a),
+        LabCommand::Quality(a) => super::lab_quality::run(a),
         LabCommand::Report(a) => {
             let title = a.title.clone().unwrap_or_else(|| format!("reckon lab: {}", a.dir.canonicalize().unwrap_or(a.dir.clone()).file_name().map_or("report".into(), |n| n.to_string_lossy().into_owned())));
             for p in reckon_lab::report::write(&a.dir, &title, a.html)? {

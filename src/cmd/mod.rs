@@ -4,6 +4,7 @@ pub mod common;
 pub mod info;
 pub mod lab;
 pub mod lab_cluster;
+pub mod lab_quality;
 pub mod lab_serve;
 pub mod lab_soak;
 pub mod run;

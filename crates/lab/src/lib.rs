@@ -7,6 +7,7 @@ pub mod eviction;
 pub mod http;
 pub mod kv;
 pub mod prefix;
+pub mod quality;
 pub mod report;
 pub mod serve;
 pub mod soak;
