@@ -1,6 +1,7 @@
 //! `reckon lab quality` end to end on the default model over three HumanEval problems (fixture): every
 //! arm's server starts, answers stream in, the sandbox gives a verdict per answer, the reference
-//! solutions all pass, speculation answers exactly as f16 does, and a resumed run asks nothing again.
+//! solutions all pass, speculation answers exactly as f16 does, a resumed run asks nothing again, and
+//! the kept answers judged again get the same verdicts; then once with EvalPlus's prompt style.
 //! Skipped (with a note) when SmolLM2 is not fetched or there is no python3, unless RECKON_REQUIRE_MODELS=1.
 
 mod common;
@@ -69,5 +70,18 @@ fn lab_quality_checks_answers_by_running_them() {
     assert_eq!(records(&out).len(), 12);
     let line = |s: &str| s.lines().find(|l| l.starts_with("| spec |")).map(|l| l.rsplit_once("| ").unwrap().0.to_string()).unwrap();
     assert_eq!(line(&stdout2), line(&stdout), "the spec row without its wall time");
+    // judged again by the same build: the same verdicts
+    let (_, stderr3) = run("f16", &["--resume", "--rejudge"]);
+    assert!(stderr3.contains("judged 12 kept answers again, 0 verdicts changed"), "{stderr3}");
+    assert_eq!(records(&out).len(), 12);
+    // EvalPlus's harness: the template rendered by the lab, the answer begun with a python fence, over
+    // /v1/completions
+    std::fs::remove_dir_all(&out).unwrap();
+    let (stdout4, _) = run("f16", &["--prompt-style", "prefill"]);
+    assert!(stdout4.contains("response prefix"), "{stdout4}");
+    for r in records(&out) {
+        assert!(r["answer"].as_str().unwrap().starts_with("```python\n") && r["chunks"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["prompt_tokens"].as_u64().unwrap() > 50, "{r}");
+    }
     std::fs::remove_dir_all(&out).unwrap();
 }

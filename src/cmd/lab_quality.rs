@@ -66,9 +66,19 @@ pub struct QualityArgs {
     /// The first N problems only.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// The long arms ask only the first N problems (their prompts cost ~20x the short ones'); a later
+    /// --resume without it asks the rest.
+    #[arg(long)]
+    pub long_limit: Option<usize>,
     /// Concurrent requests per arm (the server batches them).
     #[arg(short = 'c', long, default_value_t = 8)]
     pub concurrency: usize,
+    /// How a problem is asked: `chat` (the instruction as a user message to /v1/chat/completions; the
+    /// model opens its answer as it likes) or `prefill` (EvalPlus's harness, behind Qwen2.5-Coder's
+    /// published figures: the chat template rendered here, the answer begun with EvalPlus's response
+    /// prefix ending in a python fence, sent to /v1/completions). Needs -m for the template.
+    #[arg(long, default_value = "chat", value_parser = ["chat", "prefill"])]
+    pub prompt_style: String,
     /// Longest answer, tokens.
     #[arg(long, default_value_t = 768)]
     pub max_tokens: usize,
@@ -92,6 +102,10 @@ pub struct QualityArgs {
     /// before with the same options).
     #[arg(long)]
     pub resume: bool,
+    /// With --resume: judge the kept answers again (code extraction and sandbox as this build does
+    /// them), without asking anything again.
+    #[arg(long, requires = "resume")]
+    pub rejudge: bool,
     /// Where to write completions.jsonl, arms.json, rows.json, table.md, pass-at-1.svg, the servers'
     /// logs and command.txt (default bench/out/quality-<time>).
     #[arg(long)]
@@ -194,19 +208,32 @@ struct AskOptions {
     max_tokens: usize,
     full_answers: bool,
     timeout: Duration,
+    /// The prompt is a rendered chat with the answer begun (`--prompt-style prefill`).
+    prefill: bool,
 }
 
+/// EvalPlus's response prefix for chat models (what the answer starts with under `--prompt-style prefill`).
+const RESPONSE_PREFIX: &str = "Below is a Python script with a self-contained function that solves the problem and passes corresponding tests:\n";
+const FENCE: &str = "```python\n";
+
 async fn ask(ep: &Endpoint, model: &str, content: &str, args: AskOptions, entry_point: &str) -> Result<Streamed, String> {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "model": model,
-        "messages": [{"role": "user", "content": content}],
         "temperature": 0,
         "max_tokens": args.max_tokens,
         "seed": 0,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let state = Arc::new(Mutex::new(Streamed::default()));
+    let path = if args.prefill {
+        body["prompt"] = content.into();
+        "/v1/completions"
+    } else {
+        body["messages"] = serde_json::json!([{"role": "user", "content": content}]);
+        "/v1/chat/completions"
+    };
+    // the answer as read: under prefill it starts with the fence the prompt opened
+    let state = Arc::new(Mutex::new(Streamed { text: if args.prefill { FENCE.to_string() } else { String::new() }, ..Default::default() }));
     let (st, early, entry) = (state.clone(), !args.full_answers, entry_point.to_string());
     let read = Read::Each(Box::new(move |_, bytes| {
         let mut s = st.lock().unwrap();
@@ -221,7 +248,8 @@ async fn ask(ep: &Endpoint, model: &str, content: &str, args: AskOptions, entry_
             if let Some(t) = v["usage"]["prompt_tokens"].as_u64() {
                 s.prompt_tokens = Some(t);
             }
-            if let Some(c) = v["choices"][0]["delta"]["content"].as_str().filter(|c| !c.is_empty()) {
+            let piece = v["choices"][0]["delta"]["content"].as_str().or(v["choices"][0]["text"].as_str());
+            if let Some(c) = piece.filter(|c| !c.is_empty()) {
                 s.text.push_str(c);
                 s.chunks += 1;
             }
@@ -235,7 +263,7 @@ async fn ask(ep: &Endpoint, model: &str, content: &str, args: AskOptions, entry_
         }
         true
     }));
-    let a = http::send(ep, "POST", "/v1/chat/completions", &[], Some(serde_json::to_vec(&body).unwrap_or_default()), args.timeout, read).await.map_err(|f| f.kind())?;
+    let a = http::send(ep, "POST", path, &[], Some(serde_json::to_vec(&body).unwrap_or_default()), args.timeout, read).await.map_err(|f| f.kind())?;
     if a.status != 200 {
         return Err(format!("HTTP {}: {}", a.status, String::from_utf8_lossy(&a.body()).chars().take(300).collect::<String>()));
     }
@@ -267,7 +295,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
     });
     std::fs::create_dir_all(out.join("logs")).with_context(|| format!("creating {}", out.display()))?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    std::fs::write(out.join("command.txt"), format!("{command}\n{}sandbox: {}\nproblems: {} ({} of {})\n", stamp(), sandbox.describe(), path.display(), problems.len(), all.len()))?;
+    std::fs::write(out.join("command.txt"), format!("{command}\n{}sandbox: {}\nproblems: {} ({} of {})\nprompt style: {}\n", stamp(), sandbox.describe(), path.display(), problems.len(), all.len(), args.prompt_style))?;
     // every command that wrote into this directory, with its stamp (a resumed run keeps its history)
     let mut history = std::fs::OpenOptions::new().create(true).append(true).open(out.join("commands.log"))?;
     writeln!(history, "{command}\n{}", stamp())?;
@@ -283,36 +311,73 @@ pub fn run(args: QualityArgs) -> Result<()> {
             infos = serde_json::from_str(&text).unwrap_or_default();
         }
         eprintln!("lab quality: resuming with {} answers from {}", records.len(), records_path.display());
+        if args.rejudge {
+            let by_id: std::collections::HashMap<&str, &Problem> = all.iter().map(|p| (p.task_id.as_str(), p)).collect();
+            let next = AtomicUsize::new(0);
+            let judged: Vec<Mutex<Option<QualityRecord>>> = records.iter().map(|_| Mutex::new(None)).collect();
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(r) = records.get(k) else { break };
+                        let mut r = r.clone();
+                        if let (Some(p), false) = (by_id.get(r.task_id.as_str()), r.finish == "error") {
+                            r.code = quality::extract_code(&r.answer, &p.entry_point);
+                            match sandbox.run(&quality::program(p, &r.code)) {
+                                Ok(e) => (r.verdict, r.error, r.exec_s) = (e.verdict, e.error, e.seconds),
+                                Err(e) => (r.verdict, r.error) = (quality::Verdict::Failed, format!("sandbox: {e}")),
+                            }
+                        }
+                        *judged[k].lock().unwrap() = Some(r);
+                    });
+                }
+            });
+            let changed = judged.iter().zip(&records).filter(|(j, r)| j.lock().unwrap().as_ref().is_some_and(|j| j.verdict != r.verdict)).count();
+            records = judged.into_iter().filter_map(|j| j.into_inner().unwrap()).collect();
+            let mut f = std::fs::File::create(&records_path)?;
+            for r in &records {
+                writeln!(f, "{}", serde_json::to_string(r)?)?;
+            }
+            eprintln!("lab quality: judged {} kept answers again, {changed} verdicts changed", records.len());
+        }
     } else {
         std::fs::write(&records_path, "")?;
     }
     let records_file = Mutex::new(std::fs::OpenOptions::new().append(true).open(&records_path)?);
 
     // the prompts, short and long, the same for every arm
-    let short: Vec<String> = problems.iter().map(quality::instruction).collect();
-    let long: Vec<String> = if arms.iter().any(|a| a.long) { (0..problems.len()).map(|i| quality::long_instruction(&all, i, args.long_tokens * 3)).collect() } else { Vec::new() };
-    // prompt lengths in the model's own tokens (answers cut by the client carry no usage)
-    let prompt_tokens = |texts: &[String]| -> Vec<Option<u64>> {
-        match args.model.as_deref().map(load_tokenizer) {
-            Some(Ok((tok, template))) => texts.iter().map(|t| template.render(&[ChatMessage::new("user", t)], true).ok().and_then(|r| tok.encode(&r, true, true).ok()).map(|ids| ids.len() as u64)).collect(),
-            _ => vec![None; texts.len()],
-        }
+    let mut short: Vec<String> = problems.iter().map(quality::instruction).collect();
+    let mut long: Vec<String> = if arms.iter().any(|a| a.long) { (0..problems.len()).map(|i| quality::long_instruction(&all, i, args.long_tokens * 3)).collect() } else { Vec::new() };
+    let prefill = args.prompt_style == "prefill";
+    let tokenizer = match args.model.as_deref() {
+        Some(m) => Some(load_tokenizer(m)?),
+        None => None,
     };
-    let (short_tokens, long_tokens) = (prompt_tokens(&short), prompt_tokens(&long));
+    anyhow::ensure!(!prefill || tokenizer.is_some(), "--prompt-style prefill renders the chat template: give -m MODEL");
+    // prompt lengths in the model's own tokens (answers cut by the client carry no usage)
+    let rendered = |t: &str| tokenizer.as_ref().and_then(|(_, template)| template.render(&[ChatMessage::new("user", t)], true).ok());
+    let count = |texts: &[String]| -> Vec<Option<u64>> { texts.iter().map(|t| rendered(t).and_then(|r| tokenizer.as_ref()?.0.encode(&format!("{r}{}", if prefill { format!("{RESPONSE_PREFIX}{FENCE}") } else { String::new() }), true, true).ok()).map(|ids| ids.len() as u64)).collect() };
+    let (short_tokens, long_tokens) = (count(&short), count(&long));
+    if prefill {
+        for t in short.iter_mut().chain(long.iter_mut()) {
+            *t = format!("{}{RESPONSE_PREFIX}{FENCE}", rendered(t).context("rendering the chat template")?);
+        }
+    }
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     for arm in &arms {
         let prompts = if arm.long { &long } else { &short };
         let counts = if arm.long { &long_tokens } else { &short_tokens };
         let done: HashSet<String> = records.iter().filter(|r| r.arm == arm.name).map(|r| r.task_id.clone()).collect();
-        let todo: Vec<usize> = (0..problems.len()).filter(|&i| !done.contains(&problems[i].task_id)).collect();
+        let asked = if arm.long { args.long_limit.unwrap_or(usize::MAX).min(problems.len()) } else { problems.len() };
+        let todo: Vec<usize> = (0..asked).filter(|&i| !done.contains(&problems[i].task_id)).collect();
         let how = match &arm.source {
             Source::Serve(a) => format!("reckon serve {}", a.join(" ")),
             Source::Url(ep) => ep.url(""),
             Source::Canonical => "reference solutions".into(),
         };
         if todo.is_empty() {
-            eprintln!("lab quality: {}: all {} answers kept", arm.name, problems.len());
+            eprintln!("lab quality: {}: all {asked} answers kept", arm.name);
         } else {
             eprintln!("lab quality: {} ({how}): {} problems{}", arm.name, todo.len(), if arm.long { ", long prompts" } else { "" });
         }
@@ -345,7 +410,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
                 let results = Arc::new(Mutex::new(Vec::new()));
                 let todo = Arc::new(todo.clone());
                 let shared = Arc::new((ep, model, prompts.clone(), problems.iter().map(|p| p.entry_point.clone()).collect::<Vec<_>>()));
-                let opts = AskOptions { max_tokens: args.max_tokens, full_answers: args.full_answers, timeout: Duration::from_secs_f64(args.timeout_s) };
+                let opts = AskOptions { max_tokens: args.max_tokens, full_answers: args.full_answers, timeout: Duration::from_secs_f64(args.timeout_s), prefill };
                 rt.block_on(async {
                     let mut tasks = tokio::task::JoinSet::new();
                     for _ in 0..args.concurrency.min(todo.len()) {
@@ -392,7 +457,8 @@ pub fn run(args: QualityArgs) -> Result<()> {
                                 Err(e) => (quality::Verdict::Failed, format!("sandbox: {e}"), 0.0),
                             };
                             let finish = if a.hung_up { "complete".to_string() } else { a.finish.clone().unwrap_or_default() };
-                            QualityRecord { arm: arm.name.clone(), task_id: p.task_id.clone(), long: arm.long, prompt_tokens: a.prompt_tokens.or(counts.get(*i).copied().flatten()), chunks: a.chunks, finish, answer: a.text.clone(), code, verdict, error, exec_s, gen_s: *gen_s }
+                            let prompt_tokens = if matches!(arm.source, Source::Canonical) { None } else { a.prompt_tokens.or(counts.get(*i).copied().flatten()) };
+                            QualityRecord { arm: arm.name.clone(), task_id: p.task_id.clone(), long: arm.long, prompt_tokens, chunks: a.chunks, finish, answer: a.text.clone(), code, verdict, error, exec_s, gen_s: *gen_s }
                         }
                         // a request that failed fails its problem, visibly
                         Err(e) => QualityRecord { arm: arm.name.clone(), task_id: p.task_id.clone(), long: arm.long, prompt_tokens: counts.get(*i).copied().flatten(), chunks: 0, finish: "error".into(), answer: String::new(), code: String::new(), verdict: quality::Verdict::Failed, error: format!("request: {e}"), exec_s: 0.0, gen_s: *gen_s },
@@ -413,7 +479,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
         infos.push(ArmInfo { name: arm.name.clone(), how, long: arm.long, baseline: arm.baseline.clone(), wall_s });
         std::fs::write(out.join("arms.json"), serde_json::to_string_pretty(&infos)?)?;
         let passed = records.iter().filter(|r| r.arm == arm.name && r.verdict == quality::Verdict::Passed).count();
-        eprintln!("lab quality: {}: {passed}/{} passed{}", arm.name, problems.len(), if errors > 0 { format!(", {errors} requests failed") } else { String::new() });
+        eprintln!("lab quality: {}: {passed}/{asked} passed{}", arm.name, if errors > 0 { format!(", {errors} requests failed") } else { String::new() });
     }
     drop(rt);
     // the table covers this run's arms (and their baselines), in the order given
@@ -423,10 +489,10 @@ pub fn run(args: QualityArgs) -> Result<()> {
     let rows = quality::rows(&shown, &kept);
     std::fs::write(out.join("rows.json"), serde_json::to_string_pretty(&rows)?)?;
     let name = args.model.as_deref().map(|m| m.rsplit('/').next().unwrap_or(m).to_string()).unwrap_or_else(|| "servers".into());
-    let title = format!("{name}: HumanEval pass@1 ({} problems, greedy, chat API)", problems.len());
+    let title = format!("{name}: HumanEval pass@1 ({} problems, greedy, {})", problems.len(), if prefill { "EvalPlus's prompt and response prefix, /v1/completions" } else { "EvalPlus's instruction, chat API" });
     let table = quality::markdown(&rows);
     let notes = format!(
-        "\nGained/lost: problems the arm passes and its baseline (`vs`) fails, and the reverse. McNemar p: exact two-sided test on those; same answer: answers identical to the baseline's, character for character. Long arms: each problem after about {} tokens of the other problems' code. Sandbox: {}.\n",
+        "\nGained/lost: problems the arm passes and its baseline (`vs`) fails, and the reverse. McNemar p: exact two-sided test on those; same answer: answers identical to the baseline's, character for character. Wall: the arm's time to answer, not a speed benchmark (8 requests at once; other work may have shared the machine). Long arms: each problem after about {} tokens of the other problems' code. Sandbox: {}.\n",
         args.long_tokens,
         sandbox.describe()
     );

@@ -126,8 +126,9 @@ pub struct Program {
     pub tail: String,
     /// Keep only the code's top-level imports, definitions and assignments (EvalPlus's sanitizer does
     /// the same before its verdicts: a stray `python` line after a bare fence, example calls or a
-    /// `__main__` block are not the answer). Done in the sandbox with `ast`; code that does not parse
-    /// runs as it is, and fails.
+    /// `__main__` block are not the answer). Done in the sandbox with `ast`, over the longest run of
+    /// leading lines that parses (EvalPlus parses with tree-sitter, which recovers from a broken
+    /// trailing line); code of which no leading lines parse runs as it is, and fails.
     pub sanitize: bool,
 }
 
@@ -188,13 +189,19 @@ import ast
 d, sanitize, mem, cpu = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
 head, code, tail = (open(os.path.join(d, n)).read() for n in ("head.py", "code.py", "tail.py"))
 if sanitize:
-    try:
+    # the longest run of leading lines that parses (a broken example call after the function is
+    # dropped, as a parser with error recovery would), then its definitions only
+    lines, tree = code.split("\n"), None
+    for cut in range(len(lines), 0, -1):
+        try:
+            tree = ast.parse("\n".join(lines[:cut]))
+            break
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    if tree is not None:
         keep = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
-        tree = ast.parse(code)
         tree.body = [n for n in tree.body if isinstance(n, keep)]
         code = ast.unparse(tree) + "\n"
-    except (SyntaxError, ValueError, RecursionError):
-        pass
 source = head + code + tail
 for lim, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_DATA, mem), (resource.RLIMIT_CPU, cpu),
                (resource.RLIMIT_FSIZE, 1 << 24), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 0)):
@@ -424,6 +431,8 @@ pub fn rows(arms: &[ArmInfo], records: &[QualityRecord]) -> Vec<QualityRow> {
                         }
                     }
                 }
+                sort_ids(&mut gained);
+                sort_ids(&mut lost);
                 p = Some(mcnemar(lost.len(), gained.len()));
                 same_answer = Some(same);
             }
@@ -449,18 +458,28 @@ pub fn rows(arms: &[ArmInfo], records: &[QualityRecord]) -> Vec<QualityRow> {
         .collect()
 }
 
+/// Problem numbers in order (`HumanEval/12` -> 12); a long list is a count.
 fn ids(v: &[String]) -> String {
     if v.is_empty() {
         return "—".into();
     }
+    if v.len() > 24 {
+        return format!("{} problems", v.len());
+    }
     v.iter().map(|t| t.trim_start_matches("HumanEval/")).collect::<Vec<_>>().join(", ")
+}
+
+/// Task ids in the dataset's order: by their number where they end in one.
+fn sort_ids(v: &mut [String]) {
+    let key = |t: &String| (t.rsplit('/').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(u64::MAX), t.clone());
+    v.sort_by_key(key);
 }
 
 pub fn markdown(rows: &[QualityRow]) -> String {
     let mut s = String::from("| arm | how | pass@1 | 95% interval | vs | gained | lost | McNemar p | same answer | timed out | prompt tokens | wall |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let vs = r.baseline.clone().unwrap_or_else(|| "—".into());
-        let p = r.mcnemar_p.map_or("—".into(), |p| format!("{p:.3}"));
+        let p = r.mcnemar_p.map_or("—".into(), |p| if p < 0.001 { format!("{p:.0e}") } else { format!("{p:.3}") });
         let same = r.same_answer.map_or("—".into(), |s| format!("{s}/{}", r.n));
         let prompt = r.mean_prompt_tokens.map_or("—".into(), |t| format!("{t:.0}"));
         s.push_str(&format!(
@@ -603,6 +622,10 @@ mod tests {
         let rec = |arm: &str, t: &str, ok: bool, answer: &str| QualityRecord { arm: arm.into(), task_id: t.into(), long: false, prompt_tokens: Some(10), chunks: 1, finish: "stop".into(), answer: answer.into(), code: String::new(), verdict: if ok { Verdict::Passed } else { Verdict::Failed }, error: String::new(), exec_s: 0.0, gen_s: 0.0 };
         let arm = |n: &str, b: Option<&str>| ArmInfo { name: n.into(), how: String::new(), long: false, baseline: b.map(String::from), wall_s: 1.0 };
         let records = vec![rec("a", "1", true, "x"), rec("a", "2", false, "y"), rec("a", "3", true, "z"), rec("b", "1", false, "x"), rec("b", "2", true, "q"), rec("b", "3", true, "z")];
+        let mut v: Vec<String> = ["HumanEval/19", "HumanEval/2", "HumanEval/18"].map(String::from).to_vec();
+        sort_ids(&mut v);
+        assert_eq!(ids(&v), "2, 18, 19");
+        assert_eq!(ids(&vec!["x".to_string(); 30]), "30 problems");
         let r = rows(&[arm("a", None), arm("b", Some("a"))], &records);
         assert_eq!((r[0].passed, r[0].n, r[0].same_answer), (2, 3, None));
         assert_eq!((r[1].gained.clone(), r[1].lost.clone(), r[1].same_answer), (vec!["2".to_string()], vec!["1".to_string()], Some(2)));
@@ -649,6 +672,9 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Passed, "{r:?}");
         let unsanitized = Program { sanitize: false, ..program(&p, tagged) };
         assert_eq!(sb.run(&unsanitized).unwrap().verdict, Verdict::Failed);
+        // a broken example call after the function is dropped with what follows it
+        let broken = "def add(xs):\n    return sum(xs)\n\nprint(add([1,\n     2]) # x\n  ]\n";
+        assert_eq!(sb.run(&program(&p, broken)).unwrap().verdict, Verdict::Passed);
         // code that does not parse fails
         assert_eq!(sb.run(&program(&p, "def add(xs):\n    return sum(xs\n")).unwrap().verdict, Verdict::Failed);
     }
