@@ -70,6 +70,23 @@ fn lab_quality_checks_answers_by_running_them() {
     assert_eq!(records(&out).len(), 12);
     let line = |s: &str| s.lines().find(|l| l.starts_with("| spec |")).map(|l| l.rsplit_once("| ").unwrap().0.to_string()).unwrap();
     assert_eq!(line(&stdout2), line(&stdout), "the spec row without its wall time");
+    // a request that failed is asked again on resume (here: one answer marked as failed)
+    let text = std::fs::read_to_string(out.join("completions.jsonl")).unwrap();
+    let marked: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["arm"] == "f16" && v["task_id"] == "HumanEval/1" {
+                v["finish"] = "error".into();
+            }
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(out.join("completions.jsonl"), marked.join("\n") + "\n").unwrap();
+    let (_, stderr5) = run("f16", &["--resume"]);
+    assert!(stderr5.contains("1 failed requests will be asked again") && stderr5.contains("): 1 problems"), "{stderr5}");
+    assert_eq!(records(&out).len(), 12);
+    assert_eq!(answer("f16", "HumanEval/1"), records(&out).iter().find(|r| r["arm"] == "f16" && r["task_id"] == "HumanEval/1").unwrap()["answer"].as_str().unwrap(), "asked again: the same greedy answer");
     // judged again by the same build: the same verdicts
     let (_, stderr3) = run("f16", &["--resume", "--rejudge"]);
     assert!(stderr3.contains("judged 12 kept answers again, 0 verdicts changed"), "{stderr3}");

@@ -99,7 +99,7 @@ pub struct QualityArgs {
     #[arg(long, default_value_t = 1800.0)]
     pub timeout_s: f64,
     /// Keep the answers already in OUT/completions.jsonl and ask only what is missing (an arm run
-    /// before with the same options).
+    /// before with the same options); requests that failed are asked again.
     #[arg(long)]
     pub resume: bool,
     /// With --resume: judge the kept answers again (code extraction and sandbox as this build does
@@ -306,6 +306,16 @@ pub fn run(args: QualityArgs) -> Result<()> {
     if args.resume {
         if let Ok(text) = std::fs::read_to_string(&records_path) {
             records = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        }
+        // a request that failed (a server that died, a timeout) is asked again
+        let failed = records.iter().filter(|r| r.finish == "error").count();
+        if failed > 0 {
+            records.retain(|r| r.finish != "error");
+            let mut f = std::fs::File::create(&records_path)?;
+            for r in &records {
+                writeln!(f, "{}", serde_json::to_string(r)?)?;
+            }
+            eprintln!("lab quality: {failed} failed requests will be asked again");
         }
         if let Ok(text) = std::fs::read_to_string(out.join("arms.json")) {
             infos = serde_json::from_str(&text).unwrap_or_default();
