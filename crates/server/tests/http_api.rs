@@ -471,15 +471,15 @@ fn router_facing_endpoints_and_the_lora_gauge() {
     assert_eq!(load, json!([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]));
     // a prompt fills the cache; with nothing running, a reset empties it
     assert_eq!(post(addr, "/v1/chat/completions", &tiny_chat(HAIKU, 4, json!({}))).status, 200);
-    let cached = |addr| Metrics::read(addr, TINY).text.lines().find_map(|l| l.strip_prefix("reckon_prefix_cache_blocks{model_name=\"tiny\"} ").map(|v| v.parse::<f64>().unwrap())).unwrap();
-    assert!(cached(addr) > 0.0);
+    wait_for_metrics(addr, TINY, "the prompt's blocks in the cache", |m| m.value("reckon_prefix_cache_blocks") >= 2.0);
     for path in ["/flush_cache", "/reset_prefix_cache"] {
         let r = post(addr, path, &json!({}));
         assert_eq!(r.status, 200, "{path}: {}", r.body);
     }
     let metrics = Metrics::read(addr, TINY);
     assert!(metrics.text.lines().any(|l| l.starts_with("vllm:lora_requests_info{max_lora=\"0\",model_name=\"tiny\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}")), "{}", metrics.text);
-    // (the stats are published after the engine's next step: poke it)
+    // (the stats are published after the engine's step, which can answer the client first: poke the
+    // engine, then wait for them)
     assert_eq!(post(addr, "/v1/completions", &json!({"model": TINY, "prompt": [1, 2, 3], "max_tokens": 1})).status, 200);
-    assert!(cached(addr) < 2.0, "the reset dropped the cached blocks");
+    wait_for_metrics(addr, TINY, "the reset to drop the cached blocks", |m| m.value("reckon_prefix_cache_blocks") < 2.0);
 }
