@@ -311,10 +311,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
         let failed = records.iter().filter(|r| r.finish == "error").count();
         if failed > 0 {
             records.retain(|r| r.finish != "error");
-            let mut f = std::fs::File::create(&records_path)?;
-            for r in &records {
-                writeln!(f, "{}", serde_json::to_string(r)?)?;
-            }
+            rewrite_records(&records_path, &records)?;
             eprintln!("lab quality: {failed} failed requests will be asked again");
         }
         if let Ok(text) = std::fs::read_to_string(out.join("arms.json")) {
@@ -344,10 +341,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
             });
             let changed = judged.iter().zip(&records).filter(|(j, r)| j.lock().unwrap().as_ref().is_some_and(|j| j.verdict != r.verdict)).count();
             records = judged.into_iter().filter_map(|j| j.into_inner().unwrap()).collect();
-            let mut f = std::fs::File::create(&records_path)?;
-            for r in &records {
-                writeln!(f, "{}", serde_json::to_string(r)?)?;
-            }
+            rewrite_records(&records_path, &records)?;
             eprintln!("lab quality: judged {} kept answers again, {changed} verdicts changed", records.len());
         }
     } else {
@@ -522,4 +516,18 @@ async fn wait_for_model(ep: &Endpoint) -> Result<String> {
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
+}
+
+/// Replaces OUT/completions.jsonl with `records` (answers dropped by `--resume`, verdicts changed by
+/// `--rejudge`). Written beside it and renamed over it, so a run killed mid-write leaves the old file
+/// whole rather than half the answers.
+fn rewrite_records(path: &std::path::Path, records: &[QualityRecord]) -> Result<()> {
+    let tmp = path.with_extension("jsonl.tmp");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?);
+    for r in records {
+        writeln!(f, "{}", serde_json::to_string(r)?)?;
+    }
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
 }
