@@ -86,6 +86,8 @@ fn lab_quality_checks_answers_by_running_them() {
     let (_, stderr5) = run("f16", &["--resume"]);
     assert!(stderr5.contains("1 failed requests will be asked again") && stderr5.contains("): 1 problems"), "{stderr5}");
     assert_eq!(records(&out).len(), 12);
+    // the resumed arm's server log does not replace the first run's
+    assert!(out.join("logs/f16/reckon-serve.log").exists() && out.join("logs/f16/reckon-serve.1.log").exists());
     assert_eq!(answer("f16", "HumanEval/1"), records(&out).iter().find(|r| r["arm"] == "f16" && r["task_id"] == "HumanEval/1").unwrap()["answer"].as_str().unwrap(), "asked again: the same greedy answer");
     // judged again by the same build: the same verdicts
     let (_, stderr3) = run("f16", &["--resume", "--rejudge"]);

@@ -396,6 +396,12 @@ pub fn run(args: QualityArgs) -> Result<()> {
                     Source::Serve(opts) => {
                         let logs = out.join("logs").join(&arm.name);
                         std::fs::create_dir_all(&logs)?;
+                        // a resumed arm keeps the log of the run before it (reckon-serve.1.log, .2, ...)
+                        let log = logs.join("reckon-serve.log");
+                        if log.exists() {
+                            let kept = (1..).map(|n| logs.join(format!("reckon-serve.{n}.log"))).find(|p| !p.exists()).expect("a free name");
+                            std::fs::rename(&log, &kept).with_context(|| format!("keeping {}", log.display()))?;
+                        }
                         let mut opts = opts.clone();
                         opts.extend(args.serve_args.iter().cloned());
                         let (c, url) = start_reckon(args.model.as_deref().unwrap_or_default(), &opts, &logs)?;
