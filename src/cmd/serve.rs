@@ -202,10 +202,14 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         let router = router(state);
         // a thread of its own accepts and answers /health probes, whatever the workers' queue holds
         let incoming = reckon_server::front::spawn(listener, router.clone()).context("starting the front thread")?;
-        let served = axum::serve(incoming, router).with_graceful_shutdown(stop_on_signal(engine.clone(), drain)).await;
+        let served = reckon_server::serve(incoming, router, engine.clone(), stop_on_signal(engine.clone(), drain)).await;
+        if let Ok(Some(why)) = served {
+            // a failed engine saves nothing: the process exits non-zero for its supervisor to restart it
+            anyhow::bail!("{why}");
+        }
         // also after a server error: the engine saves its prefix cache before the process ends
         let _ = tokio::task::spawn_blocking(move || engine.shutdown(Duration::ZERO)).await;
-        served.context("server failed")
+        served.map(drop).context("server failed")
     })
 }
 

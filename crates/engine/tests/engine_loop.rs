@@ -733,3 +733,46 @@ fn kv_events_follow_blocks_from_memory_to_the_disk_tier() {
     engine.shutdown(std::time::Duration::ZERO);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `Names`, until the test arms it: then the next token's text panics on the engine thread (the test's
+/// own fault hook; nothing in the engine carries one).
+struct Faulty(std::sync::atomic::AtomicBool);
+
+impl Detokenizer for Faulty {
+    fn token_bytes(&self, id: u32) -> Vec<u8> {
+        assert!(!self.0.load(Ordering::Relaxed), "injected fault");
+        Names.token_bytes(id)
+    }
+    fn is_end_of_generation(&self, _: u32) -> bool {
+        false
+    }
+}
+
+/// A panic on the engine thread fails every request in flight and every later submit with the reason,
+/// answers a shutdown at once, and writes nothing to the disk tier, not even the blocks a clean
+/// shutdown would have saved.
+#[test]
+fn a_panicked_engine_fails_every_request_and_writes_no_more_to_disk() {
+    let model = model();
+    let dir = temp_dir("disk-panic");
+    let disk = Some(DiskTierConfig { dir: dir.clone(), max_bytes: 64 << 20 });
+    let fault = Arc::new(Faulty(Default::default()));
+    let engine = spawn_with(model, fault.clone(), config(64, 64), disk).unwrap();
+    // a finished request leaves cached blocks a clean shutdown would write
+    drain(engine.submit(shared_prefix_requests().remove(1)).unwrap().1);
+    assert!(engine.failure().is_none());
+    let mut running = engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(3, 10), 200) }).unwrap().1;
+    assert!(matches!(running.blocking_recv(), Some(Event::Token { .. })));
+    fault.0.store(true, Ordering::Relaxed);
+    let last = std::iter::from_fn(|| running.blocking_recv()).last();
+    match last {
+        Some(Event::Error(m)) => assert!(m.contains("the engine failed") && m.contains("injected fault"), "{m}"),
+        other => panic!("the running request ended with {other:?}"),
+    }
+    assert!(engine.failure().is_some_and(|w| w.contains("injected fault")));
+    assert!(matches!(engine.submit(GenerateParams::greedy(prompt(4, 10), 4)), Err(RequestError::Failed(_))));
+    engine.shutdown(std::time::Duration::from_secs(5));
+    assert_eq!(block_files(&dir), Vec::<std::path::PathBuf>::new(), "a failed engine saved its cache");
+    assert_eq!(engine.stats().failed_requests.load(Ordering::Relaxed), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -87,7 +87,7 @@ impl ApiError {
                 retry_after: Some(RETRY_AFTER_SECONDS),
                 ..Self::invalid(message, None)
             },
-            RequestError::ShuttingDown | RequestError::Stopped => {
+            RequestError::ShuttingDown | RequestError::Stopped | RequestError::Failed(_) => {
                 ApiError { status: StatusCode::SERVICE_UNAVAILABLE, kind: "server_error", code: Some("unavailable"), ..Self::invalid(message, None) }
             }
         }
@@ -153,6 +153,7 @@ fn param_name(field: Field, api: Wire) -> &'static str {
         },
         Field::CacheSalt => "cache_salt",
         Field::SpecPrefill => "reckon.spec_prefill",
+        Field::Prediction => "prediction",
     }
 }
 

@@ -29,6 +29,7 @@ use reckon_engine::engine::EngineHandle;
 use reckon_engine::template::ChatTemplate;
 use reckon_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
+use std::future::IntoFuture;
 use std::sync::Arc;
 
 /// What every handler needs; cheap to clone.
@@ -118,9 +119,45 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// "ok", or 503 once a shutdown has started, so a load balancer's readiness probe stops sending traffic
-/// that would be refused.
+/// How long the HTTP side has, once the engine failed, to answer what was in flight (the error events,
+/// the ends of open streams) before `serve` returns anyway.
+pub const FAILED_ENGINE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves `router` on `listener` until `stop` resolves (a signal; it should shut the engine down) or the
+/// engine fails. Then new connections are refused, and what is open finishes: after a failure every
+/// request in flight has had its error event in its API's shape (`EngineHandle::failure`), and at most
+/// `FAILED_ENGINE_GRACE` later this returns the failure, for the process to exit non-zero so that its
+/// supervisor starts a new one (vLLM's engine-core death does the same). `Ok(None)`: a normal stop.
+pub async fn serve<L: axum::serve::Listener>(listener: L, router: Router, engine: EngineHandle, stop: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<Option<String>>
+where
+    L::Addr: std::fmt::Debug,
+{
+    let failed = engine.clone();
+    let shutdown = async move {
+        tokio::select! {
+            _ = stop => {}
+            why = failed.failed() => tracing::error!("stopping the server: {why}"),
+        }
+    };
+    let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
+    let failed = engine.clone();
+    let grace = async move {
+        failed.failed().await;
+        tokio::time::sleep(FAILED_ENGINE_GRACE).await;
+    };
+    tokio::select! {
+        served = server.into_future() => served?,
+        _ = grace => tracing::warn!("connections still open {} s after the engine failed are dropped", FAILED_ENGINE_GRACE.as_secs()),
+    }
+    Ok(engine.failure())
+}
+
+/// "ok"; 503 once a shutdown has started, so a load balancer's readiness probe stops sending traffic
+/// that would be refused, and 503 with why once the engine failed, so a liveness probe restarts it.
 async fn health(State(state): State<AppState>) -> Response {
+    if let Some(why) = state.engine.failure() {
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
     if state.engine.is_draining() {
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
     }

@@ -4,7 +4,7 @@
 use super::{slow, sparse, spec};
 use crate::kv::offload::DiskOffload;
 use crate::kv::{kv_numerics_version, Attention, DiskTierConfig, KvDtypes, KvFormat, KvLayout, KvStorage, KvWindow, SparseAttention};
-use crate::model::Model;
+use crate::model::{Model, ModelConfig};
 
 #[derive(Clone, Copy, Debug)]
 pub struct EngineConfig {
@@ -86,6 +86,26 @@ impl EngineConfig {
     /// State snapshot slots of a hybrid recurrent model's pool: one per `state_snapshot_every` blocks.
     pub fn state_snapshot_slots(&self) -> usize {
         self.num_blocks.div_ceil(self.state_snapshot_every.max(1))
+    }
+
+    /// Refuses a configuration that asks `model` for a feature its architecture lacks
+    /// (`ModelConfig::capabilities`), naming the feature and why.
+    pub fn check_capabilities(&self, model: &ModelConfig) -> Result<(), String> {
+        use crate::model::Feature;
+        let caps = &model.capabilities;
+        let wanted = [
+            (self.spec.is_some(), Feature::Speculation),
+            (self.spec_prefill.is_some(), Feature::SparsePrefill),
+            (self.sparse_attention.is_some(), Feature::SparseAttention),
+            (self.kv_window.is_some(), Feature::KvWindow),
+        ];
+        if let Some((_, m)) = caps.refuse(&wanted) {
+            return Err(m);
+        }
+        if caps.state_snapshots && self.state_snapshot_every == 0 {
+            return Err("state snapshots are taken every N blocks, N at least 1".into());
+        }
+        Ok(())
     }
 
     /// Speculation with a draft model (`SpecConfig::draft`): its keys and values share the target's

@@ -4,16 +4,22 @@
 //!
 //! A request whose event receiver is dropped is treated as aborted at its next token; an explicit abort
 //! is handled before the next step. Either way its blocks are released within one step.
+//!
+//! A panic on the engine thread is a failed engine, not a silent stop: every request in flight or queued
+//! gets an error event, the disk tier is written no more, and `EngineHandle::failure` says so from then
+//! on (the server's `/health` answers 503 and the process exits for its supervisor to restart it).
 
 use super::validate::{validate, GenerateParams, Limits, RequestError, ValidatedRequest};
 use super::{Detokenizer, Engine, EngineConfig, EngineStats, Event, RequestId};
 use crate::kv::offload::RestoredBlocks;
 use crate::kv::DiskTierConfig;
 use crate::model::Model;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 
 type Ack = std::sync::mpsc::Sender<()>;
 
@@ -44,12 +50,17 @@ pub struct EngineHandle {
     kv_cell_bytes: usize,
     /// Set when a shutdown starts: submits are refused from then on.
     draining: Arc<AtomicBool>,
+    /// Why the engine thread failed (it panicked), once it has.
+    failure: watch::Receiver<Option<String>>,
 }
 
 impl EngineHandle {
     /// Validates and queues a generation; its events arrive on the returned receiver, ending with
     /// `Finished` or `Error`.
     pub fn submit(&self, params: GenerateParams) -> Result<(RequestId, UnboundedReceiver<Event>), RequestError> {
+        if let Some(why) = self.failure() {
+            return Err(RequestError::Failed(why));
+        }
         if self.draining.load(Ordering::Relaxed) {
             return Err(RequestError::ShuttingDown);
         }
@@ -64,9 +75,26 @@ impl EngineHandle {
         let cmd = Command::Submit { id, req, events, arrived: Instant::now(), reply: self.commands.clone() };
         if self.commands.send(cmd).is_err() {
             self.stats.unseen.fetch_sub(1, Ordering::Relaxed);
-            return Err(RequestError::Stopped);
+            return Err(self.failure().map_or(RequestError::Stopped, RequestError::Failed));
         }
         Ok((id, rx))
+    }
+
+    /// Why the engine failed, once it has (a panic on its thread; `None` while it works). Nothing is
+    /// served after that: the process should exit so that its supervisor starts a new one.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+
+    /// Resolves when the engine fails, with why; never, if it does not.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.failure.clone();
+        let why = rx.wait_for(Option::is_some).await.map(|why| why.clone().unwrap_or_default());
+        match why {
+            Ok(why) => why,
+            // the engine thread ended without failing (a clean stop): nothing to wait for
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// The requests waiting (queued or not yet seen by the engine) when a submit now would be refused
@@ -160,9 +188,20 @@ pub fn spawn_engine(engine: Engine) -> std::io::Result<EngineHandle> {
     let (commands, rx) = mpsc::unbounded_channel();
     let (stats, limits) = (engine.stats().clone(), engine.limits());
     let (kv_layout, kv_cell_bytes) = (engine.kv_layout().clone(), engine.kv_cell_bytes());
-    let worker = Loop { engine, commands: rx, drain: None };
-    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || worker.run())?;
-    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, kv_layout, kv_cell_bytes, draining: Arc::new(AtomicBool::new(false)) })
+    let (failed, failure) = watch::channel(None);
+    let mut worker = Loop { engine, commands: rx, drain: None };
+    std::thread::Builder::new().name("reckon-engine".into()).spawn(move || {
+        // (the panic hook has printed the message and where: this turns it into a failed engine)
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| worker.run())) {
+            worker.fail_all(panic_message(&*payload), &failed);
+        }
+    })?;
+    Ok(EngineHandle { commands, next_id: Arc::new(AtomicU64::new(1)), stats, config, limits, kv_layout, kv_cell_bytes, draining: Arc::new(AtomicBool::new(false)), failure })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| payload.downcast_ref::<String>().cloned());
+    format!("the engine failed (a panic on its thread: {}); the server must be restarted", text.as_deref().unwrap_or("no message"))
 }
 
 struct Loop {
@@ -173,7 +212,7 @@ struct Loop {
 }
 
 impl Loop {
-    fn run(mut self) {
+    fn run(&mut self) {
         loop {
             // idle: recover a sparse prefill's full prompt in the background (not while draining)
             if !self.engine.has_runnable_work() && !(self.drain.is_none() && self.engine.start_recovery()) {
@@ -235,9 +274,40 @@ impl Loop {
         }
     }
 
+    /// After a panic: says so to every handle first (submits are refused from then on), then fails every
+    /// queued submit and every request with an error event, stops disk-tier writes, and answers every
+    /// waiting caller. The engine itself is not stepped again.
+    fn fail_all(&mut self, why: String, failed: &watch::Sender<Option<String>>) {
+        tracing::error!("{why}");
+        failed.send_replace(Some(why.clone()));
+        self.commands.close();
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Submit { events, .. } => {
+                    self.engine.stats().unseen.fetch_sub(1, Ordering::Relaxed);
+                    let _ = events.send(Event::Error(why.clone()));
+                }
+                Command::Shutdown { ack, .. } => {
+                    let _ = ack.send(());
+                }
+                Command::ResetPrefixCache(ack) => {
+                    let _ = ack.send(false);
+                }
+                Command::Abort(_) | Command::Restored(_) => {}
+            }
+        }
+        // (what `abandon` reads may be what broke: a second panic there still leaves the callers answered)
+        if catch_unwind(AssertUnwindSafe(|| self.engine.abandon(&why))).is_err() {
+            tracing::error!("the failed engine's requests could not all be told");
+        }
+        for ack in self.drain.take().map(|(_, a)| a).unwrap_or_default() {
+            let _ = ack.send(());
+        }
+    }
+
     /// Fails what is left (queued submits and unfinished requests), saves the prefix cache, answers
     /// every shutdown caller.
-    fn stop(mut self) {
+    fn stop(&mut self) {
         let mut acks = self.drain.take().map(|(_, a)| a).unwrap_or_default();
         // refuse what is still queued, and everything from now on (submit then says Stopped)
         self.commands.close();

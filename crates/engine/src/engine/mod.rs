@@ -96,24 +96,7 @@ impl Engine {
         if config.sparse_attention.is_some() && config.kv_window.is_some() {
             return Err(invalid("sparse attention is not combined with a KV window".into()));
         }
-        if model.config.short_conv.is_some() {
-            // The convolution layers' state is snapshotted at block ends (a prefix-cache hit resumes from
-            // it, also from the disk tier) but not rolled back over rejected guesses, nor kept for
-            // positions a window or sparse prefill skips: what would need that is refused, not run wrong.
-            let name = model.config.arch.name();
-            let refused = [
-                (config.spec.is_some(), "speculative decoding"),
-                (config.spec_prefill.is_some(), "sparse prefill"),
-                (config.sparse_attention.is_some(), "sparse attention"),
-                (config.kv_window.is_some(), "a KV window"),
-            ];
-            if let Some((_, what)) = refused.iter().find(|r| r.0) {
-                return Err(invalid(format!("{name} has recurrent (short-convolution) layers, whose state goes with its sequence: {what} is not available for it")));
-            }
-            if config.state_snapshot_every == 0 {
-                return Err(invalid("state snapshots are taken every N blocks, N at least 1".into()));
-            }
-        }
+        config.check_capabilities(&model.config).map_err(invalid)?;
         let drafter = draft.map(|d| spec::Drafter::new(d, &model, &config).map_err(invalid)).transpose()?;
         let layout = config.kv_layout(&model, disk.is_some());
         let kv = model.new_kv_in(layout.clone(), config.kv_dtypes, config.block_size, config.num_blocks);
@@ -191,6 +174,7 @@ impl Engine {
             kv_cache_tokens: self.config.num_blocks * self.config.block_size,
             block_size: self.config.block_size,
             held: self.held_blocks(),
+            capabilities: self.model.config.capabilities,
         }
     }
 
@@ -464,6 +448,22 @@ impl Engine {
             o.forget(id);
         }
         Some(req)
+    }
+
+    /// After a panic in a step: the engine's state may be inconsistent, so nothing of it is used again.
+    /// Every request gets an error event (its client answers in its API's shape) and nothing more is
+    /// written to the disk tier; the scheduler, the KV and the pool are left as they are, to be dropped.
+    pub fn abandon(&mut self, message: &str) {
+        if let Some(o) = self.offload.as_mut() {
+            o.abandon();
+        }
+        self.offload = None;
+        for id in self.scheduler.request_ids() {
+            if let Some(req) = self.scheduler.request(id).filter(|r| !r.background) {
+                req.send(Event::Error(message.to_string()));
+                self.stats.failed_requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Saves every cached block to the disk tier (if any): at shutdown, after the last request.

@@ -4,6 +4,7 @@
 //! the server maps to its API's status, `param` and message in one function. Below this point the
 //! engine's own consistency checks are `debug_assert!`s.
 
+use crate::model::{Capabilities, Feature};
 use crate::sampler::SamplingParams;
 
 /// A generation as an API asks for it, before any check.
@@ -63,6 +64,9 @@ pub struct Limits {
     pub block_size: usize,
     /// How many blocks a sequence holds.
     pub held: HeldBlocks,
+    /// What the model's architecture can run (`model::capabilities`): a request's option that needs
+    /// more is refused here, naming the option.
+    pub capabilities: Capabilities,
 }
 
 /// The blocks a sequence holds at once: in each of `full_groups` layer groups one per `block_size`
@@ -108,6 +112,7 @@ pub enum Field {
     Logprobs,
     CacheSalt,
     SpecPrefill,
+    Prediction,
 }
 
 /// Why a request was refused.
@@ -124,6 +129,9 @@ pub enum RequestError {
     ShuttingDown,
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine failed (`EngineHandle::failure` says why): nothing is served until a restart.
+    #[error("{0}")]
+    Failed(String),
 }
 
 impl RequestError {
@@ -202,6 +210,15 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
             return Err(RequestError::invalid(Field::SpecPrefill, format!("spec_prefill keep must be in (0, 1]. Given: {k}")));
         }
     }
+    // what the architecture cannot run (a recurrent state that is not rolled back) is refused here, once
+    let wanted = [
+        (!p.prediction.is_empty(), Feature::Prediction),
+        (matches!(p.spec_prefill, Some(super::sparse::SpecPrefillChoice::Keep(_))), Feature::SparsePrefill),
+    ];
+    if let Some((f, m)) = limits.capabilities.refuse(&wanted) {
+        let field = if f == Feature::Prediction { Field::Prediction } else { Field::SpecPrefill };
+        return Err(RequestError::invalid(field, m));
+    }
     check_sampling(&p.sampling)?;
     Ok(ValidatedRequest(p))
 }
@@ -222,7 +239,7 @@ fn check_sampling(s: &SamplingParams) -> Result<(), RequestError> {
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, held: HeldBlocks::ONE_GROUP };
+    const LIMITS: Limits = Limits { max_model_len: 64, vocab_size: 100, kv_cache_tokens: 48, block_size: 16, held: HeldBlocks::ONE_GROUP, capabilities: Capabilities::TRANSFORMER };
 
     fn field_of(p: GenerateParams) -> Field {
         match validate(p, &LIMITS) {
@@ -250,6 +267,24 @@ mod tests {
         assert_eq!(field_of(sampling(SamplingParams { repetition_penalty: f32::NAN, ..SamplingParams::greedy() })), Field::RepetitionPenalty);
         assert_eq!(field_of(sampling(SamplingParams { presence_penalty: 3.0, ..SamplingParams::greedy() })), Field::PresencePenalty);
         assert_eq!(field_of(sampling(SamplingParams { frequency_penalty: -3.0, ..SamplingParams::greedy() })), Field::FrequencyPenalty);
+    }
+
+    #[test]
+    fn what_the_architecture_cannot_run_is_refused_naming_the_option() {
+        let recurrent = Limits { capabilities: Capabilities { speculation: false, sparse_prefill: false, limitation: "recurrent", ..Capabilities::TRANSFORMER }, ..LIMITS };
+        let ok = || GenerateParams::greedy(vec![1, 2, 3], 10);
+        let refused = |p: GenerateParams| match validate(p, &recurrent) {
+            Err(RequestError::Invalid { field, message }) => (field, message),
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let (field, message) = refused(GenerateParams { prediction: vec![5, 6], ..ok() });
+        assert_eq!(field, Field::Prediction);
+        assert!(message.contains("prediction") && message.ends_with("recurrent"), "{message}");
+        let keep = Some(crate::engine::sparse::SpecPrefillChoice::Keep(0.5));
+        assert_eq!(refused(GenerateParams { spec_prefill: keep, ..ok() }).0, Field::SpecPrefill);
+        // turning a feature off is always allowed, and the same requests pass a transformer
+        assert!(validate(GenerateParams { spec_prefill: Some(crate::engine::sparse::SpecPrefillChoice::Off), ..ok() }, &recurrent).is_ok());
+        assert!(validate(GenerateParams { prediction: vec![5, 6], spec_prefill: keep, ..ok() }, &LIMITS).is_ok());
     }
 
     #[test]

@@ -162,6 +162,8 @@ pub struct DiskTier {
     /// Blocks sent to the writer and not yet written.
     queued: Arc<AtomicUsize>,
     writer: Option<(SyncSender<BlockFile>, JoinHandle<()>)>,
+    /// Set when the engine failed (`abandon`): the writer drops what is queued, writes nothing more.
+    abandoned: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn file_name(dir: &Path, hash: BlockHash) -> PathBuf {
@@ -254,10 +256,12 @@ impl DiskTier {
         let (dir, idx, max_bytes, pending) = (config.dir.clone(), index.clone(), config.max_bytes, queued.clone());
         let events: EventTarget = Default::default();
         let target = events.clone();
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = abandoned.clone();
         let writer = std::thread::Builder::new().name("reckon-kv-disk".into()).spawn(move || {
             for block in rx {
                 let known = idx.lock().unwrap_or_else(|e| e.into_inner()).files.contains_key(&block.hash);
-                if !known {
+                if !known && !stop.load(Ordering::Relaxed) {
                     match write_file(&dir, &format, &block) {
                         Ok(bytes) => {
                             let mut index = idx.lock().unwrap_or_else(|e| e.into_inner());
@@ -278,7 +282,7 @@ impl DiskTier {
                 pending.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
-        Ok(DiskTier { events, dir: config.dir.clone(), format, index, queued, writer: Some((tx, writer)) })
+        Ok(DiskTier { events, dir: config.dir.clone(), format, index, queued, writer: Some((tx, writer)), abandoned })
     }
 
     /// Sends which keys the directory gains and loses from now on to `sink` (`kv::events`); a block
@@ -323,6 +327,9 @@ impl DiskTier {
     /// Queues a block for writing; dropped if the writer is behind (`wait` blocks instead, at shutdown).
     pub fn store(&self, block: BlockFile, wait: bool) {
         let Some((tx, _)) = &self.writer else { return };
+        if self.abandoned.load(Ordering::Relaxed) {
+            return;
+        }
         self.queued.fetch_add(1, Ordering::Relaxed);
         let sent = if wait { tx.send(block).is_ok() } else { !matches!(tx.try_send(block), Err(TrySendError::Full(_) | TrySendError::Disconnected(_))) };
         if !sent {
@@ -390,6 +397,12 @@ impl DiskTier {
             return bad("checksum mismatch".into());
         }
         Ok(Some(data))
+    }
+
+    /// The engine failed: what it computed may be wrong, so nothing more is written (what is queued is
+    /// dropped; a write under way finishes, as files are written then renamed). Reads go on.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
     }
 
     /// Waits for every queued write.

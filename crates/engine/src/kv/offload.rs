@@ -153,6 +153,17 @@ impl DiskOffload {
         }
     }
 
+    /// The engine failed: nothing more is written to the directory (`DiskTier::abandon`), not even at
+    /// shutdown; pending reads are cancelled.
+    pub fn abandon(&mut self) {
+        for (_, p) in self.pending.drain() {
+            p.cancelled.store(true, Ordering::Relaxed);
+        }
+        if let Some(disk) = self.disk.take() {
+            disk.abandon();
+        }
+    }
+
     /// At shutdown: stops the reader, writes every cached block not on disk yet (`cached`: in eviction
     /// order, so the size bound drops what memory would have dropped first), and waits for the writes.
     pub fn close(&mut self, kv: &KvStorage, cached: Vec<EvictedBlock>) {

@@ -81,6 +81,8 @@ pub struct ModelConfig {
     /// Gated short-convolution layers in place of attention in some layers (lfm2): a recurrent state
     /// per sequence (`kv::ConvStates`).
     pub short_conv: Option<ShortConv>,
+    /// What the architecture can run (`model::capabilities`), declared by its own `config()`.
+    pub capabilities: super::Capabilities,
 }
 
 /// Which layers are short convolutions, over how many positions.
@@ -254,6 +256,7 @@ impl Meta<'_> {
             rope_freq_factors: None,
             moe: None,
             short_conv: None,
+            capabilities: super::Capabilities::TRANSFORMER,
         })
     }
 }

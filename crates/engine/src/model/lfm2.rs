@@ -13,7 +13,7 @@ use super::block::{normed_matmul, FfnWeights, LayerCtx, NormedInput};
 use super::config::{Meta, ModelConfig, ShortConv};
 use super::llama::Layer as LlamaLayer;
 use super::weights::{Linear, Loader};
-use super::{resize, Scratch};
+use super::{resize, Capabilities, Scratch};
 use crate::error::{Error, Result};
 use crate::kernels::ops::RopeStyle;
 use crate::kv::KvStorage;
@@ -40,6 +40,18 @@ pub(super) fn config(meta: &Meta) -> Result<ModelConfig> {
         return Err(Error::Metadata(format!("lfm2.shortconv.l_cache = {l_cache}: a convolution reads at least 2 positions")));
     }
     c.short_conv = Some(ShortConv { l_cache, is_conv: kv_heads.iter().map(|&h| h == 0).collect() });
+    // The convolution layers' state is snapshotted at block ends (a prefix-cache hit resumes from it,
+    // also from the disk tier) but not rolled back over rejected guesses, nor kept for positions a
+    // window or sparse prefill skips: what would need that is refused, not run wrong.
+    c.capabilities = Capabilities {
+        speculation: false,
+        sparse_prefill: false,
+        sparse_attention: false,
+        kv_window: false,
+        state_snapshots: true,
+        images: false,
+        limitation: "lfm2 has recurrent (short-convolution) layers, whose state goes with its sequence and is not rolled back",
+    };
     Ok(c)
 }
 

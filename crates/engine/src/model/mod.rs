@@ -6,6 +6,7 @@
 //! for the rows the caller asked for. The model holds no per-sequence state.
 
 mod block;
+pub mod capabilities;
 pub mod config;
 mod gemma3;
 mod lfm2;
@@ -18,6 +19,7 @@ mod qwen3moe;
 mod weights;
 
 pub use block::{DumpDir, Tracer};
+pub use capabilities::{Capabilities, Feature};
 pub use config::{Arch, ModelConfig};
 
 use crate::kernels::attention::QueryPos;

@@ -58,13 +58,18 @@ pub fn config(max_model_len: usize, max_running: usize, max_waiting: usize) -> E
 /// not depend on the thread count): on a loaded 2-core CI host a pool worker that is not scheduled makes
 /// the engine thread spin-wait for it step after step (the tiny model's tokens took ~90 ms, not ~0.5 ms).
 fn state_of(file: GgufFile, model_id: &str, config: EngineConfig) -> AppState {
+    state_with_detokenizer(file, model_id, config, |t| t)
+}
+
+/// `state_of`, with the engine's detokenizer made by `detok` from the tokenizer (a test's fault hook).
+pub fn state_with_detokenizer(file: GgufFile, model_id: &str, config: EngineConfig, detok: impl FnOnce(Arc<Tokenizer>) -> Arc<dyn reckon_engine::engine::Detokenizer>) -> AppState {
     reckon_engine::pool::init_global(1);
     let tokenizer = Arc::new(Tokenizer::from_gguf(&file).unwrap());
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
     let template = Arc::new(ChatTemplate::from_gguf(&file, &text(tokenizer.bos_id()), &text(tokenizer.eos_id())).unwrap());
     let model = Arc::new(Model::load(file).unwrap());
     assert_eq!(model.config.vocab_size, tokenizer.vocab_size(), "the model's vocabulary is the tokenizer's");
-    let engine = spawn(model, tokenizer.clone(), config);
+    let engine = spawn(model, detok(tokenizer.clone()), config);
     AppState { engine, tokenizer, template, model_id: model_id.into(), aliases: Vec::new(), responses: Default::default(), grammar: Default::default(), api_keys: Vec::new(), limits: Default::default(), log_prompts: false, metrics: Default::default(), max_body_bytes: DEFAULT_MAX_BODY_BYTES, sampling: Default::default(), model_card: Default::default(), kv_events: None }
 }
 
@@ -76,6 +81,12 @@ pub fn tiny_state(config: EngineConfig) -> AppState {
 /// SmolLM2 behind an engine; None (with a note) if it is not fetched, unless RECKON_REQUIRE_MODELS is set.
 pub fn real_state(config: EngineConfig) -> Option<AppState> {
     Some(state_of(crate::common::open_real_model("smollm2-135m")?, "smollm2-135m", config))
+}
+
+/// A synthetic test model (scripts/make-test-models: `lfm2-tiny`, `qwen3-tiny`, ...) behind an engine;
+/// None (with a note) if it was not generated, unless RECKON_REQUIRE_MODELS is set.
+pub fn test_model_state(name: &str, config: EngineConfig) -> Option<AppState> {
+    Some(state_of(crate::common::open_test_model(name)?, name, config))
 }
 
 /// Serves `state` on a free loopback port (on its own runtime thread, for the rest of the test process).
