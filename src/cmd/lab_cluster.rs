@@ -7,6 +7,7 @@
 //! mid-workload, and counts what the clients saw.
 
 use super::common::{load_tokenizer, stamp};
+use super::server_process::{free_port, send_signal, ServerProcess};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_lab::cluster::{self, ClusterRecord, ClusterSpec, KvIndex, PolicySummary, Route};
@@ -73,10 +74,6 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn get(url: &str) -> Option<(u16, String)> {
     let ep = Endpoint::parse(url).ok()?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
@@ -93,10 +90,9 @@ fn wait_for(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<(
     Ok(())
 }
 
-/// A replica: its process, HTTP base URL and KV-event endpoint.
+/// A replica: its process (and HTTP base URL) and KV-event endpoints.
 struct Replica {
-    proc: Proc,
-    url: String,
+    server: ServerProcess,
     events: String,
     replay: String,
 }
@@ -104,18 +100,12 @@ struct Replica {
 /// `map_events`: vLLM v0.34.0's event encoding (vllm-router reads it), else v0.11.0's.
 fn start_replica(i: usize, args: &ClusterArgs, extra: &[String], dir: &Path, map_events: bool) -> Result<Replica> {
     let (port, ev, replay) = (free_port()?, free_port()?, free_port()?);
-    let log_path = dir.join(format!("replica-{i}.log"));
-    let log = std::fs::File::create(&log_path)?;
     let events = format!("tcp://127.0.0.1:{ev}");
     let replay = format!("tcp://127.0.0.1:{replay}");
     let config = serde_json::json!({"endpoint": events, "bind": true, "replay_endpoint": replay, "encoding": if map_events { "map" } else { "array" }});
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.args(["serve", "-m", &args.model, "--port", &port.to_string(), "--kv-events-config", &config.to_string(), "--drain-timeout", "10"]);
-    cmd.args(extra).stdout(log.try_clone()?).stderr(log);
-    let proc = Proc(cmd.spawn().context("starting reckon serve")?);
-    let url = format!("http://127.0.0.1:{port}");
-    wait_for(&format!("replica {i}"), &log_path, || get(&format!("{url}/health")).is_some_and(|(s, _)| s == 200))?;
-    Ok(Replica { proc, url, events, replay })
+    let args = ["serve", "-m", &args.model, "--port", &port.to_string(), "--kv-events-config", &config.to_string(), "--drain-timeout", "10"];
+    let server = ServerProcess::start_with(&args, extra, port, &dir.join(format!("replica-{i}.log"))).with_context(|| format!("replica {i}"))?;
+    Ok(Replica { server, events, replay })
 }
 
 fn start_router(python: &Path, policy: &str, replicas: &[Replica], model: &str, dir: &Path, tag: &str) -> Result<(Proc, String)> {
@@ -128,11 +118,11 @@ fn start_router(python: &Path, policy: &str, replicas: &[Replica], model: &str, 
         None => ("sglang_router.launch_router", policy),
     };
     cmd.args(["-m", module, "--host", "127.0.0.1", "--port", &port.to_string(), "--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.to_string(), "--policy", policy]);
-    cmd.arg("--worker-urls").args(replicas.iter().map(|r| r.url.clone()));
+    cmd.arg("--worker-urls").args(replicas.iter().map(|r| r.server.url.clone()));
     if policy == "kv_aware" {
         for r in replicas {
-            cmd.arg("--kv-event-source").arg(format!("{}={}", r.url, r.events));
-            cmd.arg("--kv-event-replay-source").arg(format!("{}={}", r.url, r.replay));
+            cmd.arg("--kv-event-source").arg(format!("{}={}", r.server.url, r.events));
+            cmd.arg("--kv-event-replay-source").arg(format!("{}={}", r.server.url, r.replay));
         }
         cmd.args(["--kv-event-block-size", "16", "--kv-event-model", model]);
     }
@@ -196,7 +186,7 @@ pub fn run(args: ClusterArgs) -> Result<()> {
                     });
                 }
                 std::thread::sleep(Duration::from_millis(300)); // (subscriptions reach the publishers)
-                let eps = replicas.iter().map(|r| Endpoint::parse(&r.url).map_err(anyhow::Error::msg)).collect::<Result<Vec<_>>>()?;
+                let eps = replicas.iter().map(|r| Endpoint::parse(&r.server.url).map_err(anyhow::Error::msg)).collect::<Result<Vec<_>>>()?;
                 (Route::KvEvents { replicas: eps, index: index.clone(), tokenizer: tokenizer.clone(), template: template.clone() }, None, Some(index))
             } else {
                 let (proc, url) = start_router(&python, policy, &replicas, &args.model, &out, &tag)?;
@@ -225,17 +215,17 @@ pub fn run(args: ClusterArgs) -> Result<()> {
         let replicas: Vec<Replica> = (0..args.replicas).map(|i| start_replica(i, &args, &extra, &out, false)).collect::<Result<_>>()?;
         let (_router, url) = start_router(&python, "cache_aware", &replicas, &args.model, &out, "failover")?;
         let route = Route::Router(Endpoint::parse(&url).map_err(anyhow::Error::msg)?);
-        let (kill_pid, term_pid) = (replicas[0].proc.0.id(), replicas[1].proc.0.id());
+        let (kill_pid, term_pid) = (replicas[0].server.pid(), replicas[1].server.pid());
         let t0 = Instant::now();
         let marks = Arc::new(std::sync::Mutex::new(Vec::<(String, f64)>::new()));
         let (m1, m2) = (marks.clone(), marks.clone());
         let events: Vec<(f64, Box<dyn FnOnce() + Send>)> = vec![
             (0.3, Box::new(move || {
-                let _ = std::process::Command::new("kill").args(["-KILL", &kill_pid.to_string()]).status();
+                let _ = send_signal(kill_pid, libc::SIGKILL);
                 m1.lock().unwrap().push(("SIGKILL replica 0".into(), t0.elapsed().as_secs_f64()));
             })),
             (0.6, Box::new(move || {
-                let _ = std::process::Command::new("kill").args(["-TERM", &term_pid.to_string()]).status();
+                let _ = send_signal(term_pid, libc::SIGTERM);
                 m2.lock().unwrap().push(("SIGTERM replica 1".into(), t0.elapsed().as_secs_f64()));
             })),
         ];
@@ -246,7 +236,7 @@ pub fn run(args: ClusterArgs) -> Result<()> {
         let s = cluster::summarize("failover", &recs, block_size);
         let marks = marks.lock().unwrap().clone();
         eprintln!("lab cluster: failover: {} requests, {} ok ({} after a client retry), {} failed visibly, {} turns lost; {:?}", s.requests, s.ok, s.ok_after_retry, s.failed_visibly, s.turns_lost, marks);
-        let replica1 = replicas.into_iter().nth(1).map(|mut r| r.proc.0.wait().ok().and_then(|st| st.code()));
+        let replica1 = replicas.into_iter().nth(1).map(|mut r| r.server.wait().and_then(|st| st.code()));
         failover = Some((s, marks, recs.clone(), replica1.flatten()));
         all.extend(recs);
     }

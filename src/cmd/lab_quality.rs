@@ -3,7 +3,7 @@
 //! with its baseline problem by problem (crates/lab/src/quality.rs).
 
 use super::common::{load_tokenizer, stamp};
-use super::lab_serve::start_reckon;
+use super::server_process::{wait_ready, ServerProcess, READY_TIMEOUT};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_engine::template::ChatMessage;
@@ -404,17 +404,20 @@ pub fn run(args: QualityArgs) -> Result<()> {
                         }
                         let mut opts = opts.clone();
                         opts.extend(args.serve_args.iter().cloned());
-                        let (c, url) = start_reckon(args.model.as_deref().unwrap_or_default(), &opts, &logs)?;
-                        child = Some(c);
-                        let ep = Endpoint::parse(&url).map_err(anyhow::Error::msg)?;
+                        let server = ServerProcess::start(args.model.as_deref().unwrap_or_default(), &opts, &log)?;
+                        let ep = Endpoint::parse(&server.url).map_err(anyhow::Error::msg)?;
+                        child = Some(server);
                         (ep, None)
                     }
-                    Source::Url(ep) => (ep.clone(), args.model_name.clone()),
+                    Source::Url(ep) => {
+                        wait_ready(&ep.url(""), READY_TIMEOUT, None).with_context(|| format!("arm {}", arm.name))?;
+                        (ep.clone(), args.model_name.clone())
+                    }
                     Source::Canonical => unreachable!(),
                 };
                 let model = match model {
                     Some(m) => m,
-                    None => rt.block_on(wait_for_model(&ep))?,
+                    None => rt.block_on(reckon_lab::serve::served_model(&ep, None)).map_err(anyhow::Error::msg)?,
                 };
                 let next = Arc::new(AtomicUsize::new(0));
                 let results = Arc::new(Mutex::new(Vec::new()));
@@ -510,18 +513,6 @@ pub fn run(args: QualityArgs) -> Result<()> {
     quality::plot(&rows, &title, &out.join("pass-at-1.svg"))?;
     println!("{title}\n\n{table}{notes}\nanswers, verdicts, table and chart: {}", out.display());
     Ok(())
-}
-
-/// The served model's id, once the server answers (it opens its port before it has loaded).
-async fn wait_for_model(ep: &Endpoint) -> Result<String> {
-    let started = Instant::now();
-    loop {
-        match reckon_lab::serve::served_model(ep, None).await {
-            Ok(m) => return Ok(m),
-            Err(e) if started.elapsed() > Duration::from_secs(600) => anyhow::bail!("{e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
 }
 
 /// Replaces OUT/completions.jsonl with `records` (answers dropped by `--resume`, verdicts changed by

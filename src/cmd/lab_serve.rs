@@ -1,13 +1,14 @@
 //! `reckon lab serve`: the load generator (crates/lab/src/serve.rs) against OpenAI-compatible URLs, or
 //! against a `reckon serve` it starts itself.
 
+use super::server_process::{wait_ready, ServerProcess, READY_TIMEOUT};
 use anyhow::{Context, Result};
 use clap::Args;
 use reckon_lab::http::Endpoint;
 use reckon_lab::serve::{self, Api, Load, Prompts, ServeSpec, Target};
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct ServeLabArgs {
@@ -86,34 +87,6 @@ pub struct ServeLabArgs {
     pub out: Option<PathBuf>,
 }
 
-/// A `reckon serve` child, stopped on drop.
-pub(crate) struct Child(pub std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub(crate) fn start_reckon(model: &str, extra: &[String], out: &std::path::Path) -> Result<(Child, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let log = std::fs::File::create(out.join("reckon-serve.log"))?;
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
-    cmd.args(["serve", "-m", model, "--port", &port.to_string()]).args(extra).stdout(log.try_clone()?).stderr(log);
-    let child = Child(cmd.spawn().context("starting reckon serve")?);
-    let url = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "reckon serve did not start in 10 minutes (see {})", out.join("reckon-serve.log").display());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok((child, url))
-}
-
 pub fn run(args: ServeLabArgs) -> Result<()> {
     anyhow::ensure!(args.passes >= 1, "--passes must be at least 1");
     anyhow::ensure!(!args.urls.is_empty() || args.model.is_some(), "nothing to measure: give --url URL (repeatable) or -m MODEL");
@@ -149,9 +122,9 @@ pub fn run(args: ServeLabArgs) -> Result<()> {
     let mut child = None;
     let mut named: Vec<(String, String)> = Vec::new();
     if let Some(m) = &args.model {
-        let (c, url) = start_reckon(m, &args.serve_args, &out)?;
-        child = Some(c);
-        named.push(("reckon".into(), url));
+        let server = ServerProcess::start(m, &args.serve_args, &out.join("reckon-serve.log"))?;
+        named.push(("reckon".into(), server.url.clone()));
+        child = Some(server);
     }
     for u in &args.urls {
         let (name, url) = match u.split_once('=') {
@@ -164,6 +137,9 @@ pub fn run(args: ServeLabArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     for (name, url) in named {
         let endpoint = Endpoint::parse(&url).map_err(|e| anyhow::anyhow!("--url {e}"))?;
+        if child.as_ref().is_none_or(|c| c.url != url) {
+            wait_ready(&url, READY_TIMEOUT, None).with_context(|| format!("--url {name}"))?;
+        }
         let model = match &args.model_name {
             Some(m) => m.clone(),
             None => rt.block_on(serve::served_model(&endpoint, args.api_key.as_deref())).map_err(|e| anyhow::anyhow!(e))?,

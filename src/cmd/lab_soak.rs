@@ -76,12 +76,17 @@ pub fn run(args: SoakArgs) -> Result<()> {
     let out = super::lab::out_dir(&args.out, "soak")?;
     let (mut child, url) = match &args.model {
         Some(m) => {
-            let (c, url) = super::lab_serve::start_reckon(m, &args.serve_args, &out)?;
-            (Some(c), url)
+            let server = super::server_process::ServerProcess::start(m, &args.serve_args, &out.join("reckon-serve.log"))?;
+            let url = server.url.clone();
+            (Some(server), url)
         }
-        None => (None, args.url.clone().unwrap_or_default()),
+        None => {
+            let url = args.url.clone().unwrap_or_default();
+            super::server_process::wait_ready(&url, super::server_process::READY_TIMEOUT, None)?;
+            (None, url)
+        }
     };
-    let pid = child.as_ref().map(|c| c.0.id());
+    let pid = child.as_ref().map(|c| c.pid());
     let endpoint = Endpoint::parse(&url).map_err(|e| anyhow::anyhow!(e))?;
     let key = args.api_key.as_deref();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -176,7 +181,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         // mid-stream 1.3 s later even on a fast model (1,024 tokens each were done by then on the tiny
         // model once its attention got faster)
         let burst_spec = spec.clone();
-        let pid = c.0.id();
+        let server: &super::server_process::ServerProcess = c;
         let result = rt.block_on(async {
             let mut tasks = tokio::task::JoinSet::new();
             for i in 0..args.clients.min(32) {
@@ -188,7 +193,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
                 });
             }
             tokio::time::sleep(Duration::from_millis(1000)).await;
-            let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            let _ = server.signal(libc::SIGTERM);
             tokio::time::sleep(Duration::from_millis(300)).await;
             // new requests while draining: 503 (or, once it has exited, no connection)
             let mut late = Vec::new();
@@ -209,7 +214,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         let exit = {
             let t = Instant::now();
             loop {
-                if let Ok(Some(st)) = c.0.try_wait() {
+                if let Some(st) = c.try_wait() {
                     break Some(st);
                 }
                 if t.elapsed() > Duration::from_secs(60) {

@@ -9,3 +9,4 @@ pub mod lab_serve;
 pub mod lab_soak;
 pub mod run;
 pub mod serve;
+pub mod server_process;
