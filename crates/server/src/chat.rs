@@ -71,7 +71,7 @@ struct WireFunction {
     arguments: Value,
 }
 
-/// A message's content: a string, or a list of parts of which the text ones are used.
+/// A message's content: a string, or a list of parts, which must be text (`{"type": "text", "text"}`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 enum Content {
@@ -113,6 +113,20 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8], skeleton: Value) -> Re
     })
 }
 
+/// The text of content parts; an image, audio or file part is a 400 (`ApiError::media`), as is a part
+/// of a type OpenAI does not define.
+fn parts_text(parts: &[Value]) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for p in parts {
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") | None => text.push_str(p.get("text").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("a text content part needs 'text'", Some("messages")))?),
+            Some(kind @ ("image_url" | "input_audio" | "file" | "audio_url" | "video_url" | "image")) => return Err(ApiError::media(kind, "messages")),
+            Some(other) => return Err(ApiError::invalid(format!("unsupported content part type '{other}': use 'text'"), Some("messages"))),
+        }
+    }
+    Ok(text)
+}
+
 fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty", Some("messages")));
@@ -126,7 +140,7 @@ fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
             let text = match &m.content {
                 None => String::new(),
                 Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
+                Some(Content::Parts(parts)) => parts_text(parts)?,
             };
             if m.content.is_none() && !(m.role == "assistant" && !m.tool_calls.is_empty()) {
                 return Err(ApiError::invalid(format!("a '{}' message needs content", m.role), Some("messages")));
@@ -207,7 +221,12 @@ fn tool_set(req: &ChatRequest) -> Result<ToolSet, ApiError> {
 /// (work that grows with the request: run off the async workers, `lib::off_workers`).
 pub fn prepare_chat(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: ChatRequest = parse(body, serde_json::json!({"model": "", "messages": []}))?;
-    let format = response_format(req.response_format.as_ref())?;
+    let (format, format_param) = match (response_format(req.response_format.as_ref())?, crate::params::structured_outputs(&req.params.other)?) {
+        (Some(_), Some((_, field))) => return Err(ApiError::invalid(format!("give response_format or {field}, not both"), Some(field))),
+        (Some(f), None) => (Some(f), "response_format"),
+        (None, Some((g, field))) => (Some(g), field),
+        (None, None) => (None, "response_format"),
+    };
     let tools = tool_set(&req)?;
     let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
     let (text, prefill) = tools::prompt_text(state, chat_messages(&req.messages)?, &tools, &kwargs, "messages")?;
@@ -219,7 +238,7 @@ pub fn prepare_chat(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
         (true, k) => Some(k.unwrap_or(0)),
         (false, None) => None,
     };
-    params.constraint = state.answer_constraint(&tools, format.as_ref(), "response_format")?;
+    params.constraint = state.answer_constraint(&tools, format.as_ref(), format_param)?;
     let prepared = Prepared { parse: tools::parse_options(&state.template, &tools, &text), prefill, parallel_calls: tools.parallel };
     Ok(Ready::new(Api::Chat, &req.params, params, prepared))
 }
@@ -244,5 +263,8 @@ pub fn prepare_completions(state: &AppState, body: &[u8]) -> Result<Ready, ApiEr
     }
     let mut params = req.params.to_params(state, prompt)?;
     params.logprobs = req.logprobs;
+    if let Some((grammar, field)) = crate::params::structured_outputs(&req.params.other)? {
+        params.constraint = Some(state.constraint(&grammar, field)?);
+    }
     Ok(Ready::new(Api::Completion, &req.params, params, Prepared::default()))
 }

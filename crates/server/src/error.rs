@@ -65,6 +65,12 @@ impl ApiError {
         ApiError { status: StatusCode::PAYLOAD_TOO_LARGE, code: Some("request_too_large"), ..Self::invalid(format!("the request body is larger than {limit} bytes"), None) }
     }
 
+    /// A content part no model here reads (an image, audio, a file): refused, never dropped, so a client
+    /// does not get an answer about a picture the model never saw.
+    pub fn media(kind: &str, param: &str) -> Self {
+        Self::invalid(format!("{param}: a content part of type '{kind}': this model takes text only"), Some(param))
+    }
+
     /// The engine dropped a request without its last event (it stopped).
     pub fn engine_stopped() -> Self {
         Self::internal("the engine stopped before the request finished")

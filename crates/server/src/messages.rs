@@ -69,7 +69,11 @@ enum Block {
     RedactedThinking {},
     ToolUse { name: String, #[serde(default)] input: Value },
     ToolResult { tool_use_id: String, #[serde(default)] content: Option<Content>, #[serde(default)] is_error: bool },
-    /// Images, documents, server tool results: not for these text models.
+    /// Refused (`ApiError::media`): these models read text only.
+    Image {},
+    Document {},
+    /// Server tool calls and results (`server_tool_use`, `web_search_tool_result`): Anthropic's
+    /// servers ran them; the text around them stands.
     #[serde(other)]
     Other,
 }
@@ -95,19 +99,30 @@ struct AnthropicToolChoice {
 }
 
 impl Content {
-    /// The text of a string or of its text blocks.
-    fn text(&self) -> String {
+    /// The text of a string or of its text blocks; an image or a document is a 400.
+    fn text(&self) -> Result<String, ApiError> {
         match self {
-            Content::Text(t) => t.clone(),
-            Content::Blocks(blocks) => blocks
-                .iter()
-                .filter_map(|b| match b {
-                    Block::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Content::Text(t) => Ok(t.clone()),
+            Content::Blocks(blocks) => {
+                let mut texts = Vec::new();
+                for b in blocks {
+                    match b {
+                        Block::Text { text } => texts.push(text.as_str()),
+                        b => media(b)?,
+                    }
+                }
+                Ok(texts.join("\n"))
+            }
         }
+    }
+}
+
+/// A 400 for an image or document block (`ApiError::media`); nothing for the blocks skipped on purpose.
+fn media(b: &Block) -> Result<(), ApiError> {
+    match b {
+        Block::Image {} => Err(ApiError::media("image", "messages")),
+        Block::Document {} => Err(ApiError::media("document", "messages")),
+        _ => Ok(()),
     }
 }
 
@@ -121,7 +136,7 @@ fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages: at least one message is required", Some("messages")));
     }
-    let mut system: Vec<String> = req.system.iter().map(|s| strip_volatile(&s.text())).filter(|s| !s.is_empty()).collect();
+    let mut system: Vec<String> = req.system.iter().map(|s| s.text().map(|t| strip_volatile(&t))).filter(|s| !matches!(s, Ok(t) if t.is_empty())).collect::<Result<_, _>>()?;
     let mut out: Vec<ChatMessage> = Vec::new();
     for m in &req.messages {
         let blocks: Vec<&Block> = match &m.content {
@@ -143,12 +158,12 @@ fn conversation(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
                     match b {
                         Block::Text { text: t } => text.push(t.as_str()),
                         Block::ToolResult { tool_use_id, content, is_error } => {
-                            let body = content.as_ref().map(Content::text).unwrap_or_default();
+                            let body = content.as_ref().map(Content::text).transpose()?.unwrap_or_default();
                             let mut msg = ChatMessage::new("tool", &if *is_error { format!("Error: {body}") } else { body });
                             msg.tool_call_id = Some(tool_use_id.clone());
                             out.push(msg);
                         }
-                        _ => {}
+                        b => media(b)?,
                     }
                 }
                 if !text.is_empty() {
@@ -564,7 +579,7 @@ mod tests {
                 {"role": "assistant", "content": [{"type": "thinking", "thinking": "ls", "signature": "s"}, {"type": "text", "text": "Sure."},
                     {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "a.rs"}]},
-                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "denied", "is_error": true}, {"type": "image", "source": {}}]},
+                    {"type": "tool_result", "tool_use_id": "toolu_2", "content": "denied", "is_error": true}, {"type": "server_tool_use", "id": "s", "name": "web_search"}]},
             ],
             "thinking": {"type": "enabled", "budget_tokens": 1024}, "context_management": {}, "output_config": {}, "metadata": {"user_id": "u"},
         }));
@@ -577,6 +592,20 @@ mod tests {
         assert_eq!((conv[3].role.as_str(), conv[3].content.as_str(), conv[3].tool_call_id.as_deref()), ("tool", "a.rs", Some("toolu_1")));
         assert_eq!(conv[4].content, "Error: denied");
         assert_eq!(conv.len(), 5);
+    }
+
+    #[test]
+    fn images_and_documents_are_refused_not_dropped() {
+        for (block, kind) in [(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}), "image"), (json!({"type": "document", "source": {}}), "document")] {
+            let in_user = request(json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, block.clone()]}]}));
+            let in_tool = request(json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [block.clone()]}]}]}));
+            let in_system = request(json!({"model": "m", "system": [block], "messages": [{"role": "user", "content": "Hi"}]}));
+            for req in [in_user, in_tool, in_system] {
+                let e = conversation(&req).err().expect("refused");
+                assert_eq!(e.param.as_deref(), Some("messages"));
+                assert!(e.message.contains(kind) && e.message.contains("text only"), "{}", e.message);
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use crate::error::ApiError;
 use crate::AppState;
 use reckon_engine::engine::GenerateParams;
+use reckon_engine::grammar::Grammar;
 use reckon_engine::sampler::SamplingParams;
 use serde::Deserialize;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -122,13 +123,54 @@ const UNSUPPORTED: &[(&str, &[f64], &str)] = &[
     ("bad_words", &[], "no bad_words"),
     ("allowed_token_ids", &[], "no allowed_token_ids"),
     ("samplers", &[], "a fixed sampler order (penalties, top-k, top-p, min-p, temperature)"),
-    ("guided_json", &[], "structured output through response_format"),
-    ("guided_regex", &[], "structured output through response_format"),
-    ("guided_choice", &[], "structured output through response_format"),
-    ("guided_grammar", &[], "structured output through response_format"),
-    ("grammar", &[], "structured output through response_format"),
-    ("json_schema", &[], "structured output through response_format"),
+    ("grammar", &[], "no GBNF grammars: structured_outputs.grammar takes llguidance's Lark, response_format a JSON schema"),
+    ("echo", &[], "no echo of the prompt in the answer"),
+    ("suffix", &[], "no fill-in-the-middle suffix"),
 ];
+
+/// vLLM's structured output (`structured_outputs`: `json`, `json_object`, `regex`, `choice`, `grammar`)
+/// and its older `guided_*` fields, and llama-server's `json_schema`, as one grammar for llguidance,
+/// with the field it came from (for errors). `grammar` is llguidance's Lark dialect (what vLLM's
+/// guidance backend takes; a GBNF grammar is refused by the compiler with its error). More than one
+/// source is a 400: which one would win is not the client's guess to make.
+pub fn structured_outputs(other: &serde_json::Map<String, serde_json::Value>) -> Result<Option<(Grammar, &'static str)>, ApiError> {
+    use serde_json::Value;
+    const FIELDS: [&str; 6] = ["structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "json_schema"];
+    let given: Vec<(&'static str, &Value)> = FIELDS.iter().filter_map(|&f| other.get(f).filter(|v| !v.is_null()).map(|v| (f, v))).collect();
+    let (field, value) = match given.as_slice() {
+        [] => return Ok(None),
+        [one] => *one,
+        many => return Err(ApiError::invalid(format!("give one structured-output field, not {}", many.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(" and ")), Some(many[1].0))),
+    };
+    let (kind, spec) = match field {
+        "structured_outputs" => {
+            let obj = value.as_object().ok_or_else(|| ApiError::invalid("structured_outputs must be an object: {\"json\" | \"json_object\" | \"regex\" | \"choice\" | \"grammar\": ...}", Some(field)))?;
+            let set: Vec<(&String, &Value)> = obj.iter().filter(|(_, v)| !v.is_null() && **v != Value::Bool(false)).collect();
+            match set.as_slice() {
+                [(k, v)] => (k.as_str(), *v),
+                [] => return Ok(None),
+                _ => return Err(ApiError::invalid(format!("structured_outputs: give one of json, json_object, regex, choice, grammar. Given: {}", set.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")), Some(field))),
+            }
+        }
+        "guided_json" | "json_schema" => ("json", value),
+        f => (&f["guided_".len()..], value),
+    };
+    let bad = |m: &str| ApiError::invalid(format!("{field}: {m}"), Some(field));
+    let grammar = match (kind, spec) {
+        ("json", Value::String(s)) => Grammar::JsonSchema(serde_json::from_str(s).map_err(|e| bad(&format!("the schema is not JSON: {e}")))?),
+        ("json", v @ (Value::Object(_) | Value::Bool(_))) => Grammar::JsonSchema(v.clone()),
+        ("json_object", Value::Bool(true)) => Grammar::JsonSchema(serde_json::json!({"type": "object"})),
+        ("regex", Value::String(r)) => Grammar::Lark(format!("start: /{}/", r.replace('/', "\\/"))),
+        ("choice", Value::Array(options)) if !options.is_empty() => {
+            let options: Option<Vec<String>> = options.iter().map(|o| o.as_str().map(|s| Value::from(s).to_string())).collect();
+            Grammar::Lark(format!("start: {}", options.ok_or_else(|| bad("choice must be a list of strings"))?.join(" | ")))
+        }
+        ("grammar", Value::String(g)) => Grammar::Lark(g.clone()),
+        ("json" | "json_object" | "regex" | "choice" | "grammar", _) => return Err(bad(&format!("{kind}: not a valid value"))),
+        (other, _) => return Err(bad(&format!("'{other}' is not supported (json, json_object, regex, choice, grammar)"))),
+    };
+    Ok(Some((grammar, field)))
+}
 
 /// A 400 for the first field of `UNSUPPORTED` whose value is not a neutral one (null, false, an empty
 /// array or object, or a listed number).
@@ -138,6 +180,7 @@ pub fn check_unsupported(other: &serde_json::Map<String, serde_json::Value>) -> 
         let Some(v) = other.get(name) else { continue };
         let inert = match v {
             Value::Null | Value::Bool(false) => true,
+            Value::String(s) => s.is_empty(),
             Value::Array(a) => a.is_empty(),
             Value::Object(o) => o.is_empty(),
             Value::Number(n) => n.as_f64().is_some_and(|x| neutral.contains(&x)),
@@ -145,7 +188,7 @@ pub fn check_unsupported(other: &serde_json::Map<String, serde_json::Value>) -> 
         };
         if !inert {
             let neutral = match neutral {
-                [] => "null or empty".to_string(),
+                [] => "null, false or empty".to_string(),
                 n => n.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or "),
             };
             return Err(ApiError::invalid(format!("{name} is not supported: reckon has {instead}. Given: {v}; accepted only as {neutral}"), Some(name)));

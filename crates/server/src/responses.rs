@@ -105,12 +105,22 @@ enum Input {
     Items(Vec<Value>),
 }
 
-/// The text of a message's content: a string, or its text parts (`input_text`, `output_text`, `text`).
-fn content_text(v: &Value) -> String {
+/// The text of a message's content: a string, or its text parts (`input_text`, `output_text`, `text`,
+/// `refusal`); an image, audio or file part is a 400 (`ApiError::media`).
+fn content_text(v: &Value) -> Result<String, ApiError> {
     match v {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"),
-        _ => String::new(),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::new();
+            for p in parts {
+                match str_field(p, "type") {
+                    Some(kind @ ("input_image" | "input_file" | "input_audio" | "image" | "file")) => return Err(ApiError::media(kind, "input")),
+                    _ => texts.extend(p.get("text").or(p.get("refusal")).and_then(Value::as_str)),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Ok(String::new()),
     }
 }
 
@@ -131,7 +141,7 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
                     "user" | "assistant" => role,
                     other => return Err(ApiError::invalid(format!("unsupported role '{other}' in input"), Some("input"))),
                 };
-                let text = content_text(item.get("content").unwrap_or(&Value::Null));
+                let text = content_text(item.get("content").unwrap_or(&Value::Null))?;
                 out.push(ChatMessage::new(role, &text));
             }
             "function_call" => {
@@ -148,7 +158,7 @@ fn items_to_messages(items: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), 
                 }
             }
             "function_call_output" => {
-                let output = content_text(item.get("output").unwrap_or(&Value::Null));
+                let output = content_text(item.get("output").unwrap_or(&Value::Null))?;
                 let mut m = ChatMessage::new("tool", &output);
                 m.tool_call_id = str_field(item, "call_id").map(str::to_string);
                 out.push(m);

@@ -173,8 +173,8 @@ fn a_prediction_is_checked_in_bulk_and_reported_in_usage() {
     }
 }
 
-/// Content as a list of parts: the text parts are joined; other parts (images) are ignored, as chat.rs
-/// documents (this server has no vision model).
+/// Content as a list of parts: the text parts are joined; images, audio and files are a 400 on every
+/// API (these models read text only), not dropped.
 #[test]
 fn multi_part_content_is_joined_text() {
     let addr = tiny_server(config(2048, 16, 64));
@@ -188,8 +188,19 @@ fn multi_part_content_is_joined_text() {
     let plain = answer(json!(HAIKU));
     let parts = answer(json!([{"type": "text", "text": "Write a haiku "}, {"type": "text", "text": "about caches."}]));
     assert_eq!(parts, plain);
-    let with_image = answer(json!([{"type": "text", "text": HAIKU}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]));
-    assert_eq!(with_image, plain);
+    // an image (or audio, a file) is refused naming the field, never dropped: the answer would be about a
+    // picture the model never saw
+    for part in [json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}), json!({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}), json!({"type": "file", "file": {}})] {
+        let body = json!({ "model": TINY, "messages": [{"role": "user", "content": [{"type": "text", "text": HAIKU}, part]}], "max_tokens": 2 });
+        let a = post(addr, "/v1/chat/completions", &body);
+        assert_eq!((a.status, a.json()["error"]["param"].as_str()), (400, Some("messages")), "{}", a.body);
+        assert!(a.json()["error"]["message"].as_str().unwrap().contains("text only"), "{}", a.body);
+    }
+    let r = post(addr, "/v1/responses", &json!({"model": TINY, "input": [{"role": "user", "content": [{"type": "input_text", "text": HAIKU}, {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}], "max_output_tokens": 2}));
+    assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("input")), "{}", r.body);
+    let m = post(addr, "/v1/messages", &json!({"model": TINY, "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": HAIKU}, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}));
+    assert_eq!((m.status, m.json()["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{}", m.body);
+    assert!(m.json()["error"]["message"].as_str().unwrap().contains("text only"), "{}", m.body);
     // a system message and an earlier assistant turn as parts too
     let body = json!({ "model": TINY, "temperature": 0, "max_tokens": 2, "messages": [
         {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
@@ -387,7 +398,8 @@ fn sampling_extensions_are_used_or_refused() {
         ("mirostat", json!(2), json!(0)),
         ("logit_bias", json!({"5": 10}), json!({})),
         ("dry_multiplier", json!(0.8), json!(0.0)),
-        ("guided_json", json!({"type": "object"}), Value::Null),
+        ("echo", json!(true), json!(false)),
+        ("suffix", json!("return x"), json!("")),
         ("min_tokens", json!(4), json!(0)),
     ] {
         let a = chat(json!({ field: bad }));

@@ -135,3 +135,51 @@ fn json_object_is_an_object() {
         assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
     }
 }
+
+/// vLLM's `structured_outputs` (and its older `guided_*` fields, llama-server's `json_schema`) hold the
+/// answer to the grammar on chat and text completions alike; two sources at once, or a kind reckon has
+/// not, are a 400 naming the field.
+#[test]
+fn structured_outputs_are_enforced_on_chat_and_completions() {
+    let addr = tiny_server(config(2048, 16, 64));
+    let answer = |path: &str, extra: Value| {
+        let mut body = if path.ends_with("chat/completions") { chat_body(TINY, "Answer.", json!({"max_tokens": 40})) } else { json!({"model": TINY, "prompt": "Answer.", "max_tokens": 40}) };
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        body["temperature"] = json!(1.0);
+        body["seed"] = json!(3);
+        let a = post(addr, path, &body);
+        assert_eq!(a.status, 200, "{extra}: {}", a.body);
+        let c = &a.json()["choices"][0];
+        c["message"]["content"].as_str().or(c["text"].as_str()).unwrap().to_string()
+    };
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let yes_no = answer(path, json!({"structured_outputs": {"choice": ["yes", "no \"maybe\""]}}));
+        assert!(yes_no == "yes" || yes_no == "no \"maybe\"", "{path}: {yes_no:?}");
+        let digits = answer(path, json!({"structured_outputs": {"regex": "[0-9]{3}/x"}}));
+        assert!(digits.len() == 5 && digits[..3].chars().all(|c| c.is_ascii_digit()) && digits.ends_with("/x"), "{path}: {digits:?}");
+        let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+        for extra in [json!({"structured_outputs": {"json": schema}}), json!({"guided_json": schema.to_string()}), json!({"json_schema": schema})] {
+            let mut e = extra.clone();
+            e["max_tokens"] = json!(60);
+            let text = answer(path, e);
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} {extra}: {text:?}: {e}"));
+            assert!(v["n"].is_number() && !text.contains('.') && v.as_object().unwrap().len() == 1, "{text}");
+        }
+        let choice = answer(path, json!({"guided_choice": ["left", "right"]}));
+        assert!(choice == "left" || choice == "right", "{choice:?}");
+    }
+    for (extra, param) in [
+        (json!({"structured_outputs": {"structural_tag": "{}"}}), "structured_outputs"),
+        (json!({"structured_outputs": {"regex": "a", "choice": ["b"]}}), "structured_outputs"),
+        (json!({"structured_outputs": {"choice": []}}), "structured_outputs"),
+        (json!({"guided_regex": "a", "guided_choice": ["b"]}), "guided_choice"),
+        (json!({"structured_outputs": {"json": {"type": "object"}}, "response_format": {"type": "json_object"}}), "structured_outputs"),
+        (json!({"structured_outputs": {"grammar": "start: ???"}}), "structured_outputs"),
+    ] {
+        let mut body = chat_body(TINY, "Answer.", json!({"max_tokens": 4}));
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let a = post(addr, "/v1/chat/completions", &body);
+        assert_eq!(a.status, 400, "{extra}: {}", a.body);
+        assert_eq!(a.json()["error"]["param"], param, "{extra}: {}", a.body);
+    }
+}
