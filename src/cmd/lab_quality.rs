@@ -95,6 +95,11 @@ pub struct QualityArgs {
     /// Address-space limit per program, MiB.
     #[arg(long, default_value_t = 1024)]
     pub exec_memory_mib: u64,
+    /// Run the answers' code without the bubblewrap jail, under the Python-level guard alone (which
+    /// `ctypes`, `posix.*` or `open(..., 'w')` get past): only for answers you trust, on a machine
+    /// without bwrap. Without it, a missing or broken bwrap is an error.
+    #[arg(long)]
+    pub unsafe_exec: bool,
     /// A request that takes longer fails its problem.
     #[arg(long, default_value_t = 1800.0)]
     pub timeout_s: f64,
@@ -288,7 +293,17 @@ pub fn run(args: QualityArgs) -> Result<()> {
     if let Some(n) = args.limit {
         problems.truncate(n.max(1));
     }
-    let sandbox = Sandbox::new(&args.python, Duration::from_secs_f64(args.exec_timeout_s), args.exec_memory_mib << 20).map_err(|e| anyhow::anyhow!("--python: {e}"))?;
+    let (timeout, memory) = (Duration::from_secs_f64(args.exec_timeout_s), args.exec_memory_mib << 20);
+    let sandbox = if args.unsafe_exec {
+        Sandbox::guarded(&args.python, timeout, memory).map_err(|e| anyhow::anyhow!("--python: {e}"))?
+    } else {
+        Sandbox::jailed(&args.python, timeout, memory).map_err(|e| {
+            anyhow::anyhow!("the answers' code runs only in a bubblewrap jail, and that failed: {e}\ninstall bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; it needs user namespaces), or pass --unsafe-exec to run the code under the Python-level guard alone")
+        })?
+    };
+    if args.unsafe_exec {
+        eprintln!("warning: --unsafe-exec: the answers' code runs outside the jail, under the Python-level guard alone");
+    }
     let out = args.out.clone().unwrap_or_else(|| {
         let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         PathBuf::from(format!("bench/out/quality-{secs}"))

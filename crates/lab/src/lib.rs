@@ -23,6 +23,9 @@ pub enum LabError {
     Request(String),
     #[error("plot: {0}")]
     Plot(String),
+    /// The sandbox could not run a program as it should (bwrap failed, a limit could not be set).
+    #[error("sandbox: {0}")]
+    Sandbox(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

@@ -166,28 +166,70 @@ pub struct Execution {
     pub seconds: f64,
 }
 
-/// Where and how programs run: a fresh temporary directory each, the interpreter isolated (`-I`: no
-/// environment variables, no user site), an empty environment, limits on address space, CPU time,
-/// file size and processes, the harness's guard (HumanEval's own `reliability_guard` rules: no
-/// process creation, no deleting or moving files, no signals, no `chdir`), sockets refused, and with
-/// `unshare -rn` (where user namespaces are allowed) a network namespace of its own with no interface
-/// up. A wall-clock limit kills the process.
+/// Where and how programs run. Each program gets a fresh host directory (its input, its standard
+/// error), the interpreter isolated (`-I`: no environment variables, no user site), an empty
+/// environment, limits set inside before any of its code runs (address space, data, CPU time, file
+/// size, open files, no core dumps, no new processes; one that cannot be set stops the run with an
+/// error), HumanEval's own `reliability_guard` rules (no process creation, no deleting or moving files,
+/// no signals, no `chdir`) and sockets refused. Around that, the isolation (see [`Isolation`]). A
+/// wall-clock limit kills the process.
 #[derive(Clone, Debug)]
 pub struct Sandbox {
+    /// The interpreter, as `sys.executable` names it (a pyenv shim resolved to the real one).
     pub python: PathBuf,
     pub timeout: Duration,
     pub memory_bytes: u64,
-    /// Run under `unshare -rn` (checked by `Sandbox::new`).
-    pub net_namespace: bool,
+    pub isolation: Isolation,
 }
 
-/// Runs the program named by argv[1] with the limits of argv[2..]; its own code is from here on.
+/// What holds a program in, besides its own limits and the Python-level guard.
+#[derive(Clone, Debug)]
+pub enum Isolation {
+    /// A bubblewrap jail (`Sandbox::jailed`): namespaces of its own (user, mount, pid, network, IPC,
+    /// UTS, cgroup; no nested user namespaces), no capabilities, uid/gid 65534 inside, only `/usr`,
+    /// the `/lib*`, `/bin`, `/sbin` links and the Python install visible (read-only), a private tmpfs
+    /// as work directory, `/tmp` and `HOME`, `/proc` read-only, a minimal `/dev`, and a seccomp filter
+    /// that refuses `clone`, `clone3`, `fork` and `vfork` (no processes or threads).
+    Jail {
+        /// Read-only binds, `(source, destination)`, besides `/usr`.
+        binds: Vec<(PathBuf, PathBuf)>,
+        /// `(target, link)` for the host's `/bin`, `/lib`... that are links into `/usr`.
+        links: Vec<(PathBuf, PathBuf)>,
+    },
+    /// The Python-level guard alone (`--unsafe-exec`): the program sees the host as the user running
+    /// it does. With `net_namespace`, under `unshare -rn` (a network namespace with no interface up).
+    Guard { net_namespace: bool },
+}
+
+/// The bubblewrap binary, found on `PATH`.
+pub const BWRAP: &str = "bwrap";
+/// The jail's tmpfs (work directory, `/tmp`, `HOME`), bytes: tmpfs pages are not the program's
+/// address space, so RLIMIT_AS does not bound them.
+const JAIL_TMPFS_BYTES: u64 = 64 << 20;
+/// Exit status with which the harness says it could not set itself up (a limit refused); its
+/// message is the standard error's line that starts with `reckon-sandbox:`.
+const SETUP_FAILED: i32 = 86;
+
+/// Reads the program (JSON on standard input: head, code, tail, sanitize) and runs it with the limits
+/// of argv[1..] (address space bytes, CPU seconds); its own code is from here on.
 const HARNESS: &str = r#"
-import builtins, faulthandler, os, resource, shutil, socket, subprocess, sys, traceback
+import builtins, faulthandler, json, os, resource, shutil, socket, subprocess, sys, traceback
 _exit = os._exit
 import ast
-d, sanitize, mem, cpu = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
-head, code, tail = (open(os.path.join(d, n)).read() for n in ("head.py", "code.py", "tail.py"))
+mem, cpu = int(sys.argv[1]), int(sys.argv[2])
+# Limits first, before the sanitizer parses anything; one that cannot be set stops the run.
+for name, lim, v in (("RLIMIT_AS", resource.RLIMIT_AS, mem), ("RLIMIT_DATA", resource.RLIMIT_DATA, mem),
+                     ("RLIMIT_CPU", resource.RLIMIT_CPU, cpu), ("RLIMIT_FSIZE", resource.RLIMIT_FSIZE, 1 << 24),
+                     ("RLIMIT_NOFILE", resource.RLIMIT_NOFILE, 64), ("RLIMIT_CORE", resource.RLIMIT_CORE, 0),
+                     ("RLIMIT_NPROC", resource.RLIMIT_NPROC, 0)):
+    try:
+        resource.setrlimit(lim, (v, v))
+    except (ValueError, OSError) as e:
+        sys.stderr.write(f"reckon-sandbox: cannot set {name} to {v}: {e}\n")
+        sys.stderr.flush()
+        _exit(86)
+job = json.loads(sys.stdin.read())
+head, code, tail, sanitize = job["head"], job["code"], job["tail"], job["sanitize"]
 if sanitize:
     # the longest run of leading lines that parses (a broken example call after the function is
     # dropped, as a parser with error recovery would), then its definitions only
@@ -203,12 +245,6 @@ if sanitize:
         tree.body = [n for n in tree.body if isinstance(n, keep)]
         code = ast.unparse(tree) + "\n"
 source = head + code + tail
-for lim, v in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_DATA, mem), (resource.RLIMIT_CPU, cpu),
-               (resource.RLIMIT_FSIZE, 1 << 24), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, 0)):
-    try:
-        resource.setrlimit(lim, (v, v))
-    except (ValueError, OSError):
-        pass
 faulthandler.disable()
 def refused(*a, **k):
     raise OSError("refused by the sandbox")
@@ -237,29 +273,159 @@ sys.stdout.flush()
 _exit(0)
 "#;
 
+/// The interpreter's own account of where it lives: `sys.executable`, then the prefixes and the
+/// executable's real path, one a line.
+const WHERE: &str = "import os, resource, socket, sys\nfor p in (sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):\n    print(p)\n";
+
+/// The seccomp filter the jail loads before it starts the interpreter: classic BPF over
+/// `seccomp_data` (`nr` at offset 0, `arch` at 4), as `struct sock_filter` records (u16 code, u8 jt,
+/// u8 jf, u32 k) in native byte order. Process and thread creation fail with EPERM, as does every
+/// system call of another ABI (x32, i386), whose numbers the filter does not know.
+fn seccomp_filter() -> Result<Vec<u8>, String> {
+    #[cfg(target_arch = "x86_64")]
+    let (arch, denied, x32): (u32, &[u32], bool) = (0xC000_003E, &[56, 57, 58, 435], true); // clone, fork, vfork, clone3
+    #[cfg(target_arch = "aarch64")]
+    let (arch, denied, x32): (u32, &[u32], bool) = (0xC000_00B7, &[220, 435], false); // clone, clone3
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return Err("the jail's seccomp filter knows x86_64 and aarch64 only".into());
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        const LD_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+        const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+        const JGE: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+        const RET: u16 = 0x06; // BPF_RET | BPF_K
+        const ALLOW: u32 = 0x7fff_0000;
+        const EPERM: u32 = 0x0005_0000 | 1; // SECCOMP_RET_ERRNO | EPERM
+        // (code, jump to deny when true?, k); the deny return is last, the allow one before it
+        let mut prog: Vec<(u16, bool, bool, u32)> = vec![(LD_ABS, false, false, 4), (JEQ, false, true, arch), (LD_ABS, false, false, 0)];
+        if x32 {
+            prog.push((JGE, true, false, 0x4000_0000)); // __X32_SYSCALL_BIT
+        }
+        prog.extend(denied.iter().map(|&nr| (JEQ, true, false, nr)));
+        let deny = prog.len() + 1;
+        let mut out = Vec::new();
+        for (i, &(code, deny_if_true, deny_if_false, k)) in prog.iter().enumerate() {
+            let to_deny = (deny - i - 1) as u8;
+            let (jt, jf) = if code == LD_ABS { (0, 0) } else { (if deny_if_true { to_deny } else { 0 }, if deny_if_false { to_deny } else { 0 }) };
+            out.extend(code.to_ne_bytes());
+            out.extend([jt, jf]);
+            out.extend(k.to_ne_bytes());
+        }
+        for k in [ALLOW, EPERM] {
+            out.extend(RET.to_ne_bytes());
+            out.extend([0, 0]);
+            out.extend(k.to_ne_bytes());
+        }
+        Ok(out)
+    }
+}
+
 impl Sandbox {
-    /// Finds whether `python` runs and whether `unshare -rn` is allowed here.
-    pub fn new(python: &Path, timeout: Duration, memory_bytes: u64) -> Result<Sandbox, String> {
+    /// Programs in a bubblewrap jail. Asks `python` where it lives (every directory it needs is bound
+    /// read-only at the same path), then runs a trivial program through the jail: `Err` says what is
+    /// missing or broken (bwrap not installed, user namespaces refused, the interpreter not working
+    /// inside).
+    pub fn jailed(python: &Path, timeout: Duration, memory_bytes: u64) -> Result<Sandbox, String> {
+        let out = Command::new(python).args(["-I", "-c", WHERE]).stdin(Stdio::null()).output().map_err(|e| format!("{}: {e}", python.display()))?;
+        if !out.status.success() {
+            return Err(format!("{} cannot import resource and socket: {}", python.display(), String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let paths: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout).lines().map(PathBuf::from).collect();
+        let [executable, real_executable, prefixes @ ..] = paths.as_slice() else {
+            return Err(format!("{} did not say where it lives", python.display()));
+        };
+        // the prefixes as named and as resolved (a prefix behind a link is reached by both), and the
+        // directory above the real executable's (a venv's interpreter links into its base install)
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for p in prefixes.iter().cloned().chain(real_executable.parent().and_then(Path::parent).map(Path::to_path_buf)) {
+            let real = std::fs::canonicalize(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            dirs.extend([p, real]);
+        }
+        dirs.retain(|d| d.is_absolute() && !d.starts_with("/usr") && d != Path::new("/"));
+        dirs.sort();
+        dirs.dedup();
+        let outer: Vec<PathBuf> = dirs.iter().filter(|d| !dirs.iter().any(|o| o != *d && d.starts_with(o))).cloned().collect();
+        let binds = outer.into_iter().map(|d| (std::fs::canonicalize(&d).unwrap_or_else(|_| d.clone()), d)).collect();
+        // merged-/usr systems link these into /usr; others have directories of their own
+        let mut links = Vec::new();
+        let mut extra = Vec::new();
+        for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
+            match std::fs::symlink_metadata(top) {
+                Ok(m) if m.file_type().is_symlink() => links.push((std::fs::read_link(top).map_err(|e| format!("{top}: {e}"))?, PathBuf::from(top))),
+                Ok(m) if m.is_dir() => extra.push((PathBuf::from(top), PathBuf::from(top))),
+                _ => {}
+            }
+        }
+        let mut binds: Vec<(PathBuf, PathBuf)> = binds;
+        binds.splice(0..0, extra);
+        seccomp_filter()?;
+        let sb = Sandbox { python: executable.clone(), timeout, memory_bytes, isolation: Isolation::Jail { binds, links } };
+        match Command::new(BWRAP).arg("--version").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("bubblewrap ({BWRAP}) is not installed (Debian/Ubuntu: apt-get install bubblewrap)")),
+            Err(e) => return Err(format!("{BWRAP}: {e}")),
+            Ok(s) if !s.success() => return Err(format!("{BWRAP} --version failed ({s})")),
+            Ok(_) => {}
+        }
+        let probe = Program { head: String::new(), code: "import math, socket\nassert math.isqrt(16) == 4\n".into(), tail: String::new(), sanitize: false };
+        match sb.run(&probe) {
+            Ok(e) if e.verdict == Verdict::Passed => Ok(sb),
+            Ok(e) => Err(format!("a trivial program does not pass in the bubblewrap jail ({:?}: {})", e.verdict, e.error)),
+            Err(e) => Err(format!("the bubblewrap jail does not work here: {e}")),
+        }
+    }
+
+    /// Programs under the Python-level guard alone (`--unsafe-exec`); with `unshare -rn` where user
+    /// namespaces are allowed.
+    pub fn guarded(python: &Path, timeout: Duration, memory_bytes: u64) -> Result<Sandbox, String> {
         let ok = Command::new(python).args(["-I", "-c", "import resource, socket"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status().map_err(|e| format!("{}: {e}", python.display()))?;
         if !ok.success() {
             return Err(format!("{} cannot import resource and socket", python.display()));
         }
         let net_namespace = Command::new("unshare").args(["-rn", "true"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
-        Ok(Sandbox { python: python.to_path_buf(), timeout, memory_bytes, net_namespace })
+        Ok(Sandbox { python: python.to_path_buf(), timeout, memory_bytes, isolation: Isolation::Guard { net_namespace } })
     }
 
     /// One line for the report: what isolates the programs here.
     pub fn describe(&self) -> String {
-        format!(
-            "{} -I, {} s wall, {} MiB address space, no processes, sockets refused{}",
-            self.python.display(),
-            self.timeout.as_secs_f64(),
-            self.memory_bytes >> 20,
-            if self.net_namespace { ", own network namespace (unshare -rn)" } else { " (no network namespace: unshare -rn is not allowed here)" }
-        )
+        let how = match &self.isolation {
+            Isolation::Jail { binds, .. } => format!(
+                "in a bubblewrap jail (own user, mount, pid, network, IPC, UTS and cgroup namespaces, no capabilities, uid 65534, read-only /usr{}, {} MiB tmpfs as work dir, /tmp and HOME, read-only /proc, no process creation (seccomp), limits set inside or the run fails)",
+                binds.iter().map(|(_, d)| format!(" {}", d.display())).collect::<String>(),
+                JAIL_TMPFS_BYTES >> 20
+            ),
+            Isolation::Guard { net_namespace: true } => "UNSAFE (--unsafe-exec): Python-level guard only, own network namespace (unshare -rn)".into(),
+            Isolation::Guard { net_namespace: false } => "UNSAFE (--unsafe-exec): Python-level guard only (no network namespace: unshare -rn is not allowed here)".into(),
+        };
+        format!("{} -I, {} s wall, {} MiB address space, no processes, sockets refused, {how}", self.python.display(), self.timeout.as_secs_f64(), self.memory_bytes >> 20)
     }
 
-    /// Runs one program to its verdict. `Err` only when the sandbox itself could not start it.
+    /// The command line that runs the harness in the jail (the seccomp filter on fd 3).
+    fn bwrap_args(&self, binds: &[(PathBuf, PathBuf)], links: &[(PathBuf, PathBuf)], harness: &[String]) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = Vec::new();
+        let mut push = |xs: &[&std::ffi::OsStr]| a.extend(xs.iter().map(|x| x.to_os_string()));
+        let s = |x: &'static str| std::ffi::OsStr::new(x);
+        // --unshare-user on top of --unshare-all: fail instead of running without a user namespace.
+        // As root the uid inside maps to root outside (bwrap maps it to the caller's): hence no
+        // capabilities, no nested user namespaces, /proc read-only (root may write /proc/sys) and
+        // the seccomp filter (RLIMIT_NPROC does not bind root).
+        push(&[s("--unshare-all"), s("--unshare-user"), s("--disable-userns"), s("--cap-drop"), s("ALL"), s("--die-with-parent"), s("--new-session"), s("--uid"), s("65534"), s("--gid"), s("65534")]);
+        push(&[s("--ro-bind"), s("/usr"), s("/usr")]);
+        for (target, link) in links {
+            push(&[s("--symlink"), target.as_os_str(), link.as_os_str()]);
+        }
+        for (src, dest) in binds {
+            push(&[s("--ro-bind"), src.as_os_str(), dest.as_os_str()]);
+        }
+        let size = JAIL_TMPFS_BYTES.to_string();
+        push(&[s("--size"), std::ffi::OsStr::new(&size), s("--tmpfs"), s("/tmp"), s("--chdir"), s("/tmp")]);
+        push(&[s("--proc"), s("/proc"), s("--remount-ro"), s("/proc"), s("--dev"), s("/dev")]);
+        push(&[s("--clearenv"), s("--setenv"), s("PATH"), s("/usr/bin:/bin"), s("--setenv"), s("HOME"), s("/tmp"), s("--setenv"), s("OMP_NUM_THREADS"), s("1"), s("--setenv"), s("PYTHONHASHSEED"), s("0")]);
+        push(&[s("--seccomp"), s("3"), s("--")]);
+        a.extend(harness.iter().map(std::ffi::OsString::from));
+        a
+    }
+
+    /// Runs one program to its verdict. `Err` only when the sandbox itself could not run it.
     pub fn run(&self, program: &Program) -> Result<Execution, LabError> {
         static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -273,38 +439,54 @@ impl Sandbox {
 
     fn run_in(&self, dir: &Path, program: &Program) -> Result<Execution, LabError> {
         use std::os::unix::process::CommandExt as _;
-        std::fs::write(dir.join("head.py"), &program.head)?;
-        std::fs::write(dir.join("code.py"), &program.code)?;
-        std::fs::write(dir.join("tail.py"), &program.tail)?;
+        let job = serde_json::json!({"head": program.head, "code": program.code, "tail": program.tail, "sanitize": program.sanitize});
+        std::fs::write(dir.join("program.json"), job.to_string())?;
+        let stdin = std::fs::File::open(dir.join("program.json"))?;
         let stderr = std::fs::File::create(dir.join("stderr"))?;
         let cpu = self.timeout.as_secs().max(1) + 1;
-        let harness_args = [self.python.to_string_lossy().into_owned(), "-I".into(), "-B".into(), "-c".into(), HARNESS.into(), dir.to_string_lossy().into_owned(), if program.sanitize { "1" } else { "0" }.into(), self.memory_bytes.to_string(), cpu.to_string()];
-        let mut cmd = if self.net_namespace {
-            let mut c = Command::new("unshare");
-            c.arg("-rn").args(&harness_args);
-            c
-        } else {
-            let mut c = Command::new(&harness_args[0]);
-            c.args(&harness_args[1..]);
-            c
-        };
-        cmd.current_dir(dir).env_clear().env("PATH", "/usr/bin:/bin").env("OMP_NUM_THREADS", "1").env("PYTHONHASHSEED", "0");
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).process_group(0);
-        let started = Instant::now();
-        let mut child = cmd.spawn()?;
-        let status = loop {
-            if let Some(s) = child.try_wait()? {
-                break Some(s);
+        let harness = [self.python.to_string_lossy().into_owned(), "-I".into(), "-B".into(), "-c".into(), HARNESS.into(), self.memory_bytes.to_string(), cpu.to_string()];
+        let (status, seconds) = match &self.isolation {
+            Isolation::Jail { binds, links } => {
+                std::fs::write(dir.join("seccomp.bpf"), seccomp_filter().map_err(LabError::Sandbox)?)?;
+                let filter = std::fs::File::open(dir.join("seccomp.bpf"))?;
+                let mut c = Command::new(BWRAP);
+                c.args(self.bwrap_args(binds, links, &harness)).current_dir("/");
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&filter);
+                // SAFETY: dup2 and fcntl are async-signal-safe; `filter` outlives the spawn below.
+                unsafe {
+                    c.pre_exec(move || {
+                        // fd 3 without close-on-exec (dup2 onto itself would keep the flag)
+                        let r = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) } else { libc::dup2(fd, 3) };
+                        if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+                    });
+                }
+                let ran = self.wait(c, stdin, stderr)?;
+                drop(filter);
+                ran
             }
-            if started.elapsed() >= self.timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
+            Isolation::Guard { net_namespace } => {
+                let mut c = if *net_namespace {
+                    let mut c = Command::new("unshare");
+                    c.arg("-rn").args(&harness);
+                    c
+                } else {
+                    let mut c = Command::new(&harness[0]);
+                    c.args(&harness[1..]);
+                    c
+                };
+                c.current_dir(dir).env_clear().env("PATH", "/usr/bin:/bin").env("OMP_NUM_THREADS", "1").env("PYTHONHASHSEED", "0");
+                self.wait(c, stdin, stderr)?
             }
-            std::thread::sleep(Duration::from_millis(5));
         };
-        let seconds = started.elapsed().as_secs_f64();
         let err = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+        // the jail or the harness could not set up: not a verdict on the program
+        let code = status.as_ref().and_then(|s| s.code());
+        if let Some(line) = err.lines().find(|l| l.starts_with("reckon-sandbox:")).filter(|_| code == Some(SETUP_FAILED)) {
+            return Err(LabError::Sandbox(line.to_string()));
+        }
+        if let Some(line) = err.lines().next().filter(|l| l.starts_with("bwrap: ")).filter(|_| matches!(self.isolation, Isolation::Jail { .. })) {
+            return Err(LabError::Sandbox(line.to_string()));
+        }
         let mut error = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
         if error.len() > 300 {
             let mut cut = 300;
@@ -321,6 +503,27 @@ impl Sandbox {
             Some(_) => Verdict::Failed,
         };
         Ok(Execution { verdict, error, seconds })
+    }
+
+    /// Starts `cmd` and waits for it up to the wall-clock limit: its status (`None` when killed for
+    /// time) and the seconds it ran.
+    fn wait(&self, mut cmd: Command, stdin: std::fs::File, stderr: std::fs::File) -> Result<(Option<std::process::ExitStatus>, f64), LabError> {
+        use std::os::unix::process::CommandExt as _;
+        cmd.stdin(stdin).stdout(Stdio::null()).stderr(stderr).process_group(0);
+        let started = Instant::now();
+        let mut child = cmd.spawn()?;
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break Some(s);
+            }
+            if started.elapsed() >= self.timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        Ok((status, started.elapsed().as_secs_f64()))
     }
 }
 
@@ -552,11 +755,30 @@ mod tests {
         }
     }
 
-    fn sandbox() -> Option<Sandbox> {
-        match Sandbox::new(Path::new("python3"), Duration::from_secs(5), 512 << 20) {
+    /// Whether the tests must not skip (CI sets it, and installs bwrap).
+    fn required() -> bool {
+        std::env::var("RECKON_REQUIRE_MODELS").is_ok()
+    }
+
+    /// The Python-level guard alone, as `--unsafe-exec` runs programs.
+    fn guarded() -> Option<Sandbox> {
+        match Sandbox::guarded(Path::new("python3"), Duration::from_secs(5), 512 << 20) {
             Ok(s) => Some(s),
             Err(e) => {
+                assert!(!required(), "no python3: {e}");
                 eprintln!("note: no python3 ({e}); skipping");
+                None
+            }
+        }
+    }
+
+    /// The bubblewrap jail, as `reckon lab quality` runs programs.
+    fn jailed() -> Option<Sandbox> {
+        match Sandbox::jailed(Path::new("python3"), Duration::from_secs(5), 512 << 20) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                assert!(!required(), "no jail: {e}");
+                eprintln!("note: no bubblewrap jail here ({e}); skipping the jail's checks");
                 None
             }
         }
@@ -636,7 +858,12 @@ mod tests {
 
     #[test]
     fn the_sandbox_passes_good_code_and_stops_bad_code() {
-        let Some(sb) = sandbox() else { return };
+        for sb in [jailed(), guarded()].into_iter().flatten() {
+            verdicts_are_kept(&sb);
+        }
+    }
+
+    fn verdicts_are_kept(sb: &Sandbox) {
         let p = problem();
         let good = sb.run(&program(&p, &format!("{}{}", p.prompt, p.canonical_solution))).unwrap();
         assert_eq!(good.verdict, Verdict::Passed, "{good:?}");
@@ -677,5 +904,69 @@ mod tests {
         assert_eq!(sb.run(&program(&p, broken)).unwrap().verdict, Verdict::Passed);
         // code that does not parse fails
         assert_eq!(sb.run(&program(&p, "def add(xs):\n    return sum(xs\n")).unwrap().verdict, Verdict::Failed);
+    }
+
+    /// Escapes a model's code could try, each a program run as answers are, each harmless where it
+    /// works (it opens, reads, connects, spawns `/bin/true` or forks children that wait for it to end),
+    /// each passing exactly when it got out: under the Python-level guard alone (no network
+    /// namespace, as --unsafe-exec where `unshare -rn` is refused) they pass, as root for those that
+    /// need root; in the jail every one fails, on the kernel's refusal, not the guard's.
+    #[test]
+    fn the_jail_stops_what_the_python_guard_lets_through() {
+        let Some(guard) = guarded() else { return };
+        let guard = Sandbox { isolation: Isolation::Guard { net_namespace: false }, ..guard };
+        let jail = jailed();
+        // the file a program must not read: the real HOME of whoever runs the test
+        let home = PathBuf::from(std::env::var_os("HOME").expect("HOME"));
+        let secret = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() ^ (std::process::id() as u128) << 64);
+        /// Removed however the test ends.
+        struct Planted(PathBuf);
+        impl Drop for Planted {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        let planted = Planted(home.join(format!(".reckon-sandbox-test-{}", std::process::id())));
+        std::fs::write(&planted.0, &secret).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let attempts: Vec<(&str, String)> = vec![
+            (
+                "capabilities",
+                // a nested user namespace would give a full set (the jail forbids them)
+                "import ctypes\nctypes.CDLL(None).unshare(0x10000000)\ncap = [l for l in open('/proc/self/status') if l.startswith('CapEff:')][0].split()[1]\nassert int(cap, 16) != 0, 'CapEff ' + cap\n".into(),
+            ),
+            ("/proc/sys", "open('/proc/sys/kernel/hostname', 'r+').close()\n".into()),
+            ("HOME", format!("assert open({:?}).read() == {secret:?}\n", planted.0.display().to_string())),
+            ("TCP", format!("import _socket\ns = _socket.socket()\ns.settimeout(3)\ns.connect(('127.0.0.1', {port}))\n")),
+            ("subprocess", "import posix\npid = posix.posix_spawn('/bin/true', ['true'], {})\nassert posix.waitpid(pid, 0)[1] == 0\n".into()),
+            (
+                "fork loop",
+                // the children wait on a pipe whose write end closes when the loop's process ends
+                "import posix\nr, w = posix.pipe()\nfor n in range(100):\n    if posix.fork() == 0:\n        posix.close(w)\n        posix.read(r, 1)\n        posix._exit(0)\n".into(),
+            ),
+        ];
+        let run = |sb: &Sandbox, code: &str| sb.run(&Program { head: String::new(), code: code.to_string(), tail: String::new(), sanitize: false }).unwrap();
+        // what root gets: capabilities, /proc/sys, processes past RLIMIT_NPROC
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let root = status.lines().find(|l| l.starts_with("CapEff:")).is_some_and(|l| u64::from_str_radix(l.split_whitespace().nth(1).unwrap(), 16).unwrap() != 0);
+        let started = Instant::now();
+        for (what, code) in &attempts {
+            let needs_root = matches!(*what, "capabilities" | "/proc/sys" | "subprocess" | "fork loop");
+            let r = run(&guard, code);
+            eprintln!("{what} under the guard: {:?} {}", r.verdict, r.error);
+            if root || !needs_root {
+                assert_eq!(r.verdict, Verdict::Passed, "{what} should get past the Python guard: {r:?}");
+            }
+            if let Some(jail) = &jail {
+                let r = run(jail, code);
+                eprintln!("{what} in the jail: {:?} {}", r.verdict, r.error);
+                assert_eq!(r.verdict, Verdict::Failed, "{what} got out of the jail: {r:?}");
+                // the kernel's refusal (an errno, or no capabilities), not the guard's
+                assert!((r.error.contains("[Errno") || r.error.contains("CapEff 0")) && !r.error.contains("refused by the sandbox"), "{what}: {r:?}");
+            }
+        }
+        eprintln!("escape attempts: {:.1} s", started.elapsed().as_secs_f64());
+        drop((planted, listener));
     }
 }
