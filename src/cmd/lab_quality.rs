@@ -298,7 +298,7 @@ pub fn run(args: QualityArgs) -> Result<()> {
         Sandbox::guarded(&args.python, timeout, memory).map_err(|e| anyhow::anyhow!("--python: {e}"))?
     } else {
         Sandbox::jailed(&args.python, timeout, memory).map_err(|e| {
-            anyhow::anyhow!("the answers' code runs only in a bubblewrap jail, and that failed: {e}\ninstall bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; it needs user namespaces), or pass --unsafe-exec to run the code under the Python-level guard alone")
+            anyhow::anyhow!("the answers' code runs only in a bubblewrap jail: {e}\ninstall bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; it needs user namespaces), or pass --unsafe-exec to run the code under the Python-level guard alone (only for answers you trust)")
         })?
     };
     if args.unsafe_exec {

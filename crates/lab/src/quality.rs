@@ -361,7 +361,7 @@ impl Sandbox {
         seccomp_filter()?;
         let sb = Sandbox { python: executable.clone(), timeout, memory_bytes, isolation: Isolation::Jail { binds, links } };
         match Command::new(BWRAP).arg("--version").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status() {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("bubblewrap ({BWRAP}) is not installed (Debian/Ubuntu: apt-get install bubblewrap)")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(format!("bubblewrap ({BWRAP}) is not on PATH")),
             Err(e) => return Err(format!("{BWRAP}: {e}")),
             Ok(s) if !s.success() => return Err(format!("{BWRAP} --version failed ({s})")),
             Ok(_) => {}
