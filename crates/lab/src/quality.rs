@@ -230,6 +230,9 @@ for name, lim, v in (("RLIMIT_AS", resource.RLIMIT_AS, mem), ("RLIMIT_DATA", res
         _exit(86)
 job = json.loads(sys.stdin.read())
 head, code, tail, sanitize = job["head"], job["code"], job["tail"], job["sanitize"]
+# said after the program ran to its end, so an exit the program forces (posix._exit(0)) is no pass
+passed = "reckon-sandbox-passed: " + job.pop("nonce")
+del job
 if sanitize:
     # the longest run of leading lines that parses (a broken example call after the function is
     # dropped, as a parser with error recovery would), then its definitions only
@@ -270,6 +273,8 @@ except BaseException:
     sys.stderr.flush()
     _exit(1)
 sys.stdout.flush()
+sys.stderr.write("\n" + passed + "\n")
+sys.stderr.flush()
 _exit(0)
 "#;
 
@@ -439,7 +444,9 @@ impl Sandbox {
 
     fn run_in(&self, dir: &Path, program: &Program) -> Result<Execution, LabError> {
         use std::os::unix::process::CommandExt as _;
-        let job = serde_json::json!({"head": program.head, "code": program.code, "tail": program.tail, "sanitize": program.sanitize});
+        // a pass is said with a word the program does not know beforehand (the harness's last line)
+        let nonce = format!("{:016x}", std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), (dir, std::time::SystemTime::now())));
+        let job = serde_json::json!({"head": program.head, "code": program.code, "tail": program.tail, "sanitize": program.sanitize, "nonce": nonce});
         std::fs::write(dir.join("program.json"), job.to_string())?;
         let stdin = std::fs::File::open(dir.join("program.json"))?;
         let stderr = std::fs::File::create(dir.join("stderr"))?;
@@ -487,7 +494,8 @@ impl Sandbox {
         if let Some(line) = err.lines().next().filter(|l| l.starts_with("bwrap: ")).filter(|_| matches!(self.isolation, Isolation::Jail { .. })) {
             return Err(LabError::Sandbox(line.to_string()));
         }
-        let mut error = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+        let said_passed = err.lines().any(|l| l.strip_prefix("reckon-sandbox-passed: ") == Some(nonce.as_str()));
+        let mut error = err.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("reckon-sandbox-passed: ")).unwrap_or("").trim().to_string();
         if error.len() > 300 {
             let mut cut = 300;
             while !error.is_char_boundary(cut) {
@@ -497,7 +505,7 @@ impl Sandbox {
         }
         let verdict = match status {
             None => Verdict::TimedOut,
-            Some(s) if s.success() => Verdict::Passed,
+            Some(s) if s.success() && said_passed => Verdict::Passed,
             // killed by the CPU limit (SIGXCPU) counts as a timeout too
             Some(s) if std::os::unix::process::ExitStatusExt::signal(&s) == Some(24) => Verdict::TimedOut,
             Some(_) => Verdict::Failed,
@@ -885,6 +893,8 @@ mod tests {
             ("exit", "    exit(0)\n"),
             ("sys.exit", "    import sys\n    sys.exit(0)\n"),
             ("os._exit", "    import os\n    os._exit(0)\n"),
+            // an exit forced past the guard: status 0 without the harness's word is no pass
+            ("posix._exit", "    import posix\n    posix._exit(0)\n"),
         ] {
             let r = sb.run(&program(&p, code)).unwrap();
             assert_eq!(r.verdict, Verdict::Failed, "{what}: {r:?}");
