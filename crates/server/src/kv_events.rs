@@ -8,6 +8,17 @@
 //! endpoint) answers `[identity, "", start (8 bytes big-endian)]` with one `[identity, "", seq, batch]`
 //! per kept batch from `start` on, then `[identity, "", -1 (8 bytes), ""]`.
 //!
+//! What the zeromq crate (0.7) does with a client that does not read, and so what is built around it:
+//! - PUB: `send` never waits and never fails for a message of frames: it queues the message for
+//!   fan-out (100,000 at most) and each subscriber's writer (100,000 at most per subscriber), dropping
+//!   it, without an error, where a queue is full or no one subscribes. A slow subscriber loses messages
+//!   (a gap in its sequence numbers); it cannot hold up the live stream.
+//! - ROUTER: `send` queues up to 100,000 messages per peer and then waits, without end, for a peer that
+//!   never reads (there is no send timeout or high-water option, and no way to disconnect one peer).
+//!   So replays are answered on a task of their own, every send bounded by `REPLAY_SEND_TIMEOUT`; a
+//!   client that overruns it is dropped (its answer abandoned, its later requests ignored, counted in
+//!   `replay_clients_dropped`) while the live stream and the other replay clients go on.
+//!
 //! The `EventBatch` is always vLLM's array, `[ts: float, events: [event...], data_parallel_rank: int]`.
 //! Events (`Encoding`): `array`, as in v0.11.0 through v0.20.0 (msgspec `array_like=True`, `tag=True`):
 //!   BlockStored      = ["BlockStored", block_hashes: [hash], parent_block_hash: hash | nil,
@@ -30,7 +41,8 @@ use reckon_engine::kv::{KvEvent, KvEventSink, Medium};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// How events are encoded (see the module doc).
@@ -71,7 +83,12 @@ pub struct KvEventsConfig {
     pub replay_endpoint: Option<String>,
     /// Batches kept for replay.
     pub buffer_steps: usize,
-    /// Accepted for vLLM's configs; the socket's own queue bounds what a slow subscriber holds.
+    /// vLLM's send high-water mark of the PUB socket (ZeroMQ's `SNDHWM`: messages queued per subscriber
+    /// before more are dropped for it; 0, no limit). The zeromq crate has no such option: its PUB queues
+    /// a fixed 100,000 messages per subscriber (and 100,000 awaiting fan-out) and drops the rest. So here
+    /// `hwm` bounds what reckon's own queue holds, the batches waiting between the engine and the
+    /// publishing task: at most `min(hwm, max_queue_size)` (0: `max_queue_size` alone); a batch past it is
+    /// dropped like one past `max_queue_size`.
     pub hwm: usize,
     /// Batches queued for the publisher at most; more are dropped, counted, and leave a gap in the
     /// sequence numbers.
@@ -110,6 +127,12 @@ impl KvEventsConfig {
         self.enable_kv_cache_events && self.publisher != "null"
     }
 
+    /// Batches that may wait between the engine and the publishing task (`hwm` and `max_queue_size`).
+    fn queue_bound(&self) -> usize {
+        let hwm = if self.hwm == 0 { usize::MAX } else { self.hwm };
+        self.max_queue_size.min(hwm).max(1)
+    }
+
     fn binds(&self) -> bool {
         self.bind.unwrap_or(self.endpoint.contains('*') || self.endpoint.contains("::"))
     }
@@ -118,9 +141,32 @@ impl KvEventsConfig {
 /// Counters of the publisher (for `/metrics` and tests).
 #[derive(Debug, Default)]
 pub struct KvEventStats {
+    /// Batches the PUB socket took. (The zeromq crate's PUB send returns without waiting and discards,
+    /// without an error, a message no subscriber has room for: see the module doc.)
     pub batches_published: AtomicU64,
+    /// Batches dropped on a full queue (each leaves a gap in the sequence numbers that a replay cannot
+    /// fill) or refused by the PUB socket (kept for replay all the same).
     pub batches_dropped: AtomicU64,
+    /// Replay clients that read nothing for `REPLAY_SEND_TIMEOUT`: the rest of their answer abandoned.
+    pub replay_clients_dropped: AtomicU64,
 }
+
+/// How long one message of a replay answer may wait for room in its client's queue before the client
+/// is dropped. The zeromq crate's ROUTER queues up to 100,000 messages per peer in memory and only then
+/// makes a send wait (for the peer's TCP connection to drain), so a send that waits at all means the
+/// client has left a whole queue and its socket buffers unread; a client that reads is back within
+/// milliseconds, and a second rides out a scheduling hiccup or a pause on a loaded host. It is also the
+/// longest that one stuck client holds up the replay clients behind it (they are answered in turn).
+pub const REPLAY_SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Identities of replay clients dropped for not reading, remembered at most (the oldest forgotten): a
+/// client stays connected, and the crate keeps its full queue, until it goes away; its further requests
+/// on that connection are ignored rather than stalling the replay task a second each.
+const DROPPED_CLIENTS_REMEMBERED: usize = 1024;
+
+/// The kept batches, `(seq, MessagePack batch)` in sequence order: written by the publishing task,
+/// read (a snapshot of cheap `Bytes` clones, under the lock only while copying) by the replay task.
+type Kept = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
 /// A batch as the engine handed it over, with its time and sequence number.
 struct Pending {
@@ -138,8 +184,8 @@ pub struct Publisher {
     pub replay_endpoint: Option<String>,
 }
 
-/// Opens the sockets and starts publishing on the current tokio runtime. Fails if an endpoint cannot be
-/// used.
+/// Opens the sockets and starts publishing (and answering replays, on a task of its own) on the current
+/// tokio runtime. Fails if an endpoint cannot be used.
 pub async fn start(config: KvEventsConfig) -> std::io::Result<Publisher> {
     let err = |what: &str, e: zeromq::ZmqError| std::io::Error::other(format!("KV events {what}: {e}"));
     if config.publisher != "zmq" {
@@ -160,13 +206,13 @@ pub async fn start(config: KvEventsConfig) -> std::io::Result<Publisher> {
         }
         None => (None, None),
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Pending>(config.max_queue_size.max(1));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Pending>(config.queue_bound());
     let stats = Arc::new(KvEventStats::default());
     let dropped = stats.clone();
     // The sequence number is taken as a batch is queued, so a batch dropped on a full queue leaves a gap
     // a subscriber sees (and a replay cannot fill), never a silent loss. (One lock: the engine and the
     // disk writer queue batches from their own threads, and numbers must follow queue order.)
-    let queue = std::sync::Mutex::new((0u64, tx));
+    let queue = Mutex::new((0u64, tx));
     let sink: KvEventSink = Arc::new(move |events: Vec<KvEvent>| {
         let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,60 +222,116 @@ pub async fn start(config: KvEventsConfig) -> std::io::Result<Publisher> {
             dropped.batches_dropped.fetch_add(1, Ordering::Relaxed);
         }
     });
-    tokio::spawn(publish(config, publisher, replay, rx, stats.clone()));
+    // Batches are kept only for a replay socket to answer from.
+    let kept = replay.as_ref().map(|_| Kept::default());
+    if let (Some(router), Some(kept)) = (replay, &kept) {
+        tokio::spawn(serve_replay(router, kept.clone(), stats.clone(), REPLAY_SEND_TIMEOUT));
+    }
+    tokio::spawn(publish(config, publisher, rx, kept, stats.clone()));
     Ok(Publisher { sink, stats, endpoint, replay_endpoint })
 }
 
-async fn publish(config: KvEventsConfig, mut publisher: PubSocket, mut replay: Option<RouterSocket>, mut rx: tokio::sync::mpsc::Receiver<Pending>, stats: Arc<KvEventStats>) {
+/// The live loop: encodes each queued batch, keeps it, and hands it to the PUB socket. Nothing here waits
+/// on a client: the crate's PUB send only queues (see the module doc), and replays are another task's.
+async fn publish(config: KvEventsConfig, mut publisher: PubSocket, mut rx: tokio::sync::mpsc::Receiver<Pending>, kept: Option<Kept>, stats: Arc<KvEventStats>) {
     let topic = Bytes::from(config.topic.clone().into_bytes());
-    let mut kept: VecDeque<(u64, Bytes)> = VecDeque::new();
+    while let Some(batch) = rx.recv().await {
+        let seq = batch.seq;
+        let payload = Bytes::from(encode_batch(&batch.events, batch.ts, &config));
+        // Kept before it is sent, so a subscriber that saw a batch live finds it in a replay.
+        if let Some(kept) = &kept {
+            let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+            kept.push_back((seq, payload.clone()));
+            while kept.len() > config.buffer_steps {
+                kept.pop_front();
+            }
+        }
+        let frames = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+        match publisher.send(ZmqMessage::try_from(frames).expect("three frames")).await {
+            Ok(()) => stats.batches_published.fetch_add(1, Ordering::Relaxed),
+            Err(e) => {
+                tracing::warn!("KV events: the PUB socket refused batch {seq} (counted as dropped; kept for replay): {e}");
+                stats.batches_dropped.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+}
+
+/// The replay task: owns the ROUTER socket and answers one request at a time, every send bounded by
+/// `send_timeout`, so a client that does not read costs the others at most that long and the live
+/// stream nothing.
+async fn serve_replay(mut router: RouterSocket, kept: Kept, stats: Arc<KvEventStats>, send_timeout: Duration) {
+    let mut dropped: VecDeque<Bytes> = VecDeque::new();
     loop {
-        tokio::select! {
-            batch = rx.recv() => {
-                let Some(batch) = batch else { break };
-                let seq = batch.seq;
-                let payload = Bytes::from(encode_batch(&batch.events, batch.ts, &config));
-                let frames = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
-                if let Err(e) = publisher.send(ZmqMessage::try_from(frames).expect("three frames")).await {
-                    tracing::warn!("KV events: publishing batch {seq} failed: {e}");
-                }
-                stats.batches_published.fetch_add(1, Ordering::Relaxed);
-                kept.push_back((seq, payload));
-                if kept.len() > config.buffer_steps {
-                    kept.pop_front();
-                }
+        let request = match router.recv().await {
+            Ok(m) => m,
+            Err(e) => {
+                // (the crate's ROUTER waits for peers rather than failing; should it fail, no busy loop)
+                tracing::warn!("KV events: receiving a replay request: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-            request = async { replay.as_mut().expect("polled only with a replay socket").recv().await }, if replay.is_some() => {
-                let router = replay.as_mut().expect("a replay socket");
-                match request {
-                    Ok(m) => answer_replay(router, m, &kept).await,
-                    Err(e) => tracing::warn!("KV events: replay request: {e}"),
-                }
+        };
+        let frames = request.into_vec();
+        let [identity, _, start] = &frames[..] else {
+            tracing::warn!("KV events: a replay request of {} frames (want identity, empty, start)", frames.len());
+            continue;
+        };
+        let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
+            tracing::warn!("KV events: a replay start of {} bytes (want 8)", start.len());
+            continue;
+        };
+        if dropped.contains(identity) {
+            tracing::debug!("KV events: ignoring a replay request from client {} (dropped for not reading)", hex(identity));
+            continue;
+        }
+        let answer: Vec<(u64, Bytes)> = {
+            let kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+            let from = kept.partition_point(|(s, _)| *s < start);
+            kept.range(from..).cloned().collect()
+        };
+        if let Err(Stuck { sent }) = answer_replay(&mut router, identity, &answer, send_timeout).await {
+            tracing::warn!("KV events: replay client {} read nothing for {send_timeout:?}: dropped, its answer from batch {start} abandoned after {sent} of {} messages", hex(identity), answer.len() + 1);
+            stats.replay_clients_dropped.fetch_add(1, Ordering::Relaxed);
+            if dropped.len() == DROPPED_CLIENTS_REMEMBERED {
+                dropped.pop_front();
             }
+            dropped.push_back(identity.clone());
         }
     }
 }
 
-/// Answers `[identity, "", start]` with every kept batch from `start` on, then the end marker.
-async fn answer_replay(router: &mut RouterSocket, request: ZmqMessage, kept: &VecDeque<(u64, Bytes)>) {
-    let frames = request.into_vec();
-    let [identity, _, start] = &frames[..] else {
-        tracing::warn!("KV events: a replay request of {} frames (want identity, empty, start)", frames.len());
-        return;
-    };
-    let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
-        tracing::warn!("KV events: a replay start of {} bytes (want 8)", start.len());
-        return;
-    };
+/// A replay client that did not take a message within the send timeout, after `sent` messages.
+struct Stuck {
+    sent: usize,
+}
+
+/// Sends `[identity, "", seq, batch]` for each of `answer`, then the end marker `[identity, "", -1, ""]`.
+/// A client gone (the crate no longer knows its identity) ends the answer quietly.
+async fn answer_replay(router: &mut RouterSocket, identity: &Bytes, answer: &[(u64, Bytes)], send_timeout: Duration) -> Result<(), Stuck> {
     let empty = Bytes::new();
-    for (seq, payload) in kept.iter().filter(|(s, _)| *s >= start) {
-        let m = vec![identity.clone(), empty.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone()];
-        if router.send(ZmqMessage::try_from(m).expect("four frames")).await.is_err() {
-            return;
+    let messages = answer.iter().map(|(seq, payload)| (seq.to_be_bytes(), payload.clone())).chain([((-1i64).to_be_bytes(), empty.clone())]);
+    for (sent, (seq, payload)) in messages.enumerate() {
+        let m = ZmqMessage::try_from(vec![identity.clone(), empty.clone(), Bytes::copy_from_slice(&seq), payload]).expect("four frames");
+        match tokio::time::timeout(send_timeout, router.send(m)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!("KV events: replay client {} gone after {sent} messages: {e}", hex(identity));
+                return Ok(());
+            }
+            Err(_) => return Err(Stuck { sent }),
+        }
+        // (a send with room in the queue never yields: let other tasks run during a long answer)
+        if sent % 256 == 255 {
+            tokio::task::yield_now().await;
         }
     }
-    let end = vec![identity.clone(), empty.clone(), Bytes::copy_from_slice(&(-1i64).to_be_bytes()), empty];
-    let _ = router.send(ZmqMessage::try_from(end).expect("four frames")).await;
+    Ok(())
+}
+
+/// A client identity for the log.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One `EventBatch` in `config`'s encoding.
@@ -336,13 +438,19 @@ mod tests {
     }
 
     /// A batch dropped on a full queue keeps its sequence number: the subscriber sees a gap, which a
-    /// replay (from the kept batches) shows too.
+    /// replay (from the kept batches) shows too. The queue is bounded by `max_queue_size` or by `hwm`.
     #[test]
     fn a_batch_dropped_on_a_full_queue_leaves_a_gap() {
+        let base = KvEventsConfig { endpoint: "tcp://127.0.0.1:0".into(), bind: Some(true), replay_endpoint: Some("tcp://127.0.0.1:0".into()), ..Default::default() };
+        a_full_queue_drops_the_second_batch(KvEventsConfig { max_queue_size: 1, ..base.clone() });
+        a_full_queue_drops_the_second_batch(KvEventsConfig { hwm: 1, ..base.clone() });
+        assert_eq!((KvEventsConfig { hwm: 0, max_queue_size: 5, ..base.clone() }).queue_bound(), 5, "hwm 0: no limit of its own");
+    }
+
+    fn a_full_queue_drops_the_second_batch(config: KvEventsConfig) {
         use zeromq::{DealerSocket, SocketRecv, SocketSend};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
-            let config = KvEventsConfig { endpoint: "tcp://127.0.0.1:0".into(), bind: Some(true), replay_endpoint: Some("tcp://127.0.0.1:0".into()), max_queue_size: 1, ..Default::default() };
             let p = start(config).await.unwrap();
             // (on this one thread the publisher runs only when the test awaits)
             (p.sink)(vec![KvEvent::AllBlocksCleared]); // 0: queued
@@ -364,6 +472,109 @@ mod tests {
                 seqs.push(seq);
             }
             assert_eq!(seqs, vec![0, 2]);
+        });
+    }
+
+    /// The frames' sequence number, as a subscriber or a replay client reads it (8 bytes, signed for
+    /// the end marker).
+    fn seq_of(frame: &Bytes) -> i64 {
+        i64::from_be_bytes(frame[..].try_into().expect("an 8-byte sequence number"))
+    }
+
+    /// Receives live batches until batch `want`, which must come within `within`.
+    async fn receive_live(sub: &mut zeromq::SubSocket, want: u64, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let m = tokio::time::timeout_at(deadline, sub.recv()).await.unwrap_or_else(|_| panic!("live batch {want} not received within {within:?}")).expect("a live batch");
+            let seq = seq_of(&m.into_vec()[1]);
+            assert!(seq <= want as i64, "live batch {seq} came before {want}");
+            if seq == want as i64 {
+                return;
+            }
+        }
+    }
+
+    /// A replay client that asks for many big batches again and again and never reads fills its queue
+    /// in the crate (100,000 messages) and its TCP buffers: it is dropped after `REPLAY_SEND_TIMEOUT`,
+    /// while a subscriber gets every live batch published meanwhile, and a replay client that reads is
+    /// answered afterwards.
+    #[test]
+    fn a_replay_client_that_never_reads_is_dropped_while_the_live_stream_goes_on() {
+        use zeromq::{DealerSocket, SocketRecv, SocketSend, SubSocket};
+        // 2,000 kept batches of about 1 KiB: each request queues 2,000 messages (2 MB) for the client,
+        // so some 50 of them fill the crate's queue whatever the host's socket buffers hold; 400 leave
+        // a wide margin (those after the drop are ignored).
+        const KEPT: u64 = 2_000;
+        const REQUESTS: usize = 400;
+        // (generous: every wait usually ends in milliseconds, the drop after about a second)
+        const LIVE_WITHIN: Duration = Duration::from_secs(10);
+        const DROPPED_WITHIN: Duration = Duration::from_secs(60);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let config = KvEventsConfig { endpoint: "tcp://127.0.0.1:0".into(), bind: Some(true), replay_endpoint: Some("tcp://127.0.0.1:0".into()), buffer_steps: KEPT as usize, ..Default::default() };
+            let p = start(config).await.unwrap();
+            let replay_request = |start: u64| ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())]).unwrap();
+            let dropped = || p.stats.replay_clients_dropped.load(Ordering::Relaxed);
+            let started = tokio::time::Instant::now();
+            for _ in 0..KEPT {
+                (p.sink)(vec![KvEvent::BlockStored { hash: 1, parent: None, tokens: vec![1; 1000].into(), medium: Medium::Memory }]);
+            }
+            while p.stats.batches_published.load(Ordering::Relaxed) < KEPT {
+                assert!(started.elapsed() < LIVE_WITHIN, "the kept batches were not published");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // The subscriber, once its subscription has reached the publisher (batches until one arrives).
+            let mut sub = SubSocket::new();
+            sub.connect(&p.endpoint).await.unwrap();
+            sub.subscribe("").await.unwrap();
+            let mut next = KEPT;
+            loop {
+                (p.sink)(vec![KvEvent::AllBlocksCleared]);
+                next += 1;
+                if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+                    // (an earlier one of these may come first: read on to the latest)
+                    if seq_of(&m.expect("a live batch").into_vec()[1]) != next as i64 - 1 {
+                        receive_live(&mut sub, next - 1, LIVE_WITHIN).await;
+                    }
+                    break;
+                }
+                assert!(started.elapsed() < LIVE_WITHIN, "the subscriber never got a live batch");
+            }
+            // The stuck client.
+            let mut stuck = DealerSocket::new();
+            stuck.connect(p.replay_endpoint.as_deref().unwrap()).await.unwrap();
+            for _ in 0..REQUESTS {
+                stuck.send(replay_request(0)).await.unwrap();
+            }
+            // Live batches, each received before the next is published, until the client is dropped.
+            let asked_at = tokio::time::Instant::now();
+            let mut live_before_the_drop = 0;
+            loop {
+                let was_dropped = dropped() > 0;
+                (p.sink)(vec![KvEvent::AllBlocksCleared]);
+                next += 1;
+                receive_live(&mut sub, next - 1, LIVE_WITHIN).await;
+                if was_dropped {
+                    break;
+                }
+                live_before_the_drop += 1;
+                assert!(asked_at.elapsed() < DROPPED_WITHIN, "the replay client that never reads was not dropped");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(live_before_the_drop > 0, "live batches flowed while the replay client was stuck");
+            // A replay client that reads is answered: the last live batch, then the end marker.
+            let mut reader = DealerSocket::new();
+            reader.connect(p.replay_endpoint.as_deref().unwrap()).await.unwrap();
+            reader.send(replay_request(next - 1)).await.unwrap();
+            let mut seqs = Vec::new();
+            while seqs.last() != Some(&-1) {
+                let m = tokio::time::timeout(LIVE_WITHIN, reader.recv()).await.expect("a replay answer within the bound").unwrap();
+                seqs.push(seq_of(&m.into_vec()[1]));
+            }
+            assert_eq!(seqs, vec![next as i64 - 1, -1]);
+            assert_eq!(dropped(), 1, "the stuck client's later requests were ignored, not answered into a full queue");
+            eprintln!("dropped the stuck replay client {:?} after it asked, {live_before_the_drop} live batches meanwhile; {:?} in all", asked_at.elapsed(), started.elapsed());
+            drop(stuck);
         });
     }
 

@@ -157,7 +157,8 @@ pub fn render(state: &AppState) -> String {
     out.gauge_with(lora, state.metrics.started_unix_secs());
     if let Some(k) = &state.kv_events {
         out.counter("reckon_kv_events_batches_published_total", "KV-cache event batches published (--kv-events).", k.batches_published.load(Ordering::Relaxed));
-        out.counter("reckon_kv_events_batches_dropped_total", "KV-cache event batches dropped on a full queue: each left a gap in the sequence numbers.", k.batches_dropped.load(Ordering::Relaxed));
+        out.counter("reckon_kv_events_batches_dropped_total", "KV-cache event batches dropped on a full queue (each left a gap in the sequence numbers) or refused by the PUB socket.", k.batches_dropped.load(Ordering::Relaxed));
+        out.counter("reckon_kv_events_replay_clients_dropped_total", "KV-cache event replay clients dropped for reading nothing for a second, the rest of their answer abandoned.", k.replay_clients_dropped.load(Ordering::Relaxed));
     }
     out.gauge("reckon_kv_blocks_free", "KV-cache blocks free.", (num_blocks - used.min(num_blocks)) as f64);
     out.gauge("reckon_slow_state", "1 while the engine sees a slow host and runs its fallback (docs/reliability.md).", if s.slow_state.load(Ordering::Relaxed) { 1.0 } else { 0.0 });
