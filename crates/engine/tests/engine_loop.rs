@@ -776,3 +776,16 @@ fn a_panicked_engine_fails_every_request_and_writes_no_more_to_disk() {
     assert_eq!(engine.stats().failed_requests.load(Ordering::Relaxed), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A reasoning budget (`engine::reasoning`): after that many tokens inside the block the closing tokens
+/// are forced and generation goes on; the tokens before are the unbudgeted greedy ones.
+#[test]
+fn a_spent_reasoning_budget_forces_the_closing_tokens() {
+    let engine = spawn(model(), Arc::new(Names), config(64, 64));
+    let plain = drain(engine.submit(GenerateParams { ignore_eos: true, ..GenerateParams::greedy(prompt(9, 12), 10) }).unwrap().1).0;
+    let budget = reckon_engine::engine::ReasoningBudget { tokens: 3, open: vec![90], close: vec![91, 92], starts_inside: true };
+    let capped = drain(engine.submit(GenerateParams { ignore_eos: true, reasoning_budget: Some(budget), ..GenerateParams::greedy(prompt(9, 12), 10) }).unwrap().1).0;
+    assert_eq!(capped[..3], plain[..3]);
+    assert_eq!(capped[3..5], [91, 92], "{capped:?}");
+    assert_eq!(capped.len(), 10);
+}

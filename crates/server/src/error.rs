@@ -160,6 +160,7 @@ fn param_name(field: Field, api: Wire) -> &'static str {
         Field::CacheSalt => "cache_salt",
         Field::SpecPrefill => "reckon.spec_prefill",
         Field::Prediction => "prediction",
+        Field::ReasoningBudget => "thinking.budget_tokens",
     }
 }
 

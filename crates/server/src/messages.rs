@@ -7,7 +7,8 @@
 //! `x-anthropic-billing-header: ...` line it puts first in the system prompt, whose hash changes with
 //! every request (it would make every prompt differ from its first tokens and defeat the prefix cache:
 //! it is dropped); `max_tokens: 32000` whatever the model (clamped to what the context leaves, by the
-//! engine's validation); `thinking`, `context_management`, `metadata` (accepted). `output_config.format`
+//! engine's validation); `context_management`, `metadata` (accepted); `thinking` (its budget caps the
+//! reasoning: `engine::reasoning`). `output_config.format`
 //! (a JSON schema) is enforced by the grammar, as chat's `response_format`.
 
 use crate::error::ApiError;
@@ -46,6 +47,28 @@ struct MessagesRequest {
     output_config: Option<Value>,
     /// reckon's extensions (`params::reckon_extension`).
     reckon: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens": N}` caps the reasoning (`engine::reasoning`); `{"type":
+    /// "disabled"}` turns it off where the template has a switch (Qwen3's `enable_thinking`).
+    thinking: Option<Value>,
+}
+
+/// What `thinking` asks: `Some(budget)` for enabled (with its budget), `None` for absent, adaptive or
+/// disabled; and whether it is disabled.
+fn thinking(req: &MessagesRequest) -> Result<(Option<usize>, bool), ApiError> {
+    let Some(t) = req.thinking.as_ref().filter(|t| !t.is_null()) else { return Ok((None, false)) };
+    let bad = |m: &str| ApiError::invalid(format!("thinking: {m}"), Some("thinking"));
+    match t.get("type").and_then(Value::as_str) {
+        Some("enabled") => {
+            let budget = t.get("budget_tokens").and_then(Value::as_u64).ok_or_else(|| bad("enabled needs budget_tokens, a whole number"))?;
+            if req.max_tokens.is_some_and(|m| budget as usize >= m) {
+                return Err(ApiError::invalid(format!("thinking.budget_tokens must be less than max_tokens. Given: {budget} and {}", req.max_tokens.unwrap_or(0)), Some("thinking.budget_tokens")));
+            }
+            Ok((Some(budget as usize), false))
+        }
+        Some("disabled") => Ok((None, true)),
+        Some("adaptive") => Ok((None, false)),
+        _ => Err(bad("type must be enabled, disabled or adaptive")),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -229,7 +252,13 @@ fn tool_set(req: &MessagesRequest) -> Result<ToolSet, ApiError> {
 /// The request's prompt: token ids, the forced start of the answer (a required tool call), and what to
 /// parse the answer for.
 fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(Vec<u32>, Option<String>, crate::output::ParseOptions, String), ApiError> {
-    let (text, prefill) = tools::prompt_text(state, conversation(req)?, tools, &Default::default(), "messages")?;
+    // thinking disabled: the template's switch, where it has one (Qwen3's); a template without one
+    // has no reasoning to turn off
+    let mut kwargs = serde_json::Map::new();
+    if thinking(req)?.1 {
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    }
+    let (text, prefill) = tools::prompt_text(state, conversation(req)?, tools, &kwargs, "messages")?;
     let ids = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     let parse = tools::parse_options(&state.template, tools, &text);
     Ok((ids, prefill, parse, text))
@@ -278,6 +307,14 @@ pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let format = crate::chat::response_format(req.output_config.as_ref().and_then(|c| c.get("format")).filter(|f| !f.is_null()))
         .map_err(|e| ApiError { param: Some("output_config".into()), ..e })?;
     let constraint = state.answer_constraint(&tools, format.as_ref(), "output_config")?;
+    // the budget holds where the template writes reasoning; elsewhere nothing is spent reasoning
+    let reasoning_budget = match thinking(&req)?.0 {
+        Some(tokens) if parse.reasoning => {
+            let ids = |text: &str| state.tokenizer.encode(text, false, true).map_err(|e| ApiError::invalid(e.to_string(), Some("thinking")));
+            Some(reckon_engine::engine::ReasoningBudget { tokens, open: ids("<think>")?, close: ids("</think>\n\n")?, starts_inside: parse.starts_in_reasoning })
+        }
+        _ => None,
+    };
     let params = GenerateParams {
         prompt: ids,
         // what the request omits comes from the server's defaults (Anthropic's own, temperature 1
@@ -292,6 +329,7 @@ pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
         constraint,
         prediction: Vec::new(),
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
+        reasoning_budget,
     };
     Ok(Ready { params, parse, prefill, model: req.model, prompt_len, parallel: tools.parallel, stream: req.stream })
 }

@@ -253,6 +253,7 @@ impl CommonParams {
             constraint: None,
             prediction: self.prediction_tokens(state)?,
             spec_prefill: reckon_extension(self.reckon.as_ref())?,
+            reasoning_budget: None,
         })
     }
 

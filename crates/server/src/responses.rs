@@ -291,6 +291,7 @@ pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
         constraint,
         prediction: Vec::new(),
         spec_prefill: crate::params::reckon_extension(req.reckon.as_ref())?,
+        reasoning_budget: None,
     };
     let parse = tools::parse_options(&state.template, &tools, &text);
     let (temperature, top_p) = (params.sampling.temperature, params.sampling.top_p);

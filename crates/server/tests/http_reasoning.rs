@@ -75,3 +75,50 @@ fn chat_template_kwargs_reach_the_template() {
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert_eq!(bad.json()["error"]["param"], "chat_template_kwargs");
 }
+
+/// Anthropic's `thinking.budget_tokens` caps the reasoning: the tiny model never closes `<think>` by
+/// itself, so with a budget the block ends after that many tokens (its text is what the same tokens
+/// give unbudgeted; the closing tokens are forced) and the answer goes on as text. `disabled` turns reasoning off through the
+/// template's switch; a budget not below max_tokens is a 400 naming it.
+#[test]
+fn messages_thinking_budget_closes_the_block_and_the_answer_begins() {
+    let addr = thinking_server();
+    let ask = |extra: Value| {
+        let mut body = json!({"model": TINY, "max_tokens": 24, "temperature": 0, "messages": [{"role": "user", "content": "Think."}]});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        post(addr, "/v1/messages", &body)
+    };
+    // unbudgeted, the model reasons for 5 tokens and ends (its end-of-generation token)
+    let free = ask(json!({})).json();
+    assert_eq!((free["content"].as_array().unwrap().len(), free["usage"]["output_tokens"].as_u64()), (1, Some(5)), "{free}");
+    let two = ask(json!({"max_tokens": 2})).json();
+    let capped = ask(json!({"thinking": {"type": "enabled", "budget_tokens": 2}})).json();
+    let blocks = capped["content"].as_array().unwrap();
+    assert_eq!(blocks[0]["type"], "thinking", "{capped}");
+    assert_eq!(blocks[0]["thinking"].as_str().unwrap().trim_end(), two["content"][0]["thinking"].as_str().unwrap().trim_end(), "{capped}");
+    // 2 tokens of reasoning, then `</think>` and two newlines (9 byte tokens) forced, then the answer
+    assert!(capped["usage"]["output_tokens"].as_u64().unwrap() >= 11, "{capped}");
+    assert!(blocks.iter().skip(1).all(|b| b["type"] == "text"), "{capped}");
+    // streamed alike
+    let s = ask(json!({"thinking": {"type": "enabled", "budget_tokens": 2}, "stream": true}));
+    let datas: Vec<Value> = s.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    let streamed: String = datas.iter().filter_map(|d| d["delta"]["thinking"].as_str()).collect();
+    assert_eq!(streamed.trim_end(), two["content"][0]["thinking"].as_str().unwrap().trim_end(), "{}", s.body);
+    let bad = ask(json!({"thinking": {"type": "enabled", "budget_tokens": 24}}));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.json()["error"]["message"].as_str().unwrap().contains("budget_tokens"), "{}", bad.body);
+    let bad = ask(json!({"thinking": {"type": "sometimes"}}));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+}
+
+#[test]
+fn messages_thinking_disabled_uses_the_templates_switch() {
+    let mut state = tiny_state(config(2048, 16, 64));
+    state.template = Arc::new(ChatTemplate::new(SWITCH_TEMPLATE.into(), "", "").unwrap());
+    let addr = serve(state);
+    let body = |thinking: Value| json!({"model": TINY, "max_tokens": 8, "temperature": 0, "thinking": thinking, "messages": [{"role": "user", "content": "Think."}]});
+    let on = post(addr, "/v1/messages", &body(json!({"type": "enabled", "budget_tokens": 4}))).json();
+    assert_eq!(on["content"][0]["type"], "thinking", "{on}");
+    let off = post(addr, "/v1/messages", &body(json!({"type": "disabled"}))).json();
+    assert!(off["content"].as_array().unwrap().iter().all(|b| b["type"] == "text"), "{off}");
+}

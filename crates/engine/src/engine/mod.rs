@@ -16,6 +16,7 @@ mod config;
 mod events;
 mod forward;
 mod handle;
+mod reasoning;
 mod request;
 mod sample;
 mod scheduler;
@@ -42,6 +43,7 @@ pub use config::EngineConfig;
 use sample::Sampled;
 pub use events::{Completion, Event, TokenLogprobs, Timings, Usage};
 pub use handle::{spawn, spawn_engine, spawn_with, spawn_with_draft, spawn_with_models, EngineHandle};
+pub use reasoning::ReasoningBudget;
 pub use stats::EngineStats;
 pub use request::{Detokenizer, FinishReason, Request, RequestId, RequestStatus};
 pub use scheduler::{Restore, ScheduledChunk, Scheduler, SchedulerConfig, StepPlan};
@@ -227,7 +229,7 @@ impl Engine {
         }
         .filter(|_| req.constraint.is_none());
         // (a grammar masks each token as it is sampled: such requests do not guess ahead)
-        if req.constraint.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
+        if req.constraint.is_none() && req.reasoning.is_none() && (self.config.spec.is_some() || !req.prediction.is_empty()) {
             req.spec = Some(spec::SpecState { config: self.config.spec.clone().unwrap_or_default(), ..Default::default() });
         }
         self.scheduler.add(req);

@@ -91,6 +91,8 @@ pub struct Request {
     pub spec: Option<super::spec::SpecState>,
     /// The client's guess of the output (OpenAI's `prediction`), for the proposer.
     pub prediction: Vec<u32>,
+    /// A cap on the answer's reasoning (`engine::reasoning`), applied by the sample stage.
+    pub reasoning: Option<super::reasoning::ReasoningState>,
     /// A sparse prefill (`engine::sparse`): `tokens` begins with the kept prompt tokens, each cell at its
     /// position in the full prompt.
     pub sparse: Option<super::sparse::SparsePrompt>,
@@ -145,6 +147,7 @@ impl Request {
             constraint: p.constraint,
             spec: None,
             prediction: p.prediction,
+            reasoning: p.reasoning_budget.map(super::reasoning::ReasoningState::new),
             sparse: None,
             background: false,
             spec_prefill: p.spec_prefill,

@@ -1,7 +1,8 @@
 //! The sample/constrain stage: each sampling chunk's token from its logits row, through its request's
 //! sampler; a speculating chunk's guesses checked against its rows (`spec::verify`); a constrained
 //! request's row masked by its grammar first, and the grammar advanced by the token. A grammar that
-//! fails ends its request with an error (never unconstrained text presented as constrained).
+//! fails ends its request with an error (never unconstrained text presented as constrained). A request
+//! whose reasoning budget is spent takes the tokens that close its reasoning (`engine::reasoning`).
 
 use super::{spec, RequestId, Scheduler, StepPlan, TokenLogprobs};
 
@@ -40,9 +41,11 @@ impl SampleStage {
                 out.push(Sampled { id: c.id, tokens, error: None });
                 continue;
             }
-            let token = match req.constraint.as_mut() {
-                None => req.sampler.sample(lg, &req.tokens),
-                Some(constraint) => {
+            let forced = req.reasoning.as_ref().and_then(|r| r.forced());
+            let token = match (req.constraint.as_mut(), forced) {
+                (None, Some(token)) => token,
+                (None, None) => req.sampler.sample(lg, &req.tokens),
+                (Some(constraint), forced) => {
                     // the grammar's mask on a copy of the row. A grammar that fails (it should not: every
                     // token it is given was allowed by its own mask) ends the request with an error:
                     // text past it would not be held to the grammar, yet read as if it were.
@@ -50,7 +53,8 @@ impl SampleStage {
                     self.masked.extend_from_slice(lg);
                     let sampled = match constraint.mask(&mut self.masked) {
                         Ok(()) => {
-                            let token = req.sampler.sample(&self.masked, &req.tokens);
+                            // (a forced token the grammar does not allow fails the request below)
+                            let token = forced.unwrap_or_else(|| req.sampler.sample(&self.masked, &req.tokens));
                             constraint.advance(token).map(|()| token).map_err(|e| format!("the grammar rejected token {token}: {e}"))
                         }
                         Err(e) => Err(format!("the grammar's mask failed: {e}")),
@@ -66,6 +70,9 @@ impl SampleStage {
                     }
                 }
             };
+            if let Some(r) = req.reasoning.as_mut() {
+                r.observe(token);
+            }
             let logprobs = req.logprobs.map(|k| token_logprobs(lg, token, k));
             out.push(Sampled { id: c.id, tokens: vec![(token, logprobs)], error: None });
         }

@@ -33,6 +33,8 @@ pub struct GenerateParams {
     pub prediction: Vec<u32>,
     /// Sparse prefill for this request (`engine::sparse`), over the engine's setting; `None`: the engine's.
     pub spec_prefill: Option<super::sparse::SpecPrefillChoice>,
+    /// A cap on the tokens spent reasoning (`engine::reasoning`); such a request does not speculate.
+    pub reasoning_budget: Option<super::reasoning::ReasoningBudget>,
 }
 
 impl GenerateParams {
@@ -49,6 +51,7 @@ impl GenerateParams {
             constraint: None,
             prediction: Vec::new(),
             spec_prefill: None,
+            reasoning_budget: None,
         }
     }
 }
@@ -113,6 +116,7 @@ pub enum Field {
     CacheSalt,
     SpecPrefill,
     Prediction,
+    ReasoningBudget,
 }
 
 /// Why a request was refused.
@@ -209,6 +213,9 @@ pub fn validate(mut p: GenerateParams, limits: &Limits) -> Result<ValidatedReque
         if !(k > 0.0 && k <= 1.0) {
             return Err(RequestError::invalid(Field::SpecPrefill, format!("spec_prefill keep must be in (0, 1]. Given: {k}")));
         }
+    }
+    if p.reasoning_budget.as_ref().is_some_and(|b| b.close.is_empty() || b.open.is_empty()) {
+        return Err(RequestError::invalid(Field::ReasoningBudget, "a reasoning budget needs the tokens that open and close the reasoning block".into()));
     }
     // what the architecture cannot run (a recurrent state that is not rolled back) is refused here, once
     let wanted = [
