@@ -114,8 +114,14 @@ impl ApiError {
     }
 
     /// Anthropic's shape: `{"type": "error", "error": {"type", "message"}}` (also a stream's `error` event).
+    /// Anthropic's errors have no `param`: the field at fault leads the message, as Anthropic's own
+    /// ("max_tokens: Field required").
     pub fn anthropic_body(&self) -> serde_json::Value {
-        json!({ "type": "error", "error": { "type": self.anthropic_type(), "message": self.message } })
+        let message = match &self.param {
+            Some(p) if !self.message.starts_with(p.as_str()) => format!("{p}: {}", self.message),
+            _ => self.message.clone(),
+        };
+        json!({ "type": "error", "error": { "type": self.anthropic_type(), "message": message } })
     }
 
     /// The answer in Anthropic's shape, with the same status (and `Retry-After`).
