@@ -12,9 +12,33 @@ a file says so. K-quant blocks are written as seeded random bytes with their sca
 weight standard deviation near 1/sqrt(fan-in): `gguf` quantizes only the legacy types, and random
 weights need no quantizer to be a valid random model.
 
-    make_test_models.py OUTDIR [--only NAME ...] [--moe-big]
+    make_test_models.py OUTDIR [--only NAME ...] [--moe-big] [--sizes]
 
 `--moe-big` also writes qwen3moe-big.gguf (>= 1 GiB of experts, for the MoE speed row); not for tests.
+`--only NAME ...` writes just those files (any of the names here, `--moe-big`'s and `--sizes`' included).
+
+`--sizes` writes, instead of the small files (add `--moe-big` or `--only` for more), random-weight files
+of the real shapes of models people run, for benchmarks at the memory limit; not for tests, not in CI:
+
+    llama3.2-3b-shape    llama     28 x 3072, 24/8 heads of 128, ffn 8192, vocab 128256, tied     1.9 GiB
+    llama3.1-8b-shape    llama     32 x 4096, 32/8 heads of 128, ffn 14336, vocab 128256          4.6 GiB
+    qwen2.5-7b-shape     qwen2     28 x 3584, 28/4 heads of 128, q/k/v biases, ffn 18944,
+                                   vocab 152064 (a third architecture, and the widest ffn)        4.4 GiB
+    qwen3-30b-a3b-shape  qwen3moe  48 x 2048, 32/4 heads of 128, 128 experts of 768, top 8,
+                                   vocab 151936                                                  17.3 GiB
+
+Their types are those llama.cpp's quantizer (llama-quant.cpp, llama_tensor_get_type) gives a Q4_K_M
+file of that shape: Q4_K by default; Q6_K for output.weight, and for token_embd.weight where it is
+tied (it is the output too), else Q4_K; attn_v and ffn_down (the experts' ffn_down_exps alike) Q6_K
+in layer i of n where i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2 (its use_more_bits: about half the
+layers), else Q4_K; norms, biases, the router and rope_freqs F32 (1-D tensors and ffn_gate_inp are not
+quantized). Its 8-expert rules (Q8_0 attn_v / attn_k) do not apply to 128 experts. The sizes come
+out close to the published Q4_K_M downloads'. There is no Llama 3 tokenizer here: the llama files take
+Qwen's first 128,000 BPE tokens (with the merges among them) and Llama 3's 256 special tokens at their
+ids, `llama-bpe` pre-tokenizer, Llama 3.2's template; the Qwen files take Qwen's, with [PADn] fillers
+up to their vocabulary. These files are written streaming (Streamer): the tensor infos first, then
+each tensor's bytes as they are made, in chunks of rows, so the 17 GiB file takes about 0.5 GiB of
+memory. Their stamp names SIZES_VERSION beside RECIPE_VERSION.
 """
 import argparse, hashlib, importlib.metadata, json, os, sys
 import numpy as np
@@ -134,6 +158,63 @@ class Writer:
 
     def vector(self, name, values):
         self.w.add_tensor(name, np.asarray(values, dtype=np.float32))
+
+
+class Streamer:
+    """Writer's interface for files too big to hold: each call adds only the tensor's info (final shape,
+    type, byte size) and a generator of its bytes; `write_data`, once the header, KV and tensor infos are
+    written, makes and writes the tensors one at a time, in chunks of rows, so the process holds at most a
+    chunk (CHUNK bytes and its temporaries) however large the file. The draws happen in file order, so a
+    seed still makes the same bytes."""
+
+    CHUNK = 64 << 20
+
+    def __init__(self, w, rng):
+        self.w, self.rng, self.parts = w, rng, []
+
+    def _add(self, name, shape, dtype, nbytes, qtype, rows, row_bytes, make):
+        self.w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype)
+        self.parts.append((nbytes, rows, max(1, self.CHUNK // row_bytes), make))
+
+    def matrix(self, name, rows, cols, qtype, std=None, experts=None):
+        std = std if std is not None else 1.0 / np.sqrt(cols)
+        lead = (experts,) if experts else ()
+        total = rows * (experts or 1)  # experts' rows are drawn alike: one run over all of them
+        if qtype in (Q.Q4_K, Q.Q6_K):
+            make = q4_k if qtype == Q.Q4_K else q6_k
+            row_bytes = cols // 256 * (144 if qtype == Q.Q4_K else 210)
+            self._add(name, lead + (rows, row_bytes), np.uint8, total * row_bytes, qtype, total, row_bytes,
+                      lambda n: make(self.rng, n, cols, std))
+        elif qtype == Q.F32:
+            self._add(name, lead + (rows, cols), np.float32, total * cols * 4, None, total, cols * 4,
+                      lambda n: self.rng.normal((n, cols), std))
+        else:
+            raise ValueError(qtype)
+
+    def norm(self, name, n):
+        self._add(name, (n,), np.float32, 4 * n, None, 1, 4 * n, lambda _: 1.0 + self.rng.normal((n,), 0.1))
+
+    def bias(self, name, n, std=0.1):
+        self._add(name, (n,), np.float32, 4 * n, None, 1, 4 * n, lambda _: self.rng.normal((n,), std))
+
+    def vector(self, name, values):
+        values = np.asarray(values, dtype=np.float32)
+        self._add(name, values.shape, np.float32, values.nbytes, None, 1, values.nbytes, lambda _: values)
+
+    def write_data(self):
+        """After `write_ti_data_to_file`: each tensor at the next multiple of the alignment, padded after,
+        as GGUFWriter.write_tensor_data places them (it would want each tensor whole)."""
+        fout = self.w.fout[0]
+        for nbytes, rows, step, make in self.parts:
+            self.w.write_padding(fout, fout.tell())
+            written = 0
+            for r0 in range(0, rows, step):
+                chunk = make(min(step, rows - r0))
+                chunk.tofile(fout)
+                written += chunk.nbytes
+                del chunk
+            assert written == nbytes, (written, nbytes)
+            self.w.write_padding(fout, nbytes)
 
 
 def copy_tokenizer(w, source, template=None, rename=None):
@@ -351,9 +432,150 @@ MODELS = {
 BIG = {"qwen3moe-big": ("qwen3moe", qwen3moe_recipe(24, 1024, 16, 4, 64, 64, 8, 768), 6)}
 
 
-def write(outdir, name, arch, recipe, seed):
+# --sizes: the real shapes of models people run, for benchmarks at the memory limit (not for tests).
+# Bumped whenever one of these recipes changes (RECIPE_VERSION, which the small files' bytes name, is not).
+SIZES_VERSION = 1
+
+
+def q4_k_m_more_bits(i, n):
+    """llama.cpp's Q4_K_M type for the i-th of n attn_v (or the ffn_down of layer i of n, experts' too):
+    Q6_K in the first and last eighths of the layers and every third layer between, else Q4_K
+    (llama-quant.cpp's use_more_bits; its 8-expert Q8_0 attn_v / attn_k rule does not arise here)."""
+    more = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+    return Q.Q6_K if more else Q.Q4_K
+
+
+# Llama 3's 256 special tokens (ids 128000-128255), by name where the Llama 3.1 / 3.2 tokenizer names them
+LLAMA3_SPECIAL = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 4: "<|finetune_right_pad_id|>",
+                  6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>", 9: "<|eot_id|>",
+                  10: "<|python_tag|>"}
+
+
+def llama3_special_tokens():
+    out, reserved = [], 0
+    for i in range(256):
+        if i in LLAMA3_SPECIAL:
+            out.append(LLAMA3_SPECIAL[i])
+        else:
+            out.append(f"<|reserved_special_token_{reserved}|>")
+            reserved += 1
+    return out
+
+
+def shaped_tokenizer(w, n_vocab, llama3=False, template=None, rename=None):
+    """A `gpt2` BPE tokenizer of exactly n_vocab ids, out of Qwen's (151,936 ids: 151,643 BPE tokens, its
+    specials, then [PADn] fillers). Qwen-shaped: Qwen's keys as they are, filled up with more [PADn]
+    (unused) ids where the model's vocabulary is larger. Llama 3-shaped (there is no Llama 3 tokenizer
+    here): Qwen's first n_vocab - 256 BPE tokens with the merges among them, then Llama 3's 256 special
+    tokens at their ids (<|begin_of_text|> 128000 as BOS, added; <|eot_id|> 128009 as EOS), the
+    `llama-bpe` pre-tokenizer and `template`. Text tokenizes and decodes; it is not Llama 3's split."""
+    path = os.path.join(MODELS_DIR, TOKENIZERS["qwen2"])
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: scripts/fetch-models first (its tokenizer is copied)")
+    fields = {k: f for k, f in gguf.GGUFReader(path).fields.items() if k.startswith("tokenizer.")}
+    tokens = fields.pop("tokenizer.ggml.tokens").contents()
+    types = fields.pop("tokenizer.ggml.token_type").contents()
+    merges = fields.pop("tokenizer.ggml.merges").contents()
+    for i, text in (rename or {}).items():
+        tokens[i], types[i] = text, 4  # USER_DEFINED, as added tokens are
+    if llama3:
+        n_bpe = n_vocab - 256
+        if any(t != 1 for t in types[:n_bpe]):
+            sys.exit(f"{path}: its first {n_bpe} tokens are not all plain BPE tokens")
+        tokens, types = tokens[:n_bpe] + llama3_special_tokens(), types[:n_bpe] + [3] * 256  # CONTROL
+        kept = set(tokens[:n_bpe])
+        merges = [m for m in merges if (lambda a, b: a in kept and b in kept and a + b in kept)(*m.split(" ", 1))]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("llama-bpe")
+        w.add_bos_token_id(n_bpe)
+        w.add_eos_token_id(n_bpe + 9)
+        w.add_add_bos_token(True)
+    else:
+        for i in range(len(tokens), n_vocab):
+            tokens.append(f"[PAD{i}]")
+            types.append(5)  # UNUSED, as Qwen's own fillers
+        del tokens[n_vocab:], types[n_vocab:]
+        for key, field in fields.items():
+            if not (template and key == "tokenizer.chat_template"):
+                w.add_key_value(key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    if template:
+        w.add_chat_template(chat_template(template))
+    return len(tokens)
+
+
+def llama3_shape(L, d, H, KV, ff, tied, rope_factor):
+    def make(w, t):
+        hd = d // H
+        n_vocab = shaped_tokenizer(w, 128256, llama3=True, template="llama3.2")
+        common_keys(w, "llama", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=131072, rope_base=500000.0)
+        w.add_vocab_size(n_vocab)
+        # tied: the one matrix is the output too, and Q4_K_M gives it the output's Q6_K
+        embeddings(t, n_vocab, d, embd_type=Q.Q6_K if tied else Q.Q4_K, tied=tied)
+        t.vector("rope_freqs.weight", llama3_freq_factors(hd, 500000.0, factor=rope_factor))
+        for i in range(L):
+            t.norm(f"blk.{i}.attn_norm.weight", d)
+            attention(t, i, d, H * hd, KV * hd, v_type=q4_k_m_more_bits(i, L))
+            t.norm(f"blk.{i}.ffn_norm.weight", d)
+            ffn(t, i, d, ff, types=(Q.Q4_K, Q.Q4_K, q4_k_m_more_bits(i, L)))
+    make.__doc__ = f"Llama 3.x, {L} x {d}, {H}/{KV} heads of {d // H}, ffn {ff}, {'tied' if tied else 'untied'}, rope factor {rope_factor}."
+    return make
+
+
+def qwen2_shape(L, d, H, KV, ff, n_vocab, tied):
+    def make(w, t):
+        hd = d // H
+        n = shaped_tokenizer(w, n_vocab)  # and Qwen2.5's own template, as the source file has it
+        common_keys(w, "qwen2", layers=L, d=d, heads=H, kv_heads=KV, ff=ff, ctx=32768, rope_base=1000000.0, eps=1e-6)
+        embeddings(t, n, d, embd_type=Q.Q6_K if tied else Q.Q4_K, tied=tied)
+        for i in range(L):
+            t.norm(f"blk.{i}.attn_norm.weight", d)
+            attention(t, i, d, H * hd, KV * hd, v_type=q4_k_m_more_bits(i, L))
+            t.bias(f"blk.{i}.attn_q.bias", H * hd)
+            t.bias(f"blk.{i}.attn_k.bias", KV * hd)
+            t.bias(f"blk.{i}.attn_v.bias", KV * hd)
+            t.norm(f"blk.{i}.ffn_norm.weight", d)
+            ffn(t, i, d, ff, types=(Q.Q4_K, Q.Q4_K, q4_k_m_more_bits(i, L)))
+    make.__doc__ = f"Qwen2, {L} x {d}, {H}/{KV} heads of {d // H} with q/k/v biases, ffn {ff}, vocab {n_vocab}."
+    return make
+
+
+def qwen3moe_shape(L, d, H, KV, hd, n_expert, n_used, ff_exp, ff_dense):
+    def make(w, t):
+        n_vocab = shaped_tokenizer(w, 151936, template="qwen3", rename=QWEN3_TOKENS)
+        common_keys(w, "qwen3moe", layers=L, d=d, heads=H, kv_heads=KV, ff=ff_dense, ctx=40960, head_dim=hd, rope_base=1000000.0, eps=1e-6)
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(ff_exp)
+        embeddings(t, n_vocab, d)
+        for i in range(L):
+            t.norm(f"blk.{i}.attn_norm.weight", d)
+            attention(t, i, d, H * hd, KV * hd, v_type=q4_k_m_more_bits(i, L))
+            t.norm(f"blk.{i}.attn_q_norm.weight", hd)
+            t.norm(f"blk.{i}.attn_k_norm.weight", hd)
+            t.norm(f"blk.{i}.ffn_norm.weight", d)
+            t.matrix(f"blk.{i}.ffn_gate_inp.weight", n_expert, d, Q.F32, std=2.0 / np.sqrt(d))
+            t.matrix(f"blk.{i}.ffn_gate_exps.weight", ff_exp, d, Q.Q4_K, experts=n_expert)
+            t.matrix(f"blk.{i}.ffn_up_exps.weight", ff_exp, d, Q.Q4_K, experts=n_expert)
+            t.matrix(f"blk.{i}.ffn_down_exps.weight", d, ff_exp, q4_k_m_more_bits(i, L), std=RESIDUAL_STD / np.sqrt(ff_exp), experts=n_expert)
+    make.__doc__ = f"Qwen3-MoE, {L} x {d}, {H}/{KV} heads of {hd}, {n_expert} experts of {ff_exp}, top {n_used}."
+    return make
+
+
+SIZES = {
+    "llama3.2-3b-shape": ("llama", llama3_shape(28, 3072, 24, 8, 8192, tied=True, rope_factor=32.0), 11),
+    "llama3.1-8b-shape": ("llama", llama3_shape(32, 4096, 32, 8, 14336, tied=False, rope_factor=8.0), 12),
+    "qwen2.5-7b-shape": ("qwen2", qwen2_shape(28, 3584, 28, 4, 18944, 152064, tied=False), 13),
+    "qwen3-30b-a3b-shape": ("qwen3moe", qwen3moe_shape(48, 2048, 32, 4, 128, 128, 8, 768, 6144), 14),
+}
+
+
+def write(outdir, name, arch, recipe, seed, stream=False):
     path = os.path.join(outdir, f"{name}.gguf")
-    stamp = f"{RECIPE_VERSION}:{importlib.metadata.version('gguf')}:{np.__version__}"
+    version = f"{RECIPE_VERSION}+sizes{SIZES_VERSION}" if stream else f"{RECIPE_VERSION}"
+    stamp = f"{version}:{importlib.metadata.version('gguf')}:{np.__version__}"
     stamp_path = path + ".recipe"
     if os.path.exists(path) and os.path.exists(stamp_path) and open(stamp_path).read() == stamp:
         return path, False
@@ -361,11 +583,19 @@ def write(outdir, name, arch, recipe, seed):
     w = gguf.GGUFWriter(tmp, arch)
     # not the architecture's name: llama.cpp sets token attributes by model name ("phi3" wants "</s>")
     w.add_name(f"reckon synthetic model {seed}")
-    w.add_description(f"seeded random weights (seed {seed}), scripts/make-test-models recipe {RECIPE_VERSION}: not a trained model")
-    recipe(w, Writer(w, Rng(seed)))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.add_description(f"seeded random weights (seed {seed}), scripts/make-test-models recipe {version}: not a trained model")
+    if stream:
+        t = Streamer(w, Rng(seed))
+        recipe(w, t)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        t.write_data()
+    else:
+        recipe(w, Writer(w, Rng(seed)))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
     w.close()
     os.replace(tmp, path)
     with open(stamp_path, "w") as f:
@@ -386,21 +616,28 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--moe-big", action="store_true")
+    ap.add_argument("--sizes", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
-    todo = dict(MODELS)
+    todo = {} if args.sizes else dict(MODELS)
     if args.moe_big:
         todo.update(BIG)
+    if args.sizes:
+        todo.update(SIZES)
+    if args.only:
+        known = {**MODELS, **BIG, **SIZES}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            sys.exit(f"--only: no such file {unknown}; known: {', '.join(known)}")
+        todo = {n: known[n] for n in args.only}
     manifest_path = os.path.join(args.outdir, "MANIFEST.json")
     manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
     for name, (arch, recipe, seed) in todo.items():
-        if args.only and name not in args.only:
-            continue
-        path, fresh = write(args.outdir, name, arch, recipe, seed)
+        path, fresh = write(args.outdir, name, arch, recipe, seed, stream=name in SIZES)
         manifest[name] = {"architecture": arch, "file": os.path.basename(path), "bytes": os.path.getsize(path)}
         print(f"{'wrote' if fresh else 'kept '} {path} ({os.path.getsize(path) >> 20} MiB)", file=sys.stderr)
-    with open(manifest_path, "w") as f:
-        json.dump(manifest, f, indent=1)
+        with open(manifest_path, "w") as f:
+            json.dump(manifest, f, indent=1)
 
 
 if __name__ == "__main__":
