@@ -4,6 +4,7 @@
 //! lists no model"), and a server that cannot start: an error at once with the end of its log. Skipped
 //! (with a note) when the 1.5B is not fetched, unless RECKON_REQUIRE_MODELS=1.
 
+#[allow(dead_code)]
 mod common;
 
 use std::process::Command;
