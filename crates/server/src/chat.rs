@@ -228,7 +228,11 @@ pub fn prepare_chat(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
         (None, None) => (None, "response_format"),
     };
     let tools = tool_set(&req)?;
-    let kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    // OpenAI's reasoning_effort, for the templates that read it (gpt-oss's), unless the kwargs set it
+    if let Some(effort) = req.params.other.get("reasoning_effort").filter(|v| v.is_string()) {
+        kwargs.entry("reasoning_effort").or_insert_with(|| effort.clone());
+    }
     let (text, prefill) = tools::prompt_text(state, chat_messages(&req.messages)?, &tools, &kwargs, "messages")?;
     let prompt = state.tokenizer.encode(&text, true, true).map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
     tools::log_request(state, "chat", &text, prompt.len(), &tools);

@@ -5,6 +5,7 @@ pub mod front;
 pub mod kv_events;
 mod chat;
 mod error;
+mod fields;
 mod messages;
 mod metrics;
 mod output;

@@ -50,6 +50,9 @@ struct MessagesRequest {
     /// `{"type": "enabled", "budget_tokens": N}` caps the reasoning (`engine::reasoning`); `{"type":
     /// "disabled"}` turns it off where the template has a switch (Qwen3's `enable_thinking`).
     thinking: Option<Value>,
+    /// The fields not read above, checked against the API's known fields (`fields`).
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 /// What `thinking` asks: `Some(budget)` for enabled (with its budget), `None` for absent, adaptive or
@@ -266,6 +269,7 @@ fn prompt(state: &AppState, req: &MessagesRequest, tools: &ToolSet) -> Result<(V
 
 fn parse_request(state: &AppState, body: &[u8]) -> Result<MessagesRequest, ApiError> {
     let req: MessagesRequest = crate::chat::parse(body, json!({"model": "", "messages": []}))?;
+    crate::fields::check(crate::fields::Api::Messages, &req.other)?;
     if !state.serves(&req.model) {
         return Err(state.unknown_model(&req.model));
     }

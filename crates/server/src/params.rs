@@ -47,8 +47,8 @@ pub struct CommonParams {
     pub prediction: Option<serde_json::Value>,
     /// reckon's own extensions (`reckon_extension`).
     pub reckon: Option<serde_json::Value>,
-    /// Every other field, so that a sampling field reckon has no sampler for is refused rather than
-    /// ignored (`check_unsupported`).
+    /// Every other field, checked against the API's known fields (`fields`): a sampling field reckon
+    /// has no sampler for, or a field no one has decided on, is refused rather than ignored.
     #[serde(flatten)]
     pub other: serde_json::Map<String, serde_json::Value>,
 }
@@ -103,31 +103,6 @@ impl SamplingFields {
     }
 }
 
-/// Sampling fields of OpenAI, vLLM and llama-server that reckon has no sampler for, with the values
-/// that leave sampling as it is. Any other value is a 400: a client that asks for typical sampling or
-/// a logit bias must not get plain sampling while believing otherwise. Fields that only tune a sampler
-/// that is off (`mirostat_tau`, `dry_base`, ...) are not listed: they change nothing.
-const UNSUPPORTED: &[(&str, &[f64], &str)] = &[
-    ("logit_bias", &[], "no logit bias"),
-    ("typical_p", &[1.0], "no typical sampling"),
-    ("tfs_z", &[1.0], "no tail-free sampling"),
-    ("mirostat", &[0.0], "no mirostat"),
-    ("dry_multiplier", &[0.0], "no DRY penalty"),
-    ("xtc_probability", &[0.0], "no XTC sampler"),
-    ("top_n_sigma", &[-1.0, 0.0], "no top-n-sigma"),
-    ("dynatemp_range", &[0.0], "no dynamic temperature"),
-    ("min_tokens", &[0.0], "no min_tokens"),
-    ("use_beam_search", &[0.0], "no beam search"),
-    ("best_of", &[1.0], "no best_of"),
-    ("length_penalty", &[1.0], "no beam search (length_penalty)"),
-    ("bad_words", &[], "no bad_words"),
-    ("allowed_token_ids", &[], "no allowed_token_ids"),
-    ("samplers", &[], "a fixed sampler order (penalties, top-k, top-p, min-p, temperature)"),
-    ("grammar", &[], "no GBNF grammars: structured_outputs.grammar takes llguidance's Lark, response_format a JSON schema"),
-    ("echo", &[], "no echo of the prompt in the answer"),
-    ("suffix", &[], "no fill-in-the-middle suffix"),
-];
-
 /// vLLM's structured output (`structured_outputs`: `json`, `json_object`, `regex`, `choice`, `grammar`)
 /// and its older `guided_*` fields, and llama-server's `json_schema`, as one grammar for llguidance,
 /// with the field it came from (for errors). `grammar` is llguidance's Lark dialect (what vLLM's
@@ -170,31 +145,6 @@ pub fn structured_outputs(other: &serde_json::Map<String, serde_json::Value>) ->
         (other, _) => return Err(bad(&format!("'{other}' is not supported (json, json_object, regex, choice, grammar)"))),
     };
     Ok(Some((grammar, field)))
-}
-
-/// A 400 for the first field of `UNSUPPORTED` whose value is not a neutral one (null, false, an empty
-/// array or object, or a listed number).
-pub fn check_unsupported(other: &serde_json::Map<String, serde_json::Value>) -> Result<(), ApiError> {
-    use serde_json::Value;
-    for &(name, neutral, instead) in UNSUPPORTED {
-        let Some(v) = other.get(name) else { continue };
-        let inert = match v {
-            Value::Null | Value::Bool(false) => true,
-            Value::String(s) => s.is_empty(),
-            Value::Array(a) => a.is_empty(),
-            Value::Object(o) => o.is_empty(),
-            Value::Number(n) => n.as_f64().is_some_and(|x| neutral.contains(&x)),
-            _ => false,
-        };
-        if !inert {
-            let neutral = match neutral {
-                [] => "null, false or empty".to_string(),
-                n => n.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" or "),
-            };
-            return Err(ApiError::invalid(format!("{name} is not supported: reckon has {instead}. Given: {v}; accepted only as {neutral}"), Some(name)));
-        }
-    }
-    Ok(())
 }
 
 /// reckon's extension object, the same on every API: `{"spec_prefill": false}` (no sparse prefill for
@@ -240,7 +190,7 @@ impl CommonParams {
         if self.n.unwrap_or(1) != 1 {
             return Err(ApiError::invalid(format!("only n = 1 is supported. Given: {}", self.n.unwrap_or(1)), Some("n")));
         }
-        check_unsupported(&self.other)?;
+        crate::fields::check(crate::fields::Api::OpenAi, &self.other)?;
         Ok(GenerateParams {
             prompt,
             sampling: self.sampling(&state.sampling)?,

@@ -96,6 +96,9 @@ struct ResponsesRequest {
     text: Option<Value>,
     /// reckon's extensions (`params::reckon_extension`).
     reckon: Option<Value>,
+    /// The fields not read above, checked against the API's known fields (`fields`).
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,6 +249,7 @@ pub struct Ready {
 /// the grammar (run off the async workers, `lib::off_workers`).
 pub fn prepare(state: &AppState, body: &[u8]) -> Result<Ready, ApiError> {
     let req: ResponsesRequest = crate::chat::parse(body, json!({"model": "", "input": ""}))?;
+    crate::fields::check(crate::fields::Api::Responses, &req.other)?;
     if !state.serves(&req.model) {
         return Err(state.unknown_model(&req.model));
     }
