@@ -521,6 +521,11 @@ pub fn load_tokenizer(name: &str) -> Result<(Tokenizer, ChatTemplate)> {
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     args.init_process()?;
     let path = model_path(&args.model)?;
+    let mut files = vec![path.clone()];
+    for name in args.draft_model_name()?.into_iter().chain(args.spec_prefill_scorer.as_deref()) {
+        files.push(model_path(name)?);
+    }
+    check_fits(&files, mem_available())?;
     let file = GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file).with_context(|| format!("tokenizer of {}", path.display()))?;
     let text = |id: Option<u32>| id.and_then(|i| tokenizer.token_text(i)).unwrap_or("").to_string();
@@ -541,6 +546,29 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     Ok(Loaded { model, sampling, draft, scorer, tokenizer, template, model_path: path.canonicalize().unwrap_or(path) })
 }
 
+/// Refuses, before anything is read or allocated, model files whose weights together are more than this
+/// machine can hold (`available` bytes, the kernel's MemAvailable): every weight is read each token, and
+/// what does not fit ends in an OOM kill while loading or in a disk read per token. Unknown memory
+/// (no /proc/meminfo) is not refused.
+fn check_fits(files: &[PathBuf], available: Option<u64>) -> Result<()> {
+    let Some(available) = available else { return Ok(()) };
+    let mut need = 0u64;
+    for f in files {
+        need += std::fs::metadata(f).with_context(|| format!("{}", f.display()))?.len();
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let what = files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(" + ");
+    anyhow::ensure!(need <= available, "{what}: {:.1} GiB of weights, and this machine has {:.1} GiB of memory available (MemAvailable): they do not fit. Use a smaller quantization or a machine with more memory.", gib(need), gib(available));
+    Ok(())
+}
+
+/// The kernel's estimate of the memory available to a new process, in bytes (Linux' MemAvailable).
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// The draft model `name`, checked to share the model's vocabulary token for token.
 pub fn load_draft(name: &str, tokenizer: &Tokenizer, args: &ModelArgs) -> Result<Model> {
     let path = model_path(name)?;
@@ -556,6 +584,20 @@ pub fn load_draft(name: &str, tokenizer: &Tokenizer, args: &ModelArgs) -> Result
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_model_larger_than_the_memory_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("reckon-oversized-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("big.gguf");
+        // a sparse file: 64 GiB by its size, nothing on disk
+        std::fs::File::create(&path).unwrap().set_len(64 << 30).unwrap();
+        let err = super::check_fits(&[path.clone()], Some(24 << 30)).unwrap_err().to_string();
+        assert!(err.contains("64.0 GiB of weights") && err.contains("24.0 GiB of memory available"), "{err}");
+        assert!(super::check_fits(&[path.clone()], Some(65 << 30)).is_ok());
+        assert!(super::check_fits(&[path.clone()], None).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn kv_memory_takes_sizes_and_token_counts() {
         assert_eq!(super::kv_tokens("1MiB", 1024).unwrap(), 1024);
