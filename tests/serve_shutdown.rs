@@ -77,9 +77,9 @@ impl Server {
         }
     }
 
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
-        assert!(status.success(), "kill -{name} failed");
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, signal) }, 0, "kill({signal}): {}", std::io::Error::last_os_error());
     }
 
     /// Waits (at most a minute) for the process to exit.
@@ -130,7 +130,7 @@ fn sigterm_lets_running_streams_finish_and_refuses_new_requests() {
     finishing.read_events(2);
 
     let signalled = Instant::now();
-    server.signal("TERM");
+    server.signal(libc::SIGTERM);
     server.wait_for_line("reckon: stopping");
     // The line comes just before the engine starts refusing: a request may still get in (and is served).
     loop {
@@ -170,7 +170,7 @@ fn sigterm_lets_running_streams_finish_and_refuses_new_requests() {
 /// (`data: {"error": ...}`, `server_error`), no finish reason and no `[DONE]`; the process exits 0.
 #[test]
 fn a_signal_without_drain_time_ends_running_streams_with_an_error_event() {
-    for signal in ["TERM", "INT"] {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
         let mut server = Server::start(&format!("nodrain-{signal}"), "0");
         let stream = server.endless();
         let (addr, body) = (server.addr, server.chat(1_000_000, json!({})));
@@ -188,15 +188,15 @@ fn a_signal_without_drain_time_ends_running_streams_with_an_error_event() {
         let a = stream.finish();
         assert_eq!(a.status, 200);
         let events = a.events();
-        assert!(!events.iter().any(|e| e == "[DONE]"), "SIG{signal}: a cut-short stream has no [DONE]: {}", a.body);
+        assert!(!events.iter().any(|e| e == "[DONE]"), "signal {signal}: a cut-short stream has no [DONE]: {}", a.body);
         let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
-        assert_eq!(last["error"]["type"], "server_error", "SIG{signal}: {last}");
+        assert_eq!(last["error"]["type"], "server_error", "signal {signal}: {last}");
         assert!(last["error"]["message"].as_str().unwrap().contains("shut down"), "{last}");
         for e in &events[..events.len() - 1] {
             let chunk: Value = serde_json::from_str(e).unwrap();
-            assert!(chunk["choices"][0]["finish_reason"].is_null(), "SIG{signal}: a cut-short stream has no finish reason: {chunk}");
+            assert!(chunk["choices"][0]["finish_reason"].is_null(), "signal {signal}: a cut-short stream has no finish reason: {chunk}");
         }
         let status = server.wait_exit();
-        assert!(status.success(), "SIG{signal}: exit status {status}; the server said:\n{}", server.log.join("\n"));
+        assert!(status.success(), "signal {signal}: exit status {status}; the server said:\n{}", server.log.join("\n"));
     }
 }
