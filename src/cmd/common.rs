@@ -201,10 +201,11 @@ impl ModelArgs {
     pub fn kv_choice(&self, cfg: &reckon_engine::model::ModelConfig, block_size: usize, disk_tier: bool) -> Result<KvChoice> {
         let dtypes = self.kv_dtypes(cfg, block_size)?;
         let sparse = self.sparse_attention()?;
-        // A hybrid model's conv state is not rolled back over rejected guesses yet: the command's default
-        // speculation is off for it (said at start); `--spec` given is refused by the engine.
-        let spec = if cfg.short_conv.is_some() && self.spec.is_none() && self.default_spec != SpecArg::Off {
-            tracing::warn!("speculative decoding is off: {} has recurrent (short-convolution) layers, whose state is not rolled back yet", cfg.arch.name());
+        // An architecture that cannot speculate (`model::capabilities`: LFM2's conv state is not rolled
+        // back) gets the command's default speculation off (said at start); `--spec` given is refused by
+        // the engine's check.
+        let spec = if !cfg.capabilities.speculation && self.spec.is_none() && self.default_spec != SpecArg::Off {
+            tracing::warn!("speculative decoding is off: {}", cfg.capabilities.limitation);
             None
         } else {
             self.spec()?
