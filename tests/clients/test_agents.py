@@ -3,13 +3,21 @@
 tests/agents/mcp_files.py) and Claude Code (`claude -p`, Messages API). Each must exit 0 with a final
 answer and no protocol error; the server's log must show the MCP namespace's tool in the prompt; the
 second of two runs must read the shared prefix from the cache. The 0.5B model's answers are weak: the
-protocol is what is tested. Installed by scripts/setup-clients; run by scripts/test-clients."""
+protocol is what is tested. Installed by scripts/setup-clients; run by scripts/test-clients.
+
+Both agents sample (Claude Code sends temperature 1, and no seed), so how long a run takes is up to what the
+tiny model happens to draw: one CI run on record had Claude Code's model write 21,000 tokens in 800 s until
+its next prompt overflowed the 32k context. So every run is bounded: Claude Code's replies are capped
+(CLAUDE_CODE_MAX_OUTPUT_TOKENS), each attempt has ATTEMPT_TIMEOUT seconds, and a run whose model rambled
+into the cap (an answer-side failure, never a protocol one) is tried again, at most ATTEMPTS times. The
+attempts and seconds each run took are printed."""
 
 import json
 import os
 import re
 import subprocess
 import tempfile
+import time
 import unittest
 
 from reckon_server import REPO, ReckonServer
@@ -19,7 +27,11 @@ AGENTS = os.environ.get("RECKON_AGENTS_DIR", os.path.join(os.path.expanduser("~"
 CODEX = os.path.join(AGENTS, "node_modules", ".bin", "codex")
 CLAUDE = os.path.join(AGENTS, "node_modules", ".bin", "claude")
 MCP_SERVER = os.path.join(REPO, "tests", "agents", "mcp_files.py")
-TIMEOUT = 900
+# One attempt: the first request's ~11,600 prompt tokens take ~100 s to prefill on a 2-core AVX2 host, the
+# rest come from the prefix cache; 512 output tokens a reply at ~20 tokens/s is ~25 s a turn.
+ATTEMPT_TIMEOUT = 420
+ATTEMPTS = 3
+MAX_OUTPUT_TOKENS = 512
 
 
 def missing():
@@ -43,12 +55,22 @@ class Agents(unittest.TestCase):
     def tearDownClass(cls):
         cls.server.stop()
 
-    def run_agent(self, cmd, env):
+    def run_agent(self, cmd, env, rambled=lambda events: False):
+        """Runs an agent to its end, again (at most ATTEMPTS in all) where `rambled(events)` says the model's
+        sampled reply ran into the output cap; returns its JSON events, stderr, attempts and seconds."""
         full_env = dict(os.environ, **env)
-        done = subprocess.run(cmd, cwd=self.work, env=full_env, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-        self.assertEqual(done.returncode, 0, f"{cmd[0]} exited {done.returncode}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}")
-        events = [json.loads(l) for l in done.stdout.splitlines() if l.startswith("{")]
-        return events, done.stderr
+        started = time.monotonic()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                done = subprocess.run(cmd, cwd=self.work, env=full_env, capture_output=True, text=True, timeout=ATTEMPT_TIMEOUT, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired as e:
+                self.fail(f"{cmd[0]} ran past {ATTEMPT_TIMEOUT} s (attempt {attempt})\nstdout: {str(e.stdout)[-3000:]}")
+            events = [json.loads(l) for l in done.stdout.splitlines() if l.startswith("{")]
+            if attempt < ATTEMPTS and rambled(events):
+                print(f"\n{os.path.basename(cmd[0])}: attempt {attempt} ran into the {MAX_OUTPUT_TOKENS}-token output cap; again")
+                continue
+            self.assertEqual(done.returncode, 0, f"{cmd[0]} exited {done.returncode}\nstdout: {done.stdout[-3000:]}\nstderr: {done.stderr[-3000:]}")
+            return events, done.stderr, attempt, time.monotonic() - started
 
     def server_log(self):
         return re.sub(r"\x1b\[[0-9;]*m", "", "".join(self.server.log))
@@ -80,14 +102,15 @@ command = "python3"
 args = ["{MCP_SERVER}"]
 env = {{ MCP_LOG = "{mcp_log}" }}
 ''')
-        usages, mcp_calls = [], []
+        usages, mcp_calls, budgets = [], [], []
         # The same prompt twice (the second run reads the first one's prefix from the cache). Whether a
         # 0.5B model sampled at Codex's temperature calls the MCP tool varies; any call it makes must
         # reach Codex as the MCP server's tool (the namespace round trip). A prompt naming the tool was
         # tried and dropped: the model can loop on the call and end its turn without an answer.
         prompts = ["What does main.rs print? Use the read_file tool."] * 2
         for prompt in prompts:
-            events, stderr = self.run_agent([CODEX, "exec", "--skip-git-repo-check", "--json", prompt], {"CODEX_HOME": home})
+            events, stderr, attempts, seconds = self.run_agent([CODEX, "exec", "--skip-git-repo-check", "--json", prompt], {"CODEX_HOME": home})
+            budgets.append((attempts, round(seconds)))
             kinds = [e["type"] for e in events]
             self.assertIn("turn.completed", kinds, events)
             self.assertNotIn("turn.failed", kinds, events)
@@ -106,7 +129,7 @@ env = {{ MCP_LOG = "{mcp_log}" }}
         with open(mcp_log) as f:
             self.assertIn("tools/list", f.read())
         self.assertGreater(usages[1]["cached_input_tokens"], 0, usages)
-        print(f"\ncodex usage per run: {usages}; MCP calls: {len(mcp_calls)}")
+        print(f"\ncodex usage per run: {usages}; MCP calls: {len(mcp_calls)}; (attempts, seconds) per run: {budgets}")
 
     def test_claude_code_print(self):
         env = {
@@ -118,11 +141,20 @@ env = {{ MCP_LOG = "{mcp_log}" }}
             "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(MAX_OUTPUT_TOKENS),
             "HOME": tempfile.mkdtemp(prefix="claude-home-"),
         }
-        usages = []
+        usages, budgets = [], []
+        # the cap is reached when a reply stops for max_tokens (Claude Code then ends the turn with an
+        # "exceeded the N output token maximum" error) or the prompt outgrew the context
+        def rambled(events):
+            results = [e for e in events if e["type"] == "result"]
+            text = json.dumps(results)
+            return not results or "output token maximum" in text or "Prompt is too long" in text or any(
+                e.get("message", {}).get("stop_reason") == "max_tokens" for e in events if e["type"] == "assistant")
         for _ in range(2):
-            events, stderr = self.run_agent([CLAUDE, "-p", "What does main.rs print? Answer briefly.", "--output-format", "stream-json", "--verbose"], env)
+            events, stderr, attempts, seconds = self.run_agent([CLAUDE, "-p", "What does main.rs print? Answer briefly.", "--output-format", "stream-json", "--verbose"], env, rambled)
+            budgets.append((attempts, round(seconds)))
             result = [e for e in events if e["type"] == "result"]
             self.assertEqual(len(result), 1, events)
             r = result[0]
@@ -133,7 +165,7 @@ env = {{ MCP_LOG = "{mcp_log}" }}
         # the second session reuses the first's system prompt and tools from the cache (the volatile
         # billing line is dropped, so the prefix is the same)
         self.assertGreater(usages[1]["cache_read_input_tokens"], 0, usages)
-        print(f"\nclaude usage per run: {[(u['input_tokens'], u['cache_read_input_tokens'], u['output_tokens']) for u in usages]}")
+        print(f"\nclaude usage per run: {[(u['input_tokens'], u['cache_read_input_tokens'], u['output_tokens']) for u in usages]}; (attempts, seconds) per run: {budgets}")
 
 
 if __name__ == "__main__":
