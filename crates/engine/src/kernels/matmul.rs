@@ -29,6 +29,13 @@ pub struct QMatrix<'a> {
 /// claims (one atomic each) stay negligible.
 const TASKS_PER_THREAD: usize = 8;
 
+/// Tasks per thread of a matmul over at most `STREAMING_TOKENS` tokens, which streams its weights from
+/// DRAM at size: each task restarts the kernels' software prefetch (`packed::tile::PREFETCH_AHEAD`) cold
+/// and prefetches that far into the rows of the next task, which another thread may take. On the
+/// Llama-3.2-3B shape (Zen 4, 2 threads, docs/speed.md) 2 tasks a thread decoded 2-4% faster than 8.
+const STREAMING_TASKS_PER_THREAD: usize = 2;
+const STREAMING_TOKENS: usize = 4;
+
 /// Tokens per activation-preparation task when a batch is large enough to prepare in parallel (even,
 /// so a task's token pairs are its own).
 const TOKENS_PER_PREP_TASK: usize = 16;
@@ -167,7 +174,8 @@ unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>
     // cover every task; one task size for all matrices, so a small one (k, v) is a few tasks rather
     // than as many as a big one.
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-    let rows_per_task = total_rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(GROUP);
+    let per_thread = if n_tokens <= STREAMING_TOKENS { STREAMING_TASKS_PER_THREAD } else { TASKS_PER_THREAD };
+    let rows_per_task = total_rows.div_ceil(pool.threads() * per_thread).next_multiple_of(GROUP);
     let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
     // The tasks read the activations through a pointer taken without a reference to the buffer, and
     // make their slices only once every preparation part has written its tokens (`prepped`).
