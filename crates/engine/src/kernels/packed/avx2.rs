@@ -152,7 +152,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, half
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * UNPACKED_VECTORS);
         if !U && half == 0 {
-            prefetch_ahead(p, m.block_bytes);
+            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
         }
         // Per token, the i32 sum of the 8 k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
         let mut s = [_mm256_setzero_si256(); NT];
@@ -262,7 +262,7 @@ unsafe fn legacy_q8_0<const NT: usize>(tl: &Tile, half: usize) {
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {
-            prefetch_ahead(p, m.block_bytes);
+            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
         }
         let dw = f16x8(p.add(Q8_0_D + hd));
         let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128)));
@@ -304,7 +304,7 @@ unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * Q4_K_UNPACKED);
         if !U && half == 0 {
-            prefetch_ahead(p, m.block_bytes);
+            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
@@ -424,7 +424,7 @@ unsafe fn q6_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * Q6_K_UNPACKED);
         if !U && half == 0 {
-            prefetch_ahead(p, m.block_bytes);
+            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
@@ -556,7 +556,7 @@ unsafe fn unpack(m: &PackedMatrix, group: usize, w: *mut __m256i) {
     let per_block = unpacked_vectors(m.dtype);
     let mut p = m.group_ptr(group);
     for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
+        prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
         for half in 0..2 {
             let o = w.add((half * m.blocks + b) * per_block);
             let put = |i: usize, v: __m256i| _mm256_store_si256(o.add(i), v);

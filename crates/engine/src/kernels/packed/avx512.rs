@@ -102,7 +102,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD>(p, m.block_bytes);
         let dw = f16x16(p.add(d_off));
         let mut w = [_mm512_setzero_si512(); 8];
         if KIND == Q8_0 {
@@ -175,7 +175,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile) {
     let mut acc = [_mm512_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD>(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for c in 0..4 {
@@ -224,7 +224,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile) {
     let mut acc = [_mm512_setzero_ps(); NT];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        prefetch_ahead(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD>(p, m.block_bytes);
         let mut sums = [_mm512_setzero_si512(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
         for h in 0..2 {

@@ -76,19 +76,25 @@ impl Tile<'_> {
     }
 }
 
-/// Bytes ahead of the group-block being computed that each block's loop asks into L2. Tuned at 10 KiB on
-/// models whose weights sit in L3; where they stream from DRAM (the Llama-3.2-3B shape, Zen 4) 20-48 KiB
-/// decoded 5-8% faster than 10 KiB and 64 KiB no faster (docs/speed.md).
+/// Bytes ahead of the group-block being computed that each block's loop asks into L2, in kernels that walk
+/// a group's blocks once (AVX-512). Tuned at 10 KiB on models whose weights sit in L3; where they stream
+/// from DRAM (the Llama-3.2-3B shape, Zen 4) 20-48 KiB decoded 5-8% faster than 10 KiB, and 64 KiB no
+/// faster (docs/speed.md).
 pub(super) const PREFETCH_AHEAD: usize = 32 << 10;
 
-/// Prefetches the `bytes` bytes `PREFETCH_AHEAD` past `p` into L2, a line at a time, inside the block
-/// loop: the groups follow one another in memory, so this is one sequential stream. (A burst per group
-/// from the caller stalled on the full miss queue: 5% of a serving profile.)
+/// The same in kernels that walk a group's blocks twice, once per 8-row half (AVX2; AVX-VNNI's K-quants
+/// and, unmeasured, its other types): there the second half reads the group again from L1, and 32 KiB
+/// ahead evicted it (AVX2 on the 3B shape, Zen 4: 12.5 t/s against 19.1 at 10 KiB; docs/speed.md).
+pub(super) const TWO_PASS_PREFETCH_AHEAD: usize = 10 << 10;
+
+/// Prefetches the `bytes` bytes `AHEAD` past `p` into L2, a line at a time, inside the block loop: the
+/// groups follow one another in memory, so this is one sequential stream. (A burst per group from the
+/// caller stalled on the full miss queue: 5% of a serving profile.)
 #[inline(always)]
-pub(super) unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
+pub(super) unsafe fn prefetch_ahead<const AHEAD: usize>(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
-        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_AHEAD + off) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(AHEAD + off) as *const i8);
         off += 64;
     }
 }
