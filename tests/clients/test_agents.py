@@ -150,7 +150,7 @@ env = {{ MCP_LOG = "{mcp_log}" }}
         def rambled(events):
             results = [e for e in events if e["type"] == "result"]
             text = json.dumps(results)
-            return not results or "output token maximum" in text or "Prompt is too long" in text or any(
+            return "output token maximum" in text or "Prompt is too long" in text or any(
                 e.get("message", {}).get("stop_reason") == "max_tokens" for e in events if e["type"] == "assistant")
         for _ in range(2):
             events, stderr, attempts, seconds = self.run_agent([CLAUDE, "-p", "What does main.rs print? Answer briefly.", "--output-format", "stream-json", "--verbose"], env, rambled)

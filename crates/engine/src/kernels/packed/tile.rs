@@ -78,13 +78,14 @@ impl Tile<'_> {
 
 /// Bytes ahead of the group-block being computed that each block's loop asks into L2, in kernels that walk
 /// a group's blocks once (AVX-512). Tuned at 10 KiB on models whose weights sit in L3; where they stream
-/// from DRAM (the Llama-3.2-3B shape, Zen 4) 20-48 KiB decoded 5-8% faster than 10 KiB, and 64 KiB no
-/// faster (docs/speed.md).
+/// from DRAM (the Llama-3.2-3B shape, Zen 4) 20-48 KiB decoded 5-7% faster than 10 KiB, and 64 KiB gained
+/// less (docs/speed.md).
 pub(super) const PREFETCH_AHEAD: usize = 32 << 10;
 
 /// The same in kernels that walk a group's blocks twice, once per 8-row half (AVX2; AVX-VNNI's K-quants
-/// and, unmeasured, its other types): there the second half reads the group again from L1, and 32 KiB
-/// ahead evicted it (AVX2 on the 3B shape, Zen 4: 12.5 t/s against 19.1 at 10 KiB; docs/speed.md).
+/// and, unmeasured, its other types): there the second half reads the group again from L1, which 32 KiB
+/// ahead may evict. Measured on AVX2 (3B shape, Zen 4) only in a build with the distance as a run-time
+/// setting: 10 KiB 19.1-19.9 t/s, 32 KiB 14.3-18.8 (docs/speed.md); not settled.
 pub(super) const TWO_PASS_PREFETCH_AHEAD: usize = 10 << 10;
 
 /// Prefetches the `bytes` bytes `AHEAD` past `p` into L2, a line at a time, inside the block loop: the
