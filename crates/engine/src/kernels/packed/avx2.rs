@@ -1,5 +1,8 @@
 //! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of 8
-//! rows (one 256-bit register of results) × `NT` tokens. AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 × s8
+//! rows (one 256-bit register of results) × `NT` tokens, both halves of a group-block before the next.
+//! (Half 0 over all the blocks and then half 1 left DRAM idle during the second pass, which read the
+//! group from L2: a decode-sized Q4_K matmul streamed 31 GB/s that way and 46 GB/s interleaved on
+//! Zen 4; bench/results/size-decode-avx2-zen4-20261207.) AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 × s8
 //! pairs to i16) and `vpmaddwd` (i16 pairs to i32) make the same 32-bit lanes. That is exact as long as
 //! no i16 sum overflows: the activation codes are within ±127 (ggml's quantizers scale by 127 / amax;
 //! the bounds below would hold at −128 too), so a `vpmaddubsw` pair is at most 2 · 31 · 128 for 5-bit
@@ -14,6 +17,7 @@
 //! with every code at its largest too).
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::acts::LSide;
 use super::layout::*;
@@ -35,31 +39,33 @@ pub(super) fn tile_tokens(_t: GgmlType) -> usize {
 pub(super) unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     let valid = (m.rows - group * GROUP).min(GROUP);
     let args = Tile { m, group, x, t0, out, out_stride, valid };
-    for half in 0..valid.div_ceil(8) {
-        if m.dtype == GgmlType::Q8_0 {
-            match nt {
-                1 => legacy_q8_0::<1>(&args, half),
-                2 => legacy_q8_0::<2>(&args, half),
-                3 => legacy_q8_0::<3>(&args, half),
-                _ => legacy_q8_0::<4>(&args, half),
-            }
-        } else {
-            run::<false>(&args, half, nt, std::ptr::null());
+    // Both halves of a group-block before the next: the second reads it from L1, and the prefetches
+    // ahead keep one even stream.
+    let halves = 0..valid.div_ceil(8);
+    if m.dtype == GgmlType::Q8_0 {
+        match nt {
+            1 => legacy_q8_0::<1>(&args, halves),
+            2 => legacy_q8_0::<2>(&args, halves),
+            3 => legacy_q8_0::<3>(&args, halves),
+            _ => legacy_q8_0::<4>(&args, halves),
         }
+    } else {
+        run::<false>(&args, halves, nt, std::ptr::null());
     }
 }
 
-/// The kernel of `tl`'s type for `nt` tokens and one half: over the packed group-blocks (`U` false; `w`
-/// unused) or over the half's unpacked codes at `w` (`U` true; `tiles_unpacked`).
+/// The kernel of `tl`'s type for `nt` tokens and the halves in `halves`: over the packed group-blocks,
+/// both halves of each (`U` false; `w` unused), or over one half's unpacked codes at `w` (`U` true,
+/// `halves` that one; `tiles_unpacked`).
 #[inline(always)]
-unsafe fn run<const U: bool>(tl: &Tile, half: usize, nt: usize, w: *const __m256i) {
+unsafe fn run<const U: bool>(tl: &Tile, halves: Range<usize>, nt: usize, w: *const __m256i) {
     macro_rules! by_nt {
         ($f:ident $(, $k:expr)?) => {
             match nt {
-                1 => $f::<$($k,)? 1, U>(tl, half, w),
-                2 => $f::<$($k,)? 2, U>(tl, half, w),
-                3 => $f::<$($k,)? 3, U>(tl, half, w),
-                _ => $f::<$($k,)? 4, U>(tl, half, w),
+                1 => $f::<$($k,)? 1, U>(tl, halves, w),
+                2 => $f::<$($k,)? 2, U>(tl, halves, w),
+                3 => $f::<$($k,)? 3, U>(tl, halves, w),
+                _ => $f::<$($k,)? 4, U>(tl, halves, w),
             }
         };
     }
@@ -142,86 +148,91 @@ pub(super) unsafe fn fifth_bits(high: __m256i, g: usize) -> __m256i {
 /// 8 and 8. The integer is the same, so are the bits. The codes and scales are unpacked here from the
 /// group-block (`U` false) or read from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
+unsafe fn legacy<const KIND: u8, const NT: usize, const U: bool>(tl: &Tile, halves: Range<usize>, w: *const __m256i) {
     let m = tl.m;
     let (act_block, q_off) = if KIND == Q4_1 { (36, 4) } else { (34, 2) };
     let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(q_off));
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
-    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut accs = [[_mm256_setzero_ps(); NT]; 2];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * UNPACKED_VECTORS);
-        if !U && half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        if !U {
+            prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         }
-        // Per token, the i32 sum of the 8 k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
-        let mut s = [_mm256_setzero_si256(); NT];
-        if U {
-            // A k-group at a time: one i16 sum live per token, so 4 tokens' sums and accumulators stay
-            // in registers.
-            let parts = if KIND == Q5_0 { 2 } else { 1 };
-            for part in 0..parts {
-                let mut s16 = [_mm256_setzero_si256(); NT];
-                for g in 8 / parts * part..8 / parts * (part + 1) {
-                    let wg = _mm256_load_si256(wb.add(g));
+        for half in halves.clone() {
+            let acc = &mut accs[half & 1];
+            // Per token, the i32 sum of the 8 k-groups: Q4 one i16 sum of all 8, Q5_0 two of 4 (0..4, 4..8).
+            let mut s = [_mm256_setzero_si256(); NT];
+            if U {
+                // A k-group at a time: one i16 sum live per token, so 4 tokens' sums and accumulators stay
+                // in registers.
+                let parts = if KIND == Q5_0 { 2 } else { 1 };
+                for part in 0..parts {
+                    let mut s16 = [_mm256_setzero_si256(); NT];
+                    for g in 8 / parts * part..8 / parts * (part + 1) {
+                        let wg = _mm256_load_si256(wb.add(g));
+                        unroll!(NT, |t| {
+                            s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                        });
+                    }
                     unroll!(NT, |t| {
-                        s16[t] = _mm256_add_epi16(s16[t], mul16(wg, codes4(q[t].add(b * act_block + 4 * g))));
+                        s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
                     });
                 }
-                unroll!(NT, |t| {
-                    s[t] = _mm256_add_epi32(s[t], widen(s16[t]));
+            } else {
+                // A packed vector at a time (k-groups v and v + 4 from one load): two chains of adds.
+                let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
+                let mut lo = [_mm256_setzero_si256(); NT];
+                let mut hi = [_mm256_setzero_si256(); NT];
+                unroll!(4, |v| {
+                    let (wl, wh) = legacy_codes::<KIND>(p, high, v, half);
+                    unroll!(NT, |t| {
+                        let y = q[t].add(b * act_block + 4 * v);
+                        let (pl, ph) = (mul16(wl, codes4(y)), mul16(wh, codes4(y.add(16))));
+                        if KIND == Q5_0 {
+                            lo[t] = _mm256_add_epi16(lo[t], pl);
+                            hi[t] = _mm256_add_epi16(hi[t], ph);
+                        } else {
+                            lo[t] = _mm256_add_epi16(lo[t], _mm256_add_epi16(pl, ph));
+                        }
+                    });
                 });
-            }
-        } else {
-            // A packed vector at a time (k-groups v and v + 4 from one load): two chains of adds.
-            let high = if KIND == Q5_0 { _mm256_loadu_si256(p.add(Q5_0_QH + 32 * half) as *const __m256i) } else { _mm256_setzero_si256() };
-            let mut lo = [_mm256_setzero_si256(); NT];
-            let mut hi = [_mm256_setzero_si256(); NT];
-            unroll!(4, |v| {
-                let (wl, wh) = legacy_codes::<KIND>(p, high, v, half);
                 unroll!(NT, |t| {
-                    let y = q[t].add(b * act_block + 4 * v);
-                    let (pl, ph) = (mul16(wl, codes4(y)), mul16(wh, codes4(y.add(16))));
+                    s[t] = widen(lo[t]);
                     if KIND == Q5_0 {
-                        lo[t] = _mm256_add_epi16(lo[t], pl);
-                        hi[t] = _mm256_add_epi16(hi[t], ph);
-                    } else {
-                        lo[t] = _mm256_add_epi16(lo[t], _mm256_add_epi16(pl, ph));
+                        s[t] = _mm256_add_epi32(s[t], widen(hi[t]));
                     }
                 });
-            });
+            }
+            let dw = if U { _mm256_load_ps(wb.add(8) as *const f32) } else { f16x8(p.add(legacy_d::<KIND>() + 16 * half)) };
+            let mw = match (KIND == Q4_1, U) {
+                (false, _) => _mm256_setzero_ps(),
+                (true, true) => _mm256_load_ps(wb.add(9) as *const f32),
+                (true, false) => f16x8(p.add(Q4_1_M + 16 * half)),
+            };
             unroll!(NT, |t| {
-                s[t] = widen(lo[t]);
-                if KIND == Q5_0 {
-                    s[t] = _mm256_add_epi32(s[t], widen(hi[t]));
+                let side = &*side[t].add(b);
+                let mut st = s[t];
+                // −offset·Σy, the offset a power of two.
+                if KIND == Q4_0 {
+                    st = _mm256_sub_epi32(st, _mm256_slli_epi32::<3>(_mm256_set1_epi32(side.sum)));
+                } else if KIND == Q5_0 {
+                    st = _mm256_sub_epi32(st, _mm256_slli_epi32::<4>(_mm256_set1_epi32(side.sum)));
+                }
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(st), acc[t]);
+                if KIND == Q4_1 {
+                    acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(side.s), acc[t]);
                 }
             });
         }
-        let dw = if U { _mm256_load_ps(wb.add(8) as *const f32) } else { f16x8(p.add(legacy_d::<KIND>() + 16 * half)) };
-        let mw = match (KIND == Q4_1, U) {
-            (false, _) => _mm256_setzero_ps(),
-            (true, true) => _mm256_load_ps(wb.add(9) as *const f32),
-            (true, false) => f16x8(p.add(Q4_1_M + 16 * half)),
-        };
-        unroll!(NT, |t| {
-            let side = &*side[t].add(b);
-            let mut st = s[t];
-            // −offset·Σy, the offset a power of two.
-            if KIND == Q4_0 {
-                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<3>(_mm256_set1_epi32(side.sum)));
-            } else if KIND == Q5_0 {
-                st = _mm256_sub_epi32(st, _mm256_slli_epi32::<4>(_mm256_set1_epi32(side.sum)));
-            }
-            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(st), acc[t]);
-            if KIND == Q4_1 {
-                acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(side.s), acc[t]);
-            }
-        });
         p = p.add(m.block_bytes);
     }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
+    for half in halves {
+        for (t, a) in accs[half & 1].iter().enumerate() {
+            tl.store8(t, half, *a);
+        }
     }
 }
 
@@ -253,33 +264,35 @@ unsafe fn legacy_codes<const KIND: u8>(p: *const u8, high: __m256i, v: usize, ha
 /// Q8_0: signed weights up to 128 in magnitude, so no two `vpmaddubsw` results may add in i16; each
 /// k-group is widened on its own (module docs for the sign trick).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy_q8_0<const NT: usize>(tl: &Tile, half: usize) {
+unsafe fn legacy_q8_0<const NT: usize>(tl: &Tile, halves: Range<usize>) {
     let m = tl.m;
-    let (h, hd) = (32 * half, 16 * half);
-    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut accs = [[_mm256_setzero_ps(); NT]; 2];
     let q: [*const u8; NT] = std::array::from_fn(|t| tl.act_row(t).add(2));
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        if half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
+        for half in halves.clone() {
+            let (acc, h, hd) = (&mut accs[half & 1], 32 * half, 16 * half);
+            let dw = f16x8(p.add(Q8_0_D + hd));
+            let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128)));
+            unroll!(NT, |t| {
+                let side = &*side[t].add(b);
+                let q = q[t].add(b * 34);
+                let mut s = _mm256_setzero_si256();
+                for (g, wg) in w.iter().enumerate() {
+                    s = dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(codes4(q.add(4 * g)), *wg));
+                }
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
+                acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
+            });
         }
-        let dw = f16x8(p.add(Q8_0_D + hd));
-        let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_xor_si256(_mm256_loadu_si256(p.add(64 * g + h) as *const __m256i), _mm256_set1_epi8(-128)));
-        unroll!(NT, |t| {
-            let side = &*side[t].add(b);
-            let q = q[t].add(b * 34);
-            let mut s = _mm256_setzero_si256();
-            for (g, wg) in w.iter().enumerate() {
-                s = dp(s, _mm256_abs_epi8(*wg), _mm256_sign_epi8(codes4(q.add(4 * g)), *wg));
-            }
-            let d = _mm256_mul_ps(dw, _mm256_set1_ps(side.d));
-            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[t]);
-        });
         p = p.add(m.block_bytes);
     }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
+    for half in halves {
+        for (t, a) in accs[half & 1].iter().enumerate() {
+            tl.store8(t, half, *a);
+        }
     }
 }
 
@@ -296,69 +309,74 @@ unsafe fn scales8(p: *const u8, j: usize, half: usize) -> __m256i {
 /// multiplies and 1 widening instead of 8 and 8 plus a `vpmulld`. Same integers, same bits. Codes,
 /// scales and mins from the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
+unsafe fn q4_k<const NT: usize, const U: bool>(tl: &Tile, halves: Range<usize>, w: *const __m256i) {
     let m = tl.m;
-    let hd = 16 * half;
-    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut accs = [[_mm256_setzero_ps(); NT]; 2];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * Q4_K_UNPACKED);
-        if !U && half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        if !U {
+            prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         }
-        let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        if U {
-            // A sub-block at a time: one i16 sum live per token.
-            for sb in 0..8 {
-                let mut part = [_mm256_setzero_si256(); NT];
-                for g in 0..8 {
-                    let wg = _mm256_load_si256(wb.add(8 * sb + g));
+        for half in halves.clone() {
+            let acc = &mut accs[half & 1];
+            let hd = 16 * half;
+            let mut sums = [_mm256_setzero_si256(); NT];
+            let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
+            if U {
+                // A sub-block at a time: one i16 sum live per token.
+                for sb in 0..8 {
+                    let mut part = [_mm256_setzero_si256(); NT];
+                    for g in 0..8 {
+                        let wg = _mm256_load_si256(wb.add(8 * sb + g));
+                        unroll!(NT, |t| {
+                            part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * sb + 4 * g))));
+                        });
+                    }
+                    let sc = _mm256_load_si256(wb.add(64 + sb));
                     unroll!(NT, |t| {
-                        part[t] = _mm256_add_epi16(part[t], mul16(wg, codes4(qs[t].add(32 * sb + 4 * g))));
+                        sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                     });
                 }
-                let sc = _mm256_load_si256(wb.add(64 + sb));
-                unroll!(NT, |t| {
-                    sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
-                });
-            }
-        } else {
-            // A packed vector at a time: sub-blocks 2c (low nibbles) and 2c + 1 (high) together.
-            for c in 0..4 {
-                let mut lo = [_mm256_setzero_si256(); NT];
-                let mut hi = [_mm256_setzero_si256(); NT];
-                for g in 0..8 {
-                    let (wl, wh) = q4_k_codes(p, c, g, half);
+            } else {
+                // A packed vector at a time: sub-blocks 2c (low nibbles) and 2c + 1 (high) together.
+                for c in 0..4 {
+                    let mut lo = [_mm256_setzero_si256(); NT];
+                    let mut hi = [_mm256_setzero_si256(); NT];
+                    for g in 0..8 {
+                        let (wl, wh) = q4_k_codes(p, c, g, half);
+                        unroll!(NT, |t| {
+                            let y = qs[t].add(64 * c + 4 * g);
+                            lo[t] = _mm256_add_epi16(lo[t], mul16(wl, codes4(y)));
+                            hi[t] = _mm256_add_epi16(hi[t], mul16(wh, codes4(y.add(32))));
+                        });
+                    }
+                    let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
                     unroll!(NT, |t| {
-                        let y = qs[t].add(64 * c + 4 * g);
-                        lo[t] = _mm256_add_epi16(lo[t], mul16(wl, codes4(y)));
-                        hi[t] = _mm256_add_epi16(hi[t], mul16(wh, codes4(y.add(32))));
+                        sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc_lo), _mm256_madd_epi16(hi[t], sc_hi)));
                     });
                 }
-                let (sc_lo, sc_hi) = (scales8(p, 2 * c, half), scales8(p, 2 * c + 1, half));
-                unroll!(NT, |t| {
-                    sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(_mm256_madd_epi16(lo[t], sc_lo), _mm256_madd_epi16(hi[t], sc_hi)));
-                });
             }
+            let mins: [__m256i; 4] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(72 + i)) } else { q4_k_mins(p, i, half) });
+            let (dw, dmw) = if U { (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32)) } else { (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd))) };
+            unroll!(NT, |t| {
+                let side = tl.k_side(t, b);
+                let pairs = side.sum32.as_ptr() as *const u8;
+                let mut mm = _mm256_setzero_si256();
+                for (i, mv) in mins.iter().enumerate() {
+                    mm = _mm256_add_epi32(mm, _mm256_madd_epi16(*mv, codes4(pairs.add(4 * i))));
+                }
+                let dy = _mm256_set1_ps(side.d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sums[t]), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, dy), _mm256_cvtepi32_ps(mm), acc[t]);
+            });
         }
-        let mins: [__m256i; 4] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(72 + i)) } else { q4_k_mins(p, i, half) });
-        let (dw, dmw) = if U { (_mm256_load_ps(wb.add(76) as *const f32), _mm256_load_ps(wb.add(77) as *const f32)) } else { (f16x8(p.add(Q4_K_D + hd)), f16x8(p.add(Q4_K_DMIN + hd))) };
-        unroll!(NT, |t| {
-            let side = tl.k_side(t, b);
-            let pairs = side.sum32.as_ptr() as *const u8;
-            let mut mm = _mm256_setzero_si256();
-            for (i, mv) in mins.iter().enumerate() {
-                mm = _mm256_add_epi32(mm, _mm256_madd_epi16(*mv, codes4(pairs.add(4 * i))));
-            }
-            let dy = _mm256_set1_ps(side.d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(sums[t]), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmw, dy), _mm256_cvtepi32_ps(mm), acc[t]);
-        });
         p = p.add(m.block_bytes);
     }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
+    for half in halves {
+        for (t, a) in accs[half & 1].iter().enumerate() {
+            tl.store8(t, half, *a);
+        }
     }
 }
 
@@ -417,55 +435,60 @@ unsafe fn q6_scale_pair(p: *const u8, i: usize, half: usize) -> __m256i {
 /// pairs). The integer is the one `reference::dot` forms, so the bits are too. Codes and scales from
 /// the group-block (`U` false) or from `w` (`U` true, `unpack`'s layout).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k<const NT: usize, const U: bool>(tl: &Tile, half: usize, w: *const __m256i) {
+unsafe fn q6_k<const NT: usize, const U: bool>(tl: &Tile, halves: Range<usize>, w: *const __m256i) {
     let m = tl.m;
-    let mut acc = [_mm256_setzero_ps(); NT];
+    let mut accs = [[_mm256_setzero_ps(); NT]; 2];
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         let wb = w.wrapping_add(b * Q6_K_UNPACKED);
-        if !U && half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        if !U {
+            prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         }
-        let mut sums = [_mm256_setzero_si256(); NT];
-        let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
-        for h in 0..2 {
-            for cq in 0..2 {
-                // Sub-blocks 8h + cq + 2s, s = 0..4: elements 128h + 32s + 16cq.. (see `layout`).
-                unroll!(4, |s| {
-                    for cp in 0..2 {
-                        let mut part = [_mm256_setzero_si256(); NT];
-                        for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
-                            let wv = if U { _mm256_load_si256(wb.add(32 * h + 4 * c + s)) } else { q6_codes(p, h, c, s, half) };
+        for half in halves.clone() {
+            let acc = &mut accs[half & 1];
+            let mut sums = [_mm256_setzero_si256(); NT];
+            let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
+            for h in 0..2 {
+                for cq in 0..2 {
+                    // Sub-blocks 8h + cq + 2s, s = 0..4: elements 128h + 32s + 16cq.. (see `layout`).
+                    unroll!(4, |s| {
+                        for cp in 0..2 {
+                            let mut part = [_mm256_setzero_si256(); NT];
+                            for c in 4 * cq + 2 * cp..4 * cq + 2 * cp + 2 {
+                                let wv = if U { _mm256_load_si256(wb.add(32 * h + 4 * c + s)) } else { q6_codes(p, h, c, s, half) };
+                                unroll!(NT, |t| {
+                                    part[t] = _mm256_add_epi16(part[t], mul16(wv, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
+                                });
+                            }
+                            let j = 8 * h + 2 * s + cq;
+                            let sc = if U { _mm256_load_si256(wb.add(64 + j)) } else { q6_scales_dup(p, j, half) };
                             unroll!(NT, |t| {
-                                part[t] = _mm256_add_epi16(part[t], mul16(wv, codes4(qs[t].add(128 * h + 4 * c + 32 * s))));
+                                sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
                             });
                         }
-                        let j = 8 * h + 2 * s + cq;
-                        let sc = if U { _mm256_load_si256(wb.add(64 + j)) } else { q6_scales_dup(p, j, half) };
-                        unroll!(NT, |t| {
-                            sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(part[t], sc));
-                        });
-                    }
-                });
+                    });
+                }
             }
+            let pairs: [__m256i; 8] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(80 + i)) } else { q6_scale_pair(p, i, half) });
+            let dw = if U { _mm256_load_ps(wb.add(88) as *const f32) } else { f16x8(p.add(Q6_K_D + 16 * half)) };
+            unroll!(NT, |t| {
+                // The activation block's 16 i16 sums of 16 follow its 256 codes.
+                let bsums = qs[t].add(256);
+                let mut off = _mm256_setzero_si256();
+                for (i, pr) in pairs.iter().enumerate() {
+                    off = _mm256_add_epi32(off, _mm256_madd_epi16(*pr, codes4(bsums.add(4 * i))));
+                }
+                let s = _mm256_sub_epi32(sums[t], _mm256_slli_epi32::<5>(off));
+                let dy = _mm256_set1_ps(tl.k_side(t, b).d);
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(s), acc[t]);
+            });
         }
-        let pairs: [__m256i; 8] = std::array::from_fn(|i| if U { _mm256_load_si256(wb.add(80 + i)) } else { q6_scale_pair(p, i, half) });
-        let dw = if U { _mm256_load_ps(wb.add(88) as *const f32) } else { f16x8(p.add(Q6_K_D + 16 * half)) };
-        unroll!(NT, |t| {
-            // The activation block's 16 i16 sums of 16 follow its 256 codes.
-            let bsums = qs[t].add(256);
-            let mut off = _mm256_setzero_si256();
-            for (i, pr) in pairs.iter().enumerate() {
-                off = _mm256_add_epi32(off, _mm256_madd_epi16(*pr, codes4(bsums.add(4 * i))));
-            }
-            let s = _mm256_sub_epi32(sums[t], _mm256_slli_epi32::<5>(off));
-            let dy = _mm256_set1_ps(tl.k_side(t, b).d);
-            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dy), _mm256_cvtepi32_ps(s), acc[t]);
-        });
         p = p.add(m.block_bytes);
     }
-    for (t, a) in acc.iter().enumerate() {
-        tl.store8(t, half, *a);
+    for half in halves {
+        for (t, a) in accs[half & 1].iter().enumerate() {
+            tl.store8(t, half, *a);
+        }
     }
 }
 
@@ -520,7 +543,12 @@ thread_local! {
 /// # Safety
 /// As `tile`, for every token of `t0..t1`.
 pub(super) unsafe fn tiles_unpacked(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, t1: usize, out: *mut f32, out_stride: usize) {
-    tiles_unpacked_by(m, group, x, t0, t1, out, out_stride, run::<true>)
+    tiles_unpacked_by(m, group, x, t0, t1, out, out_stride, run_unpacked)
+}
+
+/// `run` over one half's unpacked codes at `w`.
+unsafe fn run_unpacked(tl: &Tile, half: usize, nt: usize, w: *const __m256i) {
+    run::<true>(tl, half..half + 1, nt, w)
 }
 
 /// A kernel over unpacked codes: `(tile, half, tokens, the half's codes)`.
@@ -556,7 +584,7 @@ unsafe fn unpack(m: &PackedMatrix, group: usize, w: *mut __m256i) {
     let per_block = unpacked_vectors(m.dtype);
     let mut p = m.group_ptr(group);
     for b in 0..m.blocks {
-        prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         for half in 0..2 {
             let o = w.add((half * m.blocks + b) * per_block);
             let put = |i: usize, v: __m256i| _mm256_store_si256(o.add(i), v);

@@ -95,7 +95,7 @@ unsafe fn legacy<const KIND: u8, const NT: usize>(tl: &Tile) {
     let side: [*const LSide; NT] = std::array::from_fn(|t| tl.legacy_sides(t));
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
-        prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+        prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         // sums[h][t]: half h, token t (k-groups 0..4 when NT is 1, `more` the rest).
         let mut sums: [[__m256i; NT]; 2] = std::array::from_fn(|_| std::array::from_fn(|t| if offset == 0 { _mm256_setzero_si256() } else { _mm256_set1_epi32(-offset * (*side[t].add(b)).sum) }));
         let mut more = [_mm256_setzero_si256(); 2];
@@ -163,7 +163,7 @@ unsafe fn q4_k<const NT: usize>(tl: &Tile, half: usize) {
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+            prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));
@@ -214,7 +214,7 @@ unsafe fn q6_k<const NT: usize>(tl: &Tile, half: usize) {
     let mut p = m.group_ptr(tl.group);
     for b in 0..m.blocks {
         if half == 0 {
-            prefetch_ahead::<TWO_PASS_PREFETCH_AHEAD>(p, m.block_bytes);
+            prefetch_ahead::<PREFETCH_AHEAD_256>(p, m.block_bytes);
         }
         let mut sums = [_mm256_setzero_si256(); NT];
         let qs: [*const u8; NT] = std::array::from_fn(|t| tl.k_quants(t, b));

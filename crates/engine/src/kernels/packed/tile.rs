@@ -82,11 +82,12 @@ impl Tile<'_> {
 /// less (docs/speed.md).
 pub(super) const PREFETCH_AHEAD: usize = 32 << 10;
 
-/// The same in kernels that walk a group's blocks twice, once per 8-row half (AVX2; AVX-VNNI's K-quants
-/// and, unmeasured, its other types): there the second half reads the group again from L1, which 32 KiB
-/// ahead may evict. Measured on AVX2 (3B shape, Zen 4) only in a build with the distance as a run-time
-/// setting: 10 KiB 19.1-19.9 t/s, 32 KiB 14.3-18.8 (docs/speed.md); not settled.
-pub(super) const TWO_PASS_PREFETCH_AHEAD: usize = 10 << 10;
+/// The same in the 256-bit kernels (AVX2, AVX-VNNI), which read each group-block in two halves of 8
+/// rows. AVX2 takes both halves of a block before the next; there (3B shape, Zen 4, decode) 10 KiB
+/// came out ahead of 32 KiB, as it did before that change (bench/results/size-decode-avx2-zen4-20261207).
+/// AVX-VNNI's K-quant kernels still walk the group once per half, the second half from L2 or L1,
+/// which 32 KiB ahead would evict.
+pub(super) const PREFETCH_AHEAD_256: usize = 10 << 10;
 
 /// Prefetches the `bytes` bytes `AHEAD` past `p` into L2, a line at a time, inside the block loop: the
 /// groups follow one another in memory, so this is one sequential stream. (A burst per group from the
