@@ -1,6 +1,8 @@
 //! One quantized matmul alone, for kernel work: a random ROWS × COLS weight of TYPE against N activation
 //! rows, median over repetitions; prints ns per (weight row, token) and GB/s of weights read. Packed
-//! numerics unless RECKON_NUMERICS=ggml (as the engine).
+//! numerics unless RECKON_NUMERICS=ggml (as the engine), the packed weights in an arena on 2 MiB pages
+//! as the engine's are. To stream from DRAM as decode does, make the matrix several times the L3 (e.g.
+//! `q4_k 131072 4096 1 20`: 302 MB).
 //! matmul_bench TYPE ROWS COLS N [REPS] [THREADS], e.g. `matmul_bench q4_1 1536 576 8`.
 //! PREP=1 times only the activation preparation of the packed kernels on one thread (N rows of COLS), the
 //! fused quantization with side entries against quantizing then reading the sides back, alternating.
@@ -39,7 +41,12 @@ fn main() {
     }
     reckon_tools::init_process();
     let numerics = reckon_tools::numerics();
-    let pm = (numerics == Numerics::Packed).then(|| packed::pack(dtype, rows, cols, &w));
+    let pm = (numerics == Numerics::Packed).then(|| {
+        let shape = packed::PackedShape::new(dtype, rows, cols);
+        let mut arena = reckon_engine::huge_buf::HugeBuf::zeroed(shape.lines());
+        packed::pack_into(dtype, rows, cols, &w, &|_| {}, &mut arena);
+        packed::PackedMatrix::in_arena(shape, std::sync::Arc::new(arena), 0)
+    });
     let m = QMatrix { dtype, rows, cols, bytes: &w, packed: pm.as_ref() };
     let x: Vec<f32> = (0..n * cols).map(|_| rnd()).collect();
     let (mut xq, mut out) = (Vec::new(), vec![0.0; n * rows]);

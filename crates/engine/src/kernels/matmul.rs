@@ -7,7 +7,8 @@
 //!
 //! `matmul_many` runs several matrices over the same input (q/k/v, gate/up) as one call: the input is
 //! quantized once per activation type and every matrix's rows share one parallel pass, so the threads
-//! meet once instead of once per matrix.
+//! meet once instead of once per matrix. `matmul_ranges` does the same for matrices that each read their
+//! own rows of one input (an MoE layer's experts, each over the tokens that chose it).
 
 use crate::pool;
 use crate::kernels::packed::{self, ActSide, PackedInput, PackedMatrix, GROUP};
@@ -113,20 +114,52 @@ pub type FillRows<'f> = &'f (dyn Fn(usize, usize, &mut [f32]) + Sync);
 /// `out` is `[n_tokens, rows]` of its matrix. Bit-identical to separate `matmul` calls.
 pub fn matmul_many(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     // SAFETY: without a fill nothing writes through the pointer.
-    unsafe { matmul_many_impl(x.as_ptr() as *mut f32, x.len(), None, xq, jobs) }
+    unsafe { matmul_many_impl(x.as_ptr() as *mut f32, x.len(), None, None, xq, jobs) }
 }
 
 /// `matmul_many` over an input that `fill` writes first (see `FillRows`); the same results as calling
 /// `fill(0, n_tokens, x)` and then `matmul_many(x, ..)`.
 pub fn matmul_many_filled(x: &mut [f32], fill: FillRows, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     // SAFETY: `x` is borrowed mutably for the call.
-    unsafe { matmul_many_impl(x.as_mut_ptr(), x.len(), Some(fill), xq, jobs) }
+    unsafe { matmul_many_impl(x.as_mut_ptr(), x.len(), Some(fill), None, xq, jobs) }
+}
+
+/// Several matrices with the same `cols`, each over its own token rows of x (`[n_tokens, cols]`): job
+/// `(m, tokens, out)` computes `out` (`[tokens.len(), m.rows]`) from rows `tokens` of x. With packed
+/// weights that is one parallel pass for all of them (an MoE layer's experts: one meeting of the
+/// threads per projection, not one per expert, and the input quantized once); otherwise a `matmul`
+/// per job. Bit-identical to a `matmul` per job either way.
+pub fn matmul_ranges(x: &[f32], xq: &mut Vec<u8>, jobs: &mut [(QMatrix, std::ops::Range<usize>, &mut [f32])]) {
+    let Some(cols) = jobs.first().map(|j| j.0.cols) else { return };
+    let n_tokens = x.len() / cols;
+    for (m, tokens, out) in jobs.iter() {
+        assert!(tokens.start <= tokens.end && tokens.end <= n_tokens, "matmul_ranges: tokens {tokens:?} of {n_tokens}");
+        assert_eq!(out.len(), tokens.len() * m.rows, "matmul output is not [{}, {}]", tokens.len(), m.rows);
+    }
+    if jobs.iter().all(|j| j.0.packed.is_some()) {
+        let ranges: Vec<std::ops::Range<usize>> = jobs.iter().map(|j| j.1.clone()).collect();
+        let mut outs: Vec<(QMatrix, &mut [f32])> = jobs.iter_mut().map(|(m, _, out)| (*m, &mut **out)).collect();
+        // SAFETY: without a fill nothing writes through the pointer.
+        unsafe { matmul_many_impl(x.as_ptr() as *mut f32, x.len(), None, Some(&ranges), xq, &mut outs) }
+    } else {
+        // Consecutive jobs over the same rows (an expert's gate and up) share a `matmul_many`.
+        let mut rest = jobs;
+        while let Some(first) = rest.first() {
+            let tokens = first.1.clone();
+            let k = rest.iter().take_while(|j| j.1 == tokens).count();
+            let (same, later) = rest.split_at_mut(k);
+            let mut many: Vec<(QMatrix, &mut [f32])> = same.iter_mut().map(|(m, _, out)| (*m, &mut **out)).collect();
+            matmul_many(&x[tokens.start * cols..tokens.end * cols], xq, &mut many);
+            rest = later;
+        }
+    }
 }
 
 /// # Safety
 /// `x_ptr..x_ptr + x_len` is one live buffer, writable when `fill` is given, not otherwise accessed
-/// during the call.
-unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
+/// during the call. With `ranges` (`matmul_ranges`), every matrix is packed and job j's output is
+/// `[ranges[j].len(), rows]`, from those token rows.
+unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>, ranges: Option<&[std::ops::Range<usize>]>, xq: &mut Vec<u8>, jobs: &mut [(QMatrix, &mut [f32])]) {
     let Some(cols) = jobs.first().map(|j| j.0.cols) else { return };
     let n_tokens = x_len / cols;
     let x_rows = SyncPtr(x_ptr);
@@ -137,9 +170,11 @@ unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>
         unsafe { std::slice::from_raw_parts_mut(x_rows.0.add(first * cols), (last - first) * cols) }
     };
     assert_eq!(x_len, n_tokens * cols, "matmul input is not [n, {cols}]");
-    for (m, out) in jobs.iter() {
+    // Job j's token rows.
+    let tokens_of = |j: usize| ranges.map_or(0..n_tokens, |r| r[j].clone());
+    for (j, (m, out)) in jobs.iter().enumerate() {
         assert_eq!(m.cols, cols, "matmul_many: matrices of {} and {cols} columns", m.cols);
-        assert_eq!(out.len(), n_tokens * m.rows, "matmul output is not [n, {}]", m.rows);
+        assert_eq!(out.len(), tokens_of(j).len() * m.rows, "matmul output is not [n, {}]", m.rows);
     }
     if n_tokens == 0 {
         return;
@@ -152,6 +187,7 @@ unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>
     // the other threads waited) nor in a run of their own (prefill: one meeting of the threads fewer).
     // ggml's pair layouts need every token before their sums, so they keep `prepare`.
     let packed_only = paths.iter().all(|p| matches!(p, Path::Packed { .. }));
+    assert!(packed_only || ranges.is_none(), "matmul_ranges runs packed matrices only");
     let (prepared, side_types) = if packed_only {
         let (prepared, pair_types, side_types) = shape_prep(cols, n_tokens, jobs, &mut paths, xq, &mut layouts, &mut sides);
         debug_assert!(pair_types.is_empty(), "packed paths only");
@@ -174,9 +210,10 @@ unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>
     // cover every task; one task size for all matrices, so a small one (k, v) is a few tasks rather
     // than as many as a big one.
     let total_rows: usize = mats.iter().map(|m| m.rows).sum();
-    let per_thread = if n_tokens <= STREAMING_TOKENS { STREAMING_TASKS_PER_THREAD } else { TASKS_PER_THREAD };
+    let job_tokens = (0..jobs.len()).map(|j| tokens_of(j).len()).max().unwrap_or(0);
+    let per_thread = if job_tokens <= STREAMING_TOKENS { STREAMING_TASKS_PER_THREAD } else { TASKS_PER_THREAD };
     let rows_per_task = total_rows.div_ceil(pool.threads() * per_thread).next_multiple_of(GROUP);
-    let tasks: Vec<(usize, usize)> = mats.iter().enumerate().flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
+    let tasks: Vec<(usize, usize)> = mats.iter().enumerate().filter(|&(j, _)| !tokens_of(j).is_empty()).flat_map(|(j, m)| (0..m.rows).step_by(rows_per_task).map(move |r| (j, r))).collect();
     // The tasks read the activations through a pointer taken without a reference to the buffer, and
     // make their slices only once every preparation part has written its tokens (`prepped`).
     let xq_base = SyncPtr(xq.as_ptr() as *mut u8);
@@ -209,7 +246,7 @@ unsafe fn matmul_many_impl(x_ptr: *mut f32, x_len: usize, fill: Option<FillRows>
         match paths[j] {
             Path::Packed { side } => {
                 let input = PackedInput { xq: acts, row_bytes: act_bytes, side: &sides_ref[side] };
-                unsafe { run_packed(m, first, last, n_tokens, &input, &out) }
+                unsafe { run_packed(m, first, last, tokens_of(j), &input, &out) }
             }
             path => unsafe { run_rows(m, path, first, last, n_tokens, acts, act_bytes, layouts_ref, &out) },
         }
@@ -433,14 +470,16 @@ const PACKED_CHUNK_BYTES: usize = 256 << 10;
 ///
 /// # Safety
 /// Rows `first..last` of `out` belong to this call alone; `first` is a multiple of GROUP.
-unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, n_tokens: usize, x: &PackedInput, out: &RowsOut) {
+unsafe fn run_packed(m: &QMatrix, first: usize, last: usize, tokens: std::ops::Range<usize>, x: &PackedInput, out: &RowsOut) {
     let p = m.packed.expect("chosen by path()");
     let tile = packed::tile_tokens(m.dtype);
     let chunk = (PACKED_CHUNK_BYTES / x.row_bytes).max(1).next_multiple_of(tile);
-    for c0 in (0..n_tokens).step_by(chunk) {
-        let c1 = (c0 + chunk).min(n_tokens);
+    // `out` holds rows `tokens`: the kernels index it by token, from where token 0's row would be.
+    let out0 = out.ptr.0.wrapping_sub(tokens.start * out.rows);
+    for c0 in tokens.clone().step_by(chunk) {
+        let c1 = (c0 + chunk).min(tokens.end);
         for g in first / GROUP..last.div_ceil(GROUP) {
-            packed::tiles(p, g, x, c0, c1, out.ptr.0, out.rows);
+            packed::tiles(p, g, x, c0, c1, out0, out.rows);
         }
     }
 }
@@ -615,6 +654,40 @@ mod tests {
                     }
                 }
             });
+        }
+    }
+
+    /// `matmul_ranges` (an MoE layer's experts in one pass) gives each job the bits of a `matmul` over
+    /// its own rows, packed or not: ranges of one token, of several, overlapping, empty, and one longer
+    /// than a tile, on 1-3 threads.
+    #[test]
+    fn matmul_ranges_is_a_matmul_per_job() {
+        let (cols, rows, n) = (512, 45, 13);
+        let types = [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0];
+        let weights: Vec<Vec<u8>> = types.iter().enumerate().map(|(i, &t)| random_weight_rows(t, rows, cols, 40 + i as u64)).collect();
+        let packs: Vec<_> = types.iter().zip(&weights).map(|(&t, w)| packed::pack(t, rows, cols, w)).collect();
+        let packed_ok = crate::kernels::cpu::SimdLevel::detected() >= crate::kernels::cpu::SimdLevel::Avx2;
+        let mut rng = crate::sampler::Rng::new(8);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 * 4.0 - 2.0).collect();
+        let ranges = [0..1, 1..1, 1..7, 3..5, 7..13, 12..13];
+        for with_packed in [false, true].into_iter().filter(|&p| p <= packed_ok) {
+            let mats: Vec<QMatrix> = types.iter().zip(&weights).zip(&packs).map(|((&t, w), p)| QMatrix { dtype: t, rows, cols, bytes: w, packed: with_packed.then_some(p) }).collect();
+            // Job j: matrix j % 3 over ranges[j], so one matrix appears with several ranges.
+            let want: Vec<Vec<f32>> = ranges.iter().enumerate().map(|(j, r)| {
+                let mut out = vec![0.0f32; r.len() * rows];
+                mats[j % 3].matmul(&x[r.start * cols..r.end * cols], &mut Vec::new(), &mut out);
+                out
+            }).collect();
+            for threads in [1usize, 2, 3] {
+                pool::Pool::new(threads).install(|| {
+                    let mut outs: Vec<Vec<f32>> = ranges.iter().map(|r| vec![f32::NAN; r.len() * rows]).collect();
+                    let mut jobs: Vec<(QMatrix, std::ops::Range<usize>, &mut [f32])> = outs.iter_mut().enumerate().map(|(j, o)| (mats[j % 3], ranges[j].clone(), &mut o[..])).collect();
+                    matmul_ranges(&x, &mut Vec::new(), &mut jobs);
+                    for (j, (got, want)) in outs.iter().zip(&want).enumerate() {
+                        assert!(got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()), "packed {with_packed} threads {threads}: job {j} ({} over {:?}) differs", mats[j % 3].dtype, ranges[j]);
+                    }
+                });
+            }
         }
     }
 

@@ -2,9 +2,10 @@
 //!   p = softmax(Wr·xn)                         Wr: [n_expert, d_model], p: [n_expert] per token
 //!   E = the n_used largest p, largest first;   w_e = p_e (/ Σ_E p when the weights are normalised)
 //!   out = Σ_{e in E, in that order} w_e · Wdown_e·(silu(Wgate_e·xn) ⊙ Wup_e·xn)
-//! The experts' matmuls run by expert over the step's tokens that chose it: a decode step reads only its
-//! chosen experts' rows, and a prefill chunk reads each chosen expert once for all its tokens. Every
-//! row is computed as alone (ggml's mul_mat_id is per row too), so batching changes no bit.
+//! The experts' matmuls run by expert over the step's tokens that chose it, all of a projection's
+//! experts in one parallel pass (`matmul_ranges`): a decode step reads only its chosen experts' rows,
+//! and a prefill chunk reads each chosen expert once for all its tokens. Every row is computed as
+//! alone (ggml's mul_mat_id is per row too), so batching changes no bit.
 
 use super::block::{normed_matmul, LayerCtx, NormedInput};
 use super::config::{ModelConfig, MoeConfig};
@@ -12,7 +13,7 @@ use super::weights::{Linear, Loader};
 use super::Scratch;
 use crate::error::Result;
 use crate::kernels::ggml::math::{soft_max_row, swiglu};
-use crate::kernels::matmul::matmul_many;
+use crate::kernels::matmul::matmul_ranges;
 
 /// One layer's router and experts.
 pub(super) struct MoeWeights {
@@ -28,10 +29,10 @@ pub(super) struct MoeWeights {
 pub(crate) struct MoeScratch {
     logits: Vec<f32>,     // [n, n_expert] router logits, then probabilities
     chosen: Vec<(u32, f32)>, // [n, n_used] (expert, weight), largest first
-    x: Vec<f32>,          // [m, d_model] the rows of the tokens that chose one expert
-    gate: Vec<f32>,       // [m, ffn_dim]
-    up: Vec<f32>,         // [m, ffn_dim]
-    y: Vec<f32>,          // [m, d_model]
+    x: Vec<f32>,          // [n * n_used, d_model] each chosen expert's tokens' rows, expert after expert
+    gate: Vec<f32>,       // [n * n_used, ffn_dim] the same rows through gate, then swiglu(gate, up)
+    up: Vec<f32>,         // [n * n_used, ffn_dim]
+    y: Vec<f32>,          // [n * n_used, d_model] through down
     slots: Vec<f32>,      // [n, n_used, d_model] each chosen expert's weighted output
 }
 
@@ -68,46 +69,58 @@ impl MoeWeights {
             choose(row, m, &mut ms.chosen);
         }
         super::resize(&mut ms.slots, n * m.n_used * d);
-        // each expert's (token, slot) rows, in token order
+        // Each chosen expert's (token, slot) rows, in token order, the experts in id order; their tokens'
+        // rows gathered expert after expert, so that expert e reads rows `tokens[e]` of `ms.x`.
         let mut rows: Vec<Vec<usize>> = vec![Vec::new(); m.n_expert];
         for (r, &(e, _)) in ms.chosen.iter().enumerate() {
             rows[e as usize].push(r);
         }
-        // Experts that the same tokens chose share one gather and one parallel run of their gate and up
-        // matrices (a decode step: all of its token's experts at once, not a run per expert).
-        let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new(); // (tokens, experts)
-        for (e, r) in rows.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            let tokens: Vec<usize> = r.iter().map(|&r| r / m.n_used).collect();
-            match groups.iter_mut().find(|g| g.0 == tokens) {
-                Some(g) => g.1.push(e),
-                None => groups.push((tokens, vec![e])),
+        let active: Vec<usize> = (0..m.n_expert).filter(|&e| !rows[e].is_empty()).collect();
+        let total = ms.chosen.len();
+        super::resize(&mut ms.x, total * d);
+        let mut tokens: Vec<std::ops::Range<usize>> = Vec::with_capacity(active.len());
+        let mut at = 0;
+        for &e in &active {
+            for &r in &rows[e] {
+                let t = r / m.n_used;
+                ms.x[at * d..(at + 1) * d].copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+                at += 1;
             }
+            tokens.push(at - rows[e].len()..at);
         }
-        for (tokens, experts) in &groups {
-            let k = tokens.len();
-            super::resize(&mut ms.x, k * d);
-            for (dst, &t) in ms.x.chunks_exact_mut(d).zip(tokens) {
-                dst.copy_from_slice(&s.xn[t * d..(t + 1) * d]);
+        // Gate and up of every active expert in one parallel pass, then down likewise (ggml's
+        // mul_mat_id): the threads meet twice per layer, however many experts the step chose.
+        super::resize(&mut ms.gate, total * ff);
+        super::resize(&mut ms.up, total * ff);
+        {
+            let mut jobs: Vec<(crate::kernels::matmul::QMatrix, std::ops::Range<usize>, &mut [f32])> = Vec::with_capacity(2 * active.len());
+            let (mut gate, mut up) = (&mut ms.gate[..], &mut ms.up[..]);
+            for (&e, t) in active.iter().zip(&tokens) {
+                let (g, g_rest) = std::mem::take(&mut gate).split_at_mut(t.len() * ff);
+                let (u, u_rest) = std::mem::take(&mut up).split_at_mut(t.len() * ff);
+                (gate, up) = (g_rest, u_rest);
+                jobs.push((self.gate[e].view(ctx.file), t.clone(), g));
+                jobs.push((self.up[e].view(ctx.file), t.clone(), u));
             }
-            let per = k * ff;
-            super::resize(&mut ms.gate, experts.len() * per);
-            super::resize(&mut ms.up, experts.len() * per);
-            let mut jobs: Vec<(crate::kernels::matmul::QMatrix, &mut [f32])> = Vec::with_capacity(2 * experts.len());
-            for ((&e, g), u) in experts.iter().zip(ms.gate.chunks_exact_mut(per)).zip(ms.up.chunks_exact_mut(per)) {
-                jobs.push((self.gate[e].view(ctx.file), g));
-                jobs.push((self.up[e].view(ctx.file), u));
+            matmul_ranges(&ms.x, &mut s.act_q, &mut jobs);
+        }
+        // one call per row, as ggml (swiglu's last partial vector is per row)
+        ms.gate.chunks_exact_mut(ff).zip(ms.up.chunks_exact(ff)).for_each(|(g, u)| swiglu(g, u));
+        super::resize(&mut ms.y, total * d);
+        {
+            let mut jobs: Vec<(crate::kernels::matmul::QMatrix, std::ops::Range<usize>, &mut [f32])> = Vec::with_capacity(active.len());
+            let mut y = &mut ms.y[..];
+            for (&e, t) in active.iter().zip(&tokens) {
+                let (ye, rest) = std::mem::take(&mut y).split_at_mut(t.len() * d);
+                y = rest;
+                jobs.push((self.down[e].view(ctx.file), t.clone(), ye));
             }
-            matmul_many(&ms.x, &mut s.act_q, &mut jobs);
-            drop(jobs);
-            // one call per row, as ggml (swiglu's last partial vector is per row)
-            ms.gate.chunks_exact_mut(ff).zip(ms.up.chunks_exact(ff)).for_each(|(g, u)| swiglu(g, u));
-            super::resize(&mut ms.y, k * d);
-            for (&e, h) in experts.iter().zip(ms.gate.chunks_exact(per)) {
-                self.down[e].view(ctx.file).matmul(h, &mut s.act_q, &mut ms.y);
-                for (y, &r) in ms.y.chunks_exact(d).zip(&rows[e]) {
-                    let w = ms.chosen[r].1;
-                    ms.slots[r * d..(r + 1) * d].iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
-                }
+            matmul_ranges(&ms.gate, &mut s.act_q, &mut jobs);
+        }
+        for (&e, t) in active.iter().zip(&tokens) {
+            for (y, &r) in ms.y[t.start * d..t.end * d].chunks_exact(d).zip(&rows[e]) {
+                let w = ms.chosen[r].1;
+                ms.slots[r * d..(r + 1) * d].iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
             }
         }
         // the chosen experts' outputs added in order of their weight, as ggml's chain of adds

@@ -22,6 +22,7 @@ use super::{check_dot_args, GgmlType, SimdLevel, VecDotFn};
 pub(super) fn kernel(t: GgmlType) -> Option<VecDotFn> {
     assert!(SimdLevel::Avx2.is_available());
     Some(match t {
+        GgmlType::F32 => f32_f32,
         GgmlType::F16 => f16_f16,
         GgmlType::Q4_0 => q4_0_q8_0,
         GgmlType::Q4_1 => q4_1_q8_1,
@@ -31,8 +32,7 @@ pub(super) fn kernel(t: GgmlType) -> Option<VecDotFn> {
         GgmlType::Q4_K => q4_k_q8_k,
         GgmlType::Q5_K => q5_k_q8_k,
         GgmlType::Q6_K => q6_k_q8_k,
-        // the F32 dot is ggml's AVX-512 order at every level (dot_scalar)
-        GgmlType::F32 | GgmlType::Q8_1 | GgmlType::Q8_K => return None,
+        GgmlType::Q8_1 | GgmlType::Q8_K => return None,
     })
 }
 
@@ -49,6 +49,7 @@ macro_rules! safe_kernels {
 }
 
 safe_kernels! {
+    f32_f32 => F32, f32_impl;
     f16_f16 => F16, f16_impl;
     q4_0_q8_0 => Q4_0, q4_0_impl;
     q4_1_q8_1 => Q4_1, q4_1_impl;
@@ -58,6 +59,36 @@ safe_kernels! {
     q4_k_q8_k => Q4_K, q4_k_impl;
     q5_k_q8_k => Q5_K, q5_k_impl;
     q6_k_q8_k => Q6_K, q6_k_impl;
+}
+
+/// ggml_vec_dot_f32 in the AVX-512 order that `dot_scalar::f32_f32` emulates at every level (4
+/// accumulators of 16 lanes, FMA, 64 elements a step, added 0+2, 1+3, then 0+1, `reduce_add_16`, the
+/// tail one FMA at a time), each 16-lane accumulator held as two 8-lane registers: lane for lane the
+/// same FMAs, so the same bits. The emulation read its bytes one f32 at a time and took 20% of a
+/// 30B-A3B-shape decode step on its F32 routers (docs/speed.md).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let (x, y) = (x as *const f32, y as *const f32);
+    let whole = n / 64 * 64;
+    // acc[2j + h]: lanes 8h..8h + 8 of accumulator j, i.e. elements 16j + 8h.. of each step of 64.
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let mut i = 0;
+    while i < whole {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i + 8 * k)), _mm256_loadu_ps(y.add(i + 8 * k)), *a);
+        }
+        i += 64;
+    }
+    let (a0, a1) = (_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[1], acc[5]));
+    let (b0, b1) = (_mm256_add_ps(acc[2], acc[6]), _mm256_add_ps(acc[3], acc[7]));
+    let mut lanes = [0.0f32; 16];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(a0, b0));
+    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), _mm256_add_ps(a1, b1));
+    let mut sum = super::math::reduce_add_16(&lanes);
+    for i in whole..n {
+        sum = (*x.add(i)).mul_add(*y.add(i), sum);
+    }
+    sum
 }
 
 /// 16 packed bytes -> 32 nibbles in element order: low nibbles (elements 0..16) in the low lane,

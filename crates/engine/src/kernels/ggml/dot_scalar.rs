@@ -32,8 +32,8 @@ fn block_pairs<'a>(t: GgmlType, n: usize, w: &'a [u8], a: &'a [u8]) -> impl Iter
 /// ggml_vec_dot_f32 as llama.cpp's x86 build for AVX-512 computes it, at every SIMD level (as the ggml
 /// math routines are): 4 accumulators of 16 lanes, FMA, 64 elements a step; the accumulators added
 /// 0+2, 1+3, then 0+1, reduced in `_mm512_reduce_add_ps`'s order; the tail past a multiple of 64
-/// added one product at a time into the f32 sum with FMA (GCC contracts `sumf += x*y`). F32 matrices
-/// are rare in a quantized file (qwen3moe's router is one), so an emulation is fast enough.
+/// added one product at a time into the f32 sum with FMA (GCC contracts `sumf += x*y`). The reference
+/// for `dot_avx2`'s F32 kernel, which gives these bits at vector speed (an MoE's F32 routers).
 fn f32_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
     check_dot_args(GgmlType::F32, n, w, a);
     #[cfg(target_arch = "x86_64")]

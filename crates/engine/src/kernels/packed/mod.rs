@@ -116,7 +116,8 @@ pub struct PackedInput<'a> {
 /// `t0..t0 + nt` (`nt <= tile_tokens(m.dtype)`).
 ///
 /// # Safety
-/// `kernels_available()`; `out` must be valid for those writes and no other thread may write them.
+/// `kernels_available()`; `out` must be valid for those writes and no other thread may write them
+/// (`out` itself may point before the buffer, where token 0's row would be).
 pub unsafe fn tile(m: &PackedMatrix, group: usize, x: &PackedInput, t0: usize, nt: usize, out: *mut f32, out_stride: usize) {
     debug_assert!(nt >= 1 && nt <= tile_tokens(m.dtype));
     #[cfg(target_arch = "x86_64")]

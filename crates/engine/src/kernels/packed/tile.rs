@@ -69,10 +69,11 @@ impl Tile<'_> {
         &self.x.side.k[(self.t0 + t) * self.m.blocks + b]
     }
 
-    /// Token `t`'s outputs for the group's first row.
+    /// Token `t`'s outputs for the group's first row. Wrapping arithmetic: `out` is where token 0's row
+    /// would be, which lies before the buffer when it holds only later tokens' rows (`matmul_ranges`).
     #[inline(always)]
     pub(super) unsafe fn out_row(&self, t: usize) -> *mut f32 {
-        self.out.add((self.t0 + t) * self.out_stride + self.group * GROUP)
+        self.out.wrapping_add((self.t0 + t) * self.out_stride + self.group * GROUP)
     }
 }
 
