@@ -1,8 +1,8 @@
 //! The packed kernels on AVX2 (AMD Zen 2/3, Intel before AVX-512): each 16-row group in two halves of 8
 //! rows (one 256-bit register of results) × `NT` tokens, both halves of a group-block before the next.
 //! (Half 0 over all the blocks and then half 1 left DRAM idle during the second pass, which read the
-//! group from L2: a decode-sized Q4_K matmul streamed 31 GB/s that way and 46 GB/s interleaved on
-//! Zen 4; bench/results/size-decode-avx2-zen4-20261207.) AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 × s8
+//! group from L2: a 66 MB Q4_K matmul read 21-26 GB/s that way and 35-39 GB/s in one pass on Zen 4, and
+//! the 3B shape decoded 17% faster; bench/results/size-decode-avx2-zen4-20261207.) AVX2 has no `vpdpbusd`; `vpmaddubsw` (u8 × s8
 //! pairs to i16) and `vpmaddwd` (i16 pairs to i32) make the same 32-bit lanes. That is exact as long as
 //! no i16 sum overflows: the activation codes are within ±127 (ggml's quantizers scale by 127 / amax;
 //! the bounds below would hold at −128 too), so a `vpmaddubsw` pair is at most 2 · 31 · 128 for 5-bit
