@@ -8,15 +8,11 @@
 //! can pass it, so `footprint` also measures the bandwidth of reading a working set of exactly a token's
 //! bytes over and over, as decode does: DRAM's where the bytes do not fit, the cache's where they do.
 
+use crate::stats::median;
 use serde::Serialize;
 use std::time::Instant;
 
 const BYTES: usize = 256 << 20;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// Sums `words` with 8 independent accumulators, so the loop is bound by loads, not by add latency.
 fn read_sum(words: &[u64]) {
@@ -64,8 +60,8 @@ pub fn measure(threads: usize) -> Bandwidth {
     let mut bufs: Vec<(Vec<u64>, Vec<u64>)> = (0..threads).map(|i| (vec![i as u64 + 1; words], vec![0; words])).collect();
     pass(threads, &mut bufs, false); // fault the pages in
     pass(threads, &mut bufs, true);
-    let read_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, false)).collect());
-    let copy_gb_s = median((0..7).map(|_| pass(threads, &mut bufs, true)).collect());
+    let read_gb_s = median(&(0..7).map(|_| pass(threads, &mut bufs, false)).collect::<Vec<_>>());
+    let copy_gb_s = median(&(0..7).map(|_| pass(threads, &mut bufs, true)).collect::<Vec<_>>());
     Bandwidth { threads, read_gb_s, copy_gb_s }
 }
 
@@ -91,7 +87,7 @@ pub fn footprint(threads: usize, bytes: usize) -> f64 {
         (threads * laps * 8 * words) as f64 / t0.elapsed().as_secs_f64() / 1e9
     };
     timed();
-    median((0..7).map(|_| timed()).collect())
+    median(&(0..7).map(|_| timed()).collect::<Vec<_>>())
 }
 
 #[cfg(test)]

@@ -428,7 +428,7 @@ pub fn summarize(policy: &str, records: &[ClusterRecord], block_size: usize) -> 
     let ok: Vec<&ClusterRecord> = records.iter().filter(|r| r.outcome == "ok").collect();
     let mut ttft: Vec<f64> = ok.iter().filter_map(|r| r.ttft_s).collect();
     ttft.sort_by(f64::total_cmp);
-    let at = |q: f64| if ttft.is_empty() { f64::NAN } else { ttft[((ttft.len() - 1) as f64 * q).round() as usize] };
+    let at = |q: f64| crate::stats::percentile(&ttft, q);
     let wall_s = records.iter().map(|r| r.start_s + r.e2e_s).fold(0.0, f64::max);
     let (prompt_tokens, cached_tokens): (usize, usize) = (ok.iter().map(|r| r.prompt_tokens).sum(), ok.iter().map(|r| r.cached_tokens).sum());
     let completion_tokens: usize = ok.iter().map(|r| r.completion_tokens).sum();

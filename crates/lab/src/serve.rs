@@ -148,14 +148,14 @@ pub struct Percentiles {
     pub mean: f64,
 }
 
-/// Nearest-rank percentiles (NaN for no samples).
+/// Nearest-rank percentiles (`stats::percentile`; NaN for no samples).
 pub fn percentiles(xs: &[f64]) -> Percentiles {
     if xs.is_empty() {
         return Percentiles { p50: f64::NAN, p90: f64::NAN, p99: f64::NAN, mean: f64::NAN };
     }
     let mut s = xs.to_vec();
     s.sort_by(f64::total_cmp);
-    let at = |q: f64| s[((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+    let at = |q: f64| crate::stats::percentile(&s, q);
     Percentiles { p50: at(0.5), p90: at(0.9), p99: at(0.99), mean: s.iter().sum::<f64>() / s.len() as f64 }
 }
 

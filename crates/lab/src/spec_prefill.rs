@@ -603,7 +603,7 @@ pub fn session_markdown(run: &SessionRun) -> String {
         let p99 = |xs: &[f64]| {
             let mut s = xs.to_vec();
             s.sort_by(f64::total_cmp);
-            s[((s.len() as f64 * 0.99).ceil() as usize).clamp(1, s.len()) - 1]
+            crate::stats::percentile(&s, 0.99)
         };
         let slice_ms: Vec<f64> = run.slices.iter().filter(|s| s.steps > 0).map(|s| s.ms / s.steps as f64).collect();
         let slice = med(slice_ms).map_or(0.0, |s| s.median);

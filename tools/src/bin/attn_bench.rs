@@ -55,6 +55,6 @@ fn main() {
     times.remove(0);
     times.sort_by(|a, b| a.total_cmp(b));
     let cells = if decode { (depth + 1) as f64 } else { depth as f64 + n as f64 / 2.0 } * n as f64 * n_heads as f64;
-    let med = times[times.len() / 2];
+    let med = reckon_lab::stats::median(&times);
     println!("median {:.2} ms  ({:.3} ns per query·head·key, min {:.2} ms, max {:.2} ms)", med * 1e3, med * 1e9 / cells, times[0] * 1e3, times[times.len() - 1] * 1e3);
 }

@@ -65,16 +65,11 @@ fn main() {
                 times_small.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
-        let ms = median(&mut times);
+        let ms = reckon_lab::stats::median(&times);
         println!("| {b} | {ms:.2} | {:.2} | {:.0} |", ms / b as f64, 1e3 * b as f64 / ms);
         if huge_ab {
-            let ms = median(&mut times_small);
+            let ms = reckon_lab::stats::median(&times_small);
             println!("| {b} small pages | {ms:.2} | {:.2} | {:.0} |", ms / b as f64, 1e3 * b as f64 / ms);
         }
     }
-}
-
-fn median(times: &mut [f64]) -> f64 {
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
 }

@@ -56,8 +56,7 @@ fn main() {
         m.matmul(&x, &mut xq, &mut out);
         times.push(t.elapsed().as_secs_f64());
     }
-    times.sort_by(f64::total_cmp);
-    let s = times[times.len() / 2];
+    let s = reckon_lab::stats::median(&times);
     println!("{} {rows}x{cols} n={n} ({}): {:.1} us, {:.2} ns per row-token, {:.1} GB/s of weights", dtype.name(), numerics.name(), s * 1e6, s * 1e9 / (rows * n) as f64, (rows * row_bytes) as f64 / s / 1e9);
 }
 
@@ -90,9 +89,6 @@ fn prep_bench(dtype: GgmlType, cols: usize, n: usize, reps: usize) {
         }
         separate.push(t.elapsed().as_secs_f64());
     }
-    let per_block = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2] * 1e9 / (n * blocks) as f64
-    };
+    let per_block = |v: &mut Vec<f64>| reckon_lab::stats::median(v) * 1e9 / (n * blocks) as f64;
     println!("{act} {n}x{cols}: fused {:.1} ns per block, separate {:.1} ns per block", per_block(&mut fused), per_block(&mut separate));
 }

@@ -11,13 +11,12 @@ fn main() {
     // Logits spread like a model's: a few large, a long tail.
     let logits: Vec<f32> = (0..v).map(|_| (rng.next_f64().powi(8) * 30.0 - 5.0) as f32).collect();
     let mut s = Sampler::new(SamplingParams { temperature, top_k: 0, top_p, min_p: 0.0, repetition_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, penalty_last_n: 0, seed: 7 });
-    let mut times: Vec<f64> = (0..reps)
+    let times: Vec<f64> = (0..reps)
         .map(|_| {
             let t = Instant::now();
             std::hint::black_box(s.sample(&logits, &[]));
             t.elapsed().as_secs_f64() * 1e6
         })
         .collect();
-    times.sort_by(f64::total_cmp);
-    println!("V={v} temperature {temperature} top_p {top_p}: {:.0} us per token (median of {reps})", times[reps / 2]);
+    println!("V={v} temperature {temperature} top_p {top_p}: {:.0} us per token (median of {reps})", reckon_lab::stats::median(&times));
 }
