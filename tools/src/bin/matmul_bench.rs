@@ -89,6 +89,6 @@ fn prep_bench(dtype: GgmlType, cols: usize, n: usize, reps: usize) {
         }
         separate.push(t.elapsed().as_secs_f64());
     }
-    let per_block = |v: &mut Vec<f64>| reckon_lab::stats::median(v) * 1e9 / (n * blocks) as f64;
-    println!("{act} {n}x{cols}: fused {:.1} ns per block, separate {:.1} ns per block", per_block(&mut fused), per_block(&mut separate));
+    let per_block = |v: &[f64]| reckon_lab::stats::median(v) * 1e9 / (n * blocks) as f64;
+    println!("{act} {n}x{cols}: fused {:.1} ns per block, separate {:.1} ns per block", per_block(&fused), per_block(&separate));
 }

@@ -59,7 +59,6 @@ fn main() {
         println!("{{\"pass\": {pass}, \"threads\": {threads}, \"vpdpbusd_g_s\": {:.3}, \"int8_gmac_s\": {:.1}}}", per_s / 1e9, per_s * 64.0 / 1e9);
         rates.push(per_s);
     }
-    let median = reckon_lab::stats::median(&rates);
-    rates.sort_by(f64::total_cmp);
-    println!("{{\"median\": true, \"threads\": {threads}, \"vpdpbusd_g_s\": {:.3}, \"int8_gmac_s\": {:.1}, \"min_g_s\": {:.3}, \"max_g_s\": {:.3}}}", median / 1e9, median * 64.0 / 1e9, rates[0] / 1e9, rates[rates.len() - 1] / 1e9);
+    let Some(s) = reckon_lab::stats::summarize(&rates) else { return };
+    println!("{{\"median\": true, \"threads\": {threads}, \"vpdpbusd_g_s\": {:.3}, \"int8_gmac_s\": {:.1}, \"min_g_s\": {:.3}, \"max_g_s\": {:.3}}}", s.median / 1e9, s.median * 64.0 / 1e9, s.min / 1e9, s.max / 1e9);
 }
